@@ -1,0 +1,64 @@
+#pragma once
+// Communicator: collectives over one group of ranks, on contiguous buffers (NCCL's semantics).
+// Backends live in src/comm/<backend>/; the runtime makes one per device and set of mesh axes.
+// Every rank of the group must make the same calls in the same order; a backend that can tell
+// raises a nax::Error on every rank when they differ. Only all_reduce may run in place
+// (send == recv); the other collectives need distinct buffers.
+#include <array>
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nax/core/dtype.h"
+
+namespace nax {
+
+enum class ReduceOp { sum, max, min };
+std::string_view reduce_op_name(ReduceOp op);
+
+enum class CollectiveKind { all_reduce, all_gather, reduce_scatter, all_to_all, permute, broadcast, barrier };
+inline constexpr int kCollectiveKinds = 7;
+std::string_view collective_name(CollectiveKind kind);
+
+// Calls and bytes sent by this rank, per collective kind.
+struct CommStats {
+  std::array<std::size_t, kCollectiveKinds> calls{};
+  std::array<std::size_t, kCollectiveKinds> bytes{};
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string describe() const = 0;  // backend and group, for error messages
+
+  // recv[i] = op over ranks of send[i], `count` elements.
+  virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) = 0;
+  // recv = concatenation of every rank's `count` elements, in rank order.
+  virtual void all_gather(const void* send, void* recv, std::size_t count, DType dtype) = 0;
+  // send holds size() blocks of `count`; recv = op over ranks of block rank().
+  virtual void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) = 0;
+  // send holds size() blocks of `count`; block j goes to rank j; recv block j came from rank j.
+  virtual void all_to_all(const void* send, void* recv, std::size_t count, DType dtype) = 0;
+  // For each (src, dst), dst receives src's `count` elements; a rank that is no destination gets zeros.
+  virtual void permute(const void* send, void* recv, std::size_t count, DType dtype,
+                       const std::vector<std::pair<int, int>>& pairs) = 0;
+  virtual void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) = 0;
+  virtual void barrier() = 0;
+
+  const CommStats& stats() const { return stats_; }
+
+ protected:
+  void record(CollectiveKind kind, std::size_t bytes) {
+    stats_.calls[static_cast<int>(kind)] += 1;
+    stats_.bytes[static_cast<int>(kind)] += bytes;
+  }
+
+ private:
+  CommStats stats_;
+};
+
+}  // namespace nax

@@ -1,0 +1,42 @@
+#pragma once
+// Axis rules: which mesh axes cut which tensor axis (xmap's axis_resources).
+// AxisRules{{"batch", "dp"}, {"heads", "mp"}}, or several mesh axes for one tensor axis, major first:
+// AxisRules{{"batch", {"dp", "mp"}}}.
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "nax/core/mesh.h"
+
+namespace nax {
+
+class AxisRules {
+ public:
+  struct Rule {
+    std::string tensor_axis;
+    std::vector<std::string> mesh_axes;
+    Rule(std::string axis, std::string mesh_axis);
+    Rule(std::string axis, std::vector<std::string> mesh_axes);
+  };
+
+  AxisRules() = default;
+  AxisRules(std::initializer_list<Rule> rules);
+  static AxisRules parse(std::string_view spec);  // "batch=dp,heads=mp,tokens=dp+mp"
+
+  void set(const std::string& tensor_axis, std::vector<std::string> mesh_axes);
+  // The mesh axes cutting `tensor_axis` (empty when it is not cut).
+  const std::vector<std::string>& mesh_axes(const std::string& tensor_axis) const;
+  const std::map<std::string, std::vector<std::string>>& rules() const { return rules_; }
+
+  // Checks the rules against a mesh and a global shape: mesh axes exist and are used once, sizes
+  // divide. Throws naming `op`, the axes and the shape.
+  void check(const Mesh& mesh, const Shape& global, std::string_view op) const;
+
+  std::string str() const;
+
+ private:
+  std::map<std::string, std::vector<std::string>> rules_;
+};
+
+}  // namespace nax

@@ -1,0 +1,17 @@
+#pragma once
+// Everything public in nax.
+#include "nax/collectives.h"
+#include "nax/comm/communicator.h"
+#include "nax/core/allocator.h"
+#include "nax/core/axis_rules.h"
+#include "nax/core/device.h"
+#include "nax/core/dtype.h"
+#include "nax/core/error.h"
+#include "nax/core/mesh.h"
+#include "nax/core/names.h"
+#include "nax/core/rng.h"
+#include "nax/core/shape.h"
+#include "nax/core/vary.h"
+#include "nax/ops.h"
+#include "nax/runtime.h"
+#include "nax/tensor.h"

@@ -1,0 +1,97 @@
+#pragma once
+// The SPMD runtime: one worker per mesh device; rt.run(fn) runs fn(Shard&) on every device.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "nax/comm/communicator.h"
+#include "nax/core/allocator.h"
+#include "nax/core/axis_rules.h"
+#include "nax/core/mesh.h"
+#include "nax/core/names.h"
+#include "nax/tensor.h"
+
+namespace nax {
+
+struct RuntimeOptions {
+  // A collective whose peers have not all arrived after this long raises an error naming it.
+  // Default: $NAX_COLLECTIVE_TIMEOUT_S, else 300 s.
+  double collective_timeout_s = 0;
+  // OpenBLAS threads for the whole process; 0: cores / devices, at least 1.
+  int blas_threads = 0;
+};
+
+// This device's view of the program: its coordinates, its communicators, and the bridge between
+// global host tensors and per-device blocks.
+class Shard {
+ public:
+  virtual ~Shard() = default;
+  virtual int device() const = 0;
+  virtual const Mesh& mesh() const = 0;
+  int coord(const std::string& mesh_axis) const { return mesh().coord(device(), mesh_axis); }
+
+  // This device's block of a global (host) tensor: axes named in `rules` are cut over their mesh
+  // axes (vary type Split), the rest are whole (Invariant).
+  virtual Tensor shard(const Tensor& global, const AxisRules& rules) = 0;
+  // The global tensor rebuilt on the host from every device's block. Refuses a value that is
+  // Varying over any mesh axis (reduce it first). Every device must call it.
+  virtual Tensor gather(const Tensor& t) = 0;
+
+  // This device's block of the global random tensor random_*(global, seed, name, ...).
+  virtual Tensor random_normal(const Shape& global, const AxisRules& rules, std::uint64_t seed,
+                               std::string_view name, double stddev = 1,
+                               DType dtype = DType::f32) = 0;
+  virtual Tensor random_uniform(const Shape& global, const AxisRules& rules, std::uint64_t seed,
+                                std::string_view name, double low = 0, double high = 1,
+                                DType dtype = DType::f32) = 0;
+
+  // The communicator over `mesh_axes` (ranked row-major over them in the order given), built on
+  // first use and cached.
+  virtual Communicator& comm(const Names& mesh_axes) = 0;
+  virtual AllocatorStats memory() const = 0;
+  virtual const std::shared_ptr<Device>& device_ptr() const = 0;
+
+  // The shard the calling thread is running, or nullptr outside Runtime::run.
+  static Shard* current();
+};
+
+class Runtime {
+ public:
+  // One worker thread per device in this process, communicating through shared memory.
+  static Runtime local(const Mesh& mesh, RuntimeOptions options = {});
+
+  Runtime(Runtime&&) noexcept;
+  Runtime& operator=(Runtime&&) noexcept;
+  ~Runtime();
+
+  const Mesh& mesh() const;
+  int size() const { return mesh().size(); }
+
+  // Runs fn on every device and waits. If any device throws, the others are released from the
+  // collectives they wait in, and the first error is rethrown here.
+  void run(const std::function<void(Shard&)>& fn);
+
+  // The same, collecting each device's return value (indexed by device).
+  template <typename F, typename R = std::invoke_result_t<F, Shard&>>
+    requires(!std::is_void_v<R>)
+  std::vector<R> run(F&& fn) {
+    std::vector<R> results(static_cast<std::size_t>(size()));
+    run(std::function<void(Shard&)>([&](Shard& s) { results[static_cast<std::size_t>(s.device())] = fn(s); }));
+    return results;
+  }
+
+  AllocatorStats memory(int device) const;
+  // Calls and bytes per collective kind summed over `device`'s communicators.
+  CommStats comm_stats(int device) const;
+
+  struct State;
+
+ private:
+  explicit Runtime(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace nax

@@ -1,0 +1,72 @@
+#pragma once
+// Tensor: an eager, immutable block of memory with named axes, a dtype, a device and a vary type.
+// Per-shard code holds these; ops never mutate their inputs.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nax/core/device.h"
+#include "nax/core/dtype.h"
+#include "nax/core/error.h"
+#include "nax/core/shape.h"
+#include "nax/core/vary.h"
+
+namespace nax {
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  // A fresh, uninitialised tensor on `device` (the current shard's device when null).
+  static Tensor empty(const Shape& shape, DType dtype, std::shared_ptr<Device> device = nullptr);
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const;
+  DType dtype() const;
+  const VaryType& vary() const;
+  const Device& device() const;
+  const std::shared_ptr<Device>& device_ptr() const;
+  std::int64_t numel() const { return shape().numel(); }
+  std::size_t nbytes() const;
+  std::int64_t size(const std::string& axis) const { return shape().size(axis); }
+  int rank() const { return shape().rank(); }
+
+  const void* raw() const;
+  // Writable only while the tensor is being built by the op that created it.
+  void* raw_mutable();
+  template <typename T>
+  const T* data() const {
+    check_element_type(dtype_of<T>());
+    return static_cast<const T*>(raw());
+  }
+  template <typename T>
+  T* mutable_data() {
+    check_element_type(dtype_of<T>());
+    return static_cast<T*>(raw_mutable());
+  }
+
+  // Values converted to T (any dtype to any arithmetic T).
+  template <typename T>
+  std::vector<T> to_vector() const;
+  double item() const;  // the value of a one-element tensor
+
+  // Same data, another vary type / shape of equal layout (used by ops; no copy).
+  Tensor with_vary(VaryType vary) const;
+  Tensor with_shape(Shape shape) const;
+
+  std::string str() const;                         // "f32[batch=4|dp, seq=128] varying{}"
+  std::string format(int max_values = 64) const;   // str() plus the values
+
+  bool same_storage(const Tensor& other) const;
+
+ private:
+  struct Impl;
+  explicit Tensor(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  void check_element_type(DType requested) const;
+  std::shared_ptr<Impl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+}  // namespace nax

@@ -1,0 +1,119 @@
+#include "comm/local/local_communicator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/kernels.h"
+
+namespace nax::local {
+
+namespace {
+thread_local std::string g_origin;
+
+const char* at(const void* base, std::size_t elements, DType dtype) {
+  return static_cast<const char*>(base) + elements * dtype_size(dtype);
+}
+char* at(void* base, std::size_t elements, DType dtype) { return static_cast<char*>(base) + elements * dtype_size(dtype); }
+
+void check_pairs(const std::vector<std::pair<int, int>>& pairs, int n, std::string_view who) {
+  std::vector<char> src_seen(static_cast<std::size_t>(n)), dst_seen(static_cast<std::size_t>(n));
+  for (auto [src, dst] : pairs) {
+    if (src < 0 || src >= n || dst < 0 || dst >= n)
+      fail(who, "pair ({}, {}) is out of range for a group of {} ranks", src, dst, n);
+    if (src_seen[static_cast<std::size_t>(src)]++) fail(who, "rank {} is the source of two pairs", src);
+    if (dst_seen[static_cast<std::size_t>(dst)]++) fail(who, "rank {} is the destination of two pairs", dst);
+  }
+}
+}  // namespace
+
+void LocalCommunicator::set_origin(std::string origin) { g_origin = std::move(origin); }
+
+Signature LocalCommunicator::signature(CollectiveKind kind, DType dtype, std::size_t count, int detail, std::uint64_t pairs_hash) const {
+  return Signature{kind, dtype, count, detail, pairs_hash, g_origin};
+}
+
+void LocalCommunicator::reduce_block(void* dst, std::size_t offset, std::size_t count, DType dtype, ReduceOp op) {
+  // Accumulate through a small buffer, always in rank order, so that the result is the same on
+  // every rank and dst may alias this rank's send buffer.
+  constexpr std::size_t kChunkBytes = 16384;
+  alignas(64) char tmp[kChunkBytes];
+  const std::size_t es = dtype_size(dtype), chunk = kChunkBytes / es;
+  for (std::size_t begin = 0; begin < count; begin += chunk) {
+    const std::size_t n = std::min(chunk, count - begin);
+    std::memcpy(tmp, at(group_->send(0), offset + begin, dtype), n * es);
+    for (int r = 1; r < size(); ++r) cpu::accumulate(op, dtype, tmp, at(group_->send(r), offset + begin, dtype), n);
+    std::memcpy(at(dst, begin, dtype), tmp, n * es);
+  }
+}
+
+void LocalCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  record(CollectiveKind::all_reduce, count * dtype_size(dtype));
+  group_->arrive(rank_, signature(CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)), send, recv);
+  const int n = size();
+  auto slice_begin = [&](int r) { return count * static_cast<std::size_t>(r) / static_cast<std::size_t>(n); };
+  // Reduce-scatter: this rank reduces its slice into its own recv buffer...
+  const std::size_t begin = slice_begin(rank_), end = slice_begin(rank_ + 1);
+  reduce_block(at(recv, begin, dtype), begin, end - begin, dtype, op);
+  group_->step(rank_);
+  // ...then all-gather: copy every other slice from the rank that reduced it.
+  for (int r = 0; r < n; ++r) {
+    if (r == rank_) continue;
+    const std::size_t b = slice_begin(r), e = slice_begin(r + 1);
+    std::memcpy(at(recv, b, dtype), at(group_->recv(r), b, dtype), (e - b) * dtype_size(dtype));
+  }
+  group_->step(rank_);
+}
+
+void LocalCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+  record(CollectiveKind::all_gather, count * dtype_size(dtype));
+  group_->arrive(rank_, signature(CollectiveKind::all_gather, dtype, count), send, recv);
+  for (int r = 0; r < size(); ++r)
+    std::memcpy(at(recv, count * static_cast<std::size_t>(r), dtype), group_->send(r), count * dtype_size(dtype));
+  group_->step(rank_);
+}
+
+void LocalCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
+  group_->arrive(rank_, signature(CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)), send, recv);
+  reduce_block(recv, count * static_cast<std::size_t>(rank_), count, dtype, op);
+  group_->step(rank_);
+}
+
+void LocalCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype) {
+  record(CollectiveKind::all_to_all, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
+  group_->arrive(rank_, signature(CollectiveKind::all_to_all, dtype, count), send, recv);
+  for (int r = 0; r < size(); ++r)
+    std::memcpy(at(recv, count * static_cast<std::size_t>(r), dtype), at(group_->send(r), count * static_cast<std::size_t>(rank_), dtype),
+                count * dtype_size(dtype));
+  group_->step(rank_);
+}
+
+void LocalCommunicator::permute(const void* send, void* recv, std::size_t count, DType dtype,
+                                const std::vector<std::pair<int, int>>& pairs) {
+  check_pairs(pairs, size(), "permute");
+  std::uint64_t hash = 1469598103934665603ull;
+  for (auto [s, d] : pairs) hash = (hash ^ static_cast<std::uint64_t>(s * 65536 + d + 1)) * 1099511628211ull;
+  record(CollectiveKind::permute, count * dtype_size(dtype));
+  group_->arrive(rank_, signature(CollectiveKind::permute, dtype, count, 0, hash), send, recv);
+  auto source = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.second == rank_; });
+  if (source == pairs.end()) std::memset(recv, 0, count * dtype_size(dtype));
+  else std::memcpy(recv, group_->send(source->first), count * dtype_size(dtype));
+  group_->step(rank_);
+}
+
+void LocalCommunicator::broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) {
+  if (root < 0 || root >= size()) fail("broadcast", "root {} is out of range for a group of {} ranks", root, size());
+  record(CollectiveKind::broadcast, count * dtype_size(dtype));
+  group_->arrive(rank_, signature(CollectiveKind::broadcast, dtype, count, root), send, recv);
+  if (rank_ != root || send != recv) std::memcpy(recv, group_->send(root), count * dtype_size(dtype));
+  group_->step(rank_);
+}
+
+void LocalCommunicator::barrier() {
+  record(CollectiveKind::barrier, 0);
+  group_->arrive(rank_, signature(CollectiveKind::barrier, DType::f32, 0), nullptr, nullptr);
+}
+
+}  // namespace nax::local

@@ -1,0 +1,189 @@
+#include "comm/local/local_world.h"
+
+#include <fmt/format.h>
+
+namespace nax::local {
+
+using Clock = std::chrono::steady_clock;
+
+std::string Signature::str() const {
+  std::string what;
+  switch (kind) {
+    case CollectiveKind::all_reduce:
+    case CollectiveKind::reduce_scatter:
+      what = fmt::format("{}({}, {} x {})", collective_name(kind), reduce_op_name(static_cast<ReduceOp>(detail)), dtype_name(dtype), count);
+      break;
+    case CollectiveKind::broadcast:
+      what = fmt::format("broadcast(root {}, {} x {})", detail, dtype_name(dtype), count);
+      break;
+    case CollectiveKind::barrier:
+      what = "barrier()";
+      break;
+    default:
+      what = fmt::format("{}({} x {})", collective_name(kind), dtype_name(dtype), count);
+  }
+  return origin.empty() ? what : fmt::format("{} [{}]", origin, what);
+}
+
+LocalGroup::LocalGroup(LocalWorld& world, std::vector<int> members, std::string axes_label)
+    : world_(world), members_(std::move(members)), slots_(members_.size()) {
+  std::vector<std::string> devices;
+  for (int d : members_) devices.push_back(fmt::format("{}", d));
+  label_ = fmt::format("group {} of devices [{}]", axes_label, fmt::join(devices, ","));
+}
+
+std::string LocalGroup::mismatch_message() const {
+  const Slot& first = slots_[0];
+  for (std::size_t r = 1; r < slots_.size(); ++r)
+    if (!(slots_[r].sig == first.sig))
+      return fmt::format("collective mismatch in {}: device {} called {} but device {} called {}", label_, members_[0],
+                         first.sig.str(), members_[r], slots_[r].sig.str());
+  return {};
+}
+
+void LocalGroup::fail_waiting(std::unique_lock<std::mutex>& lock, int rank, const std::string& why) {
+  const Slot& mine = slots_[static_cast<std::size_t>(rank)];
+  std::vector<std::string> missing;
+  for (std::size_t r = 0; r < slots_.size(); ++r)
+    if (!slots_[r].arrived) missing.push_back(fmt::format("device {} ({})", members_[r], world_.status(members_[r])));
+  std::string message = fmt::format("{} on device {} in {} {}; not arrived: {}", mine.sig.str(), members_[static_cast<std::size_t>(rank)],
+                                    label_, why, fmt::join(missing, ", "));
+  lock.unlock();  // abort() wakes every group, this one included
+  world_.abort(message);
+  throw Error(message);
+}
+
+void LocalGroup::arrive(int rank, const Signature& sig, const void* send, void* recv) {
+  if (world_.aborted()) throw Aborted(fmt::format("{}: not started, the run is aborting: {}", sig.str(), world_.abort_reason()));
+  const int me = members_[static_cast<std::size_t>(rank)];
+  world_.set_waiting(me, fmt::format("waiting in {} in {}", sig.str(), label_));
+  std::unique_lock lock(mutex_);
+  Slot& slot = slots_[static_cast<std::size_t>(rank)];
+  slot.send = send, slot.recv = recv, slot.sig = sig, slot.arrived = true;
+  const std::uint64_t generation = generation_;
+  if (++arrived_ == size()) {
+    error_ = mismatch_message();
+    arrived_ = 0;
+    for (auto& s : slots_) s.arrived = false;
+    ++generation_;
+    cv_.notify_all();
+  } else {
+    const auto start = Clock::now();
+    const auto timeout = std::chrono::duration<double>(world_.timeout_s());
+    while (generation_ == generation) {
+      cv_.wait_for(lock, std::chrono::milliseconds(20));
+      if (generation_ != generation) break;
+      if (world_.aborted())
+        throw Aborted(fmt::format("{} on device {}: released because the run is aborting: {}", sig.str(), me, world_.abort_reason()));
+      for (std::size_t r = 0; r < slots_.size(); ++r)
+        if (!slots_[r].arrived && world_.finished(members_[r]))
+          fail_waiting(lock, rank, fmt::format("cannot complete: device {} finished its program without calling it", members_[r]));
+      if (Clock::now() - start > timeout)
+        fail_waiting(lock, rank, fmt::format("timed out after {:g} s (NAX_COLLECTIVE_TIMEOUT_S)", world_.timeout_s()));
+    }
+  }
+  std::string error = error_;
+  lock.unlock();
+  world_.set_running(me);
+  if (!error.empty()) throw Error(error);
+}
+
+void LocalGroup::step(int) {
+  std::unique_lock lock(mutex_);
+  const std::uint64_t generation = step_generation_;
+  if (++stepped_ == size()) {
+    stepped_ = 0;
+    ++step_generation_;
+    cv_.notify_all();
+  } else {
+    cv_.wait(lock, [&] { return step_generation_ != generation; });
+  }
+}
+
+void LocalGroup::wake() {
+  std::lock_guard lock(mutex_);
+  cv_.notify_all();
+}
+
+void LocalGroup::reset() {
+  std::lock_guard lock(mutex_);
+  arrived_ = 0;
+  stepped_ = 0;
+  for (auto& s : slots_) s = Slot{};
+  error_.clear();
+}
+
+LocalWorld::LocalWorld(Mesh mesh, double timeout_s)
+    : mesh_(std::move(mesh)), timeout_s_(timeout_s), status_(static_cast<std::size_t>(mesh_.size()), "running"),
+      finished_(static_cast<std::size_t>(mesh_.size()), 0) {}
+
+std::shared_ptr<LocalGroup> LocalWorld::group(int device, const std::vector<std::string>& axes) {
+  std::vector<int> members = mesh_.group(device, axes);
+  std::lock_guard lock(mutex_);
+  auto& g = groups_[{axes, members[0]}];
+  if (!g) g = std::make_shared<LocalGroup>(*this, std::move(members), fmt::format("({})", fmt::join(axes, ",")));
+  return g;
+}
+
+void LocalWorld::set_waiting(int device, std::string what) {
+  std::lock_guard lock(mutex_);
+  status_[static_cast<std::size_t>(device)] = std::move(what);
+}
+
+void LocalWorld::set_running(int device) {
+  std::lock_guard lock(mutex_);
+  status_[static_cast<std::size_t>(device)] = "running";
+}
+
+void LocalWorld::set_finished(int device) {
+  std::vector<std::shared_ptr<LocalGroup>> groups;
+  {
+    std::lock_guard lock(mutex_);
+    finished_[static_cast<std::size_t>(device)] = 1;
+    status_[static_cast<std::size_t>(device)] = "finished its program";
+    for (auto& [key, g] : groups_) groups.push_back(g);
+  }
+  for (auto& g : groups) g->wake();
+}
+
+bool LocalWorld::finished(int device) const {
+  std::lock_guard lock(mutex_);
+  return finished_[static_cast<std::size_t>(device)] != 0;
+}
+
+std::string LocalWorld::status(int device) const {
+  std::lock_guard lock(mutex_);
+  return status_[static_cast<std::size_t>(device)];
+}
+
+void LocalWorld::abort(const std::string& reason) {
+  std::vector<std::shared_ptr<LocalGroup>> groups;
+  {
+    std::lock_guard lock(mutex_);
+    if (aborted_.load()) return;
+    abort_reason_ = reason;
+    aborted_.store(true);
+    for (auto& [key, g] : groups_) groups.push_back(g);
+  }
+  for (auto& g : groups) g->wake();
+}
+
+std::string LocalWorld::abort_reason() const {
+  std::lock_guard lock(mutex_);
+  return abort_reason_;
+}
+
+void LocalWorld::reset() {
+  std::vector<std::shared_ptr<LocalGroup>> groups;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [key, g] : groups_) groups.push_back(g);
+    for (auto& s : status_) s = "running";
+    for (auto& f : finished_) f = 0;
+    aborted_.store(false);
+    abort_reason_.clear();
+  }
+  for (auto& g : groups) g->reset();
+}
+
+}  // namespace nax::local

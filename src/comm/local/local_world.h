@@ -1,0 +1,116 @@
+#pragma once
+// Shared state of the thread communicator: one LocalGroup per group of ranks (a set of mesh axes
+// and a position on the others), plus the world-wide abort flag and per-device status that let a
+// waiting rank fail fast instead of hanging.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "nax/comm/communicator.h"
+#include "nax/core/error.h"
+#include "nax/core/mesh.h"
+
+namespace nax::local {
+
+// What a rank asked for; every rank of a group must ask for the same thing.
+struct Signature {
+  CollectiveKind kind = CollectiveKind::barrier;
+  DType dtype = DType::f32;
+  std::size_t count = 0;
+  int detail = 0;               // ReduceOp or broadcast root
+  std::uint64_t pairs_hash = 0;  // permute pairs
+  std::string origin;           // the named collective that issued it, for messages
+  bool operator==(const Signature& o) const {
+    return kind == o.kind && dtype == o.dtype && count == o.count && detail == o.detail && pairs_hash == o.pairs_hash;
+  }
+  std::string str() const;
+};
+
+// Raised on the ranks released because another device failed.
+class Aborted : public Error {
+ public:
+  using Error::Error;
+};
+
+class LocalWorld;
+
+class LocalGroup {
+ public:
+  LocalGroup(LocalWorld& world, std::vector<int> members, std::string axes_label);
+
+  int size() const { return static_cast<int>(members_.size()); }
+  const std::vector<int>& members() const { return members_; }
+  const std::string& label() const { return label_; }
+
+  // Publishes this rank's buffers and waits for every rank. Throws (on every rank) when the
+  // signatures disagree, when the world aborts, when a peer finished its program, or on timeout.
+  void arrive(int rank, const Signature& sig, const void* send, void* recv);
+  // A barrier between the steps of a collective that every rank has already joined.
+  void step(int rank);
+
+  const void* send(int rank) const { return slots_[static_cast<std::size_t>(rank)].send; }
+  void* recv(int rank) const { return slots_[static_cast<std::size_t>(rank)].recv; }
+
+  void wake();   // wakes waiters to look at the world's state
+  void reset();  // after a run: forget any half-finished rendezvous
+
+ private:
+  struct Slot {
+    const void* send = nullptr;
+    void* recv = nullptr;
+    Signature sig;
+    bool arrived = false;
+  };
+  [[noreturn]] void fail_waiting(std::unique_lock<std::mutex>& lock, int rank, const std::string& why);
+  std::string mismatch_message() const;
+
+  LocalWorld& world_;
+  std::vector<int> members_;
+  std::string label_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<Slot> slots_;
+  int arrived_ = 0;
+  int stepped_ = 0;
+  std::uint64_t generation_ = 0;
+  std::uint64_t step_generation_ = 0;
+  std::string error_;  // set for the current generation when the signatures disagree
+};
+
+class LocalWorld {
+ public:
+  LocalWorld(Mesh mesh, double timeout_s);
+
+  const Mesh& mesh() const { return mesh_; }
+  double timeout_s() const { return timeout_s_; }
+  std::shared_ptr<LocalGroup> group(int device, const std::vector<std::string>& axes);
+
+  // Device status, for messages and to release waiters early.
+  void set_waiting(int device, std::string what);
+  void set_running(int device);
+  void set_finished(int device);
+  bool finished(int device) const;
+  std::string status(int device) const;
+
+  void abort(const std::string& reason);  // releases every waiting rank
+  bool aborted() const { return aborted_.load(); }
+  std::string abort_reason() const;
+  void reset();  // between runs
+
+ private:
+  Mesh mesh_;
+  double timeout_s_;
+  mutable std::mutex mutex_;
+  std::map<std::pair<std::vector<std::string>, int>, std::shared_ptr<LocalGroup>> groups_;
+  std::vector<std::string> status_;
+  std::vector<char> finished_;
+  std::atomic<bool> aborted_{false};
+  std::string abort_reason_;
+};
+
+}  // namespace nax::local

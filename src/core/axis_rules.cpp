@@ -1,0 +1,90 @@
+#include "nax/core/axis_rules.h"
+
+#include <fmt/format.h>
+
+#include <set>
+
+#include "nax/core/error.h"
+
+namespace nax {
+
+AxisRules::Rule::Rule(std::string axis, std::string mesh_axis)
+    : tensor_axis(std::move(axis)), mesh_axes{std::move(mesh_axis)} {}
+AxisRules::Rule::Rule(std::string axis, std::vector<std::string> axes)
+    : tensor_axis(std::move(axis)), mesh_axes(std::move(axes)) {}
+
+AxisRules::AxisRules(std::initializer_list<Rule> rules) {
+  for (const auto& r : rules) set(r.tensor_axis, r.mesh_axes);
+}
+
+AxisRules AxisRules::parse(std::string_view spec) {
+  AxisRules rules;
+  std::string_view rest = spec;
+  while (!rest.empty()) {
+    auto comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    auto eq = item.find('=');
+    if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size())
+      fail("AxisRules::parse", "'{}' in \"{}\" is not tensor_axis=mesh_axis[+mesh_axis]", item, spec);
+    std::vector<std::string> mesh_axes;
+    std::string_view axes = item.substr(eq + 1);
+    while (true) {
+      auto plus = axes.find('+');
+      mesh_axes.emplace_back(axes.substr(0, plus));
+      if (plus == std::string_view::npos) break;
+      axes = axes.substr(plus + 1);
+    }
+    rules.set(std::string(item.substr(0, eq)), std::move(mesh_axes));
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return rules;
+}
+
+void AxisRules::set(const std::string& tensor_axis, std::vector<std::string> mesh_axes) {
+  if (mesh_axes.empty()) {
+    rules_.erase(tensor_axis);
+    return;
+  }
+  std::set<std::string> seen;
+  for (const auto& m : mesh_axes) {
+    if (m.empty()) fail("AxisRules", "empty mesh axis name in the rule for '{}'", tensor_axis);
+    if (!seen.insert(m).second) fail("AxisRules", "mesh axis '{}' named twice in the rule for '{}'", m, tensor_axis);
+  }
+  rules_[tensor_axis] = std::move(mesh_axes);
+}
+
+const std::vector<std::string>& AxisRules::mesh_axes(const std::string& tensor_axis) const {
+  static const std::vector<std::string> none;
+  auto it = rules_.find(tensor_axis);
+  return it == rules_.end() ? none : it->second;
+}
+
+void AxisRules::check(const Mesh& mesh, const Shape& global, std::string_view op) const {
+  std::map<std::string, std::string> used;  // mesh axis -> tensor axis
+  for (const auto& [tensor_axis, mesh_axes] : rules_) {
+    int index = global.index_of(tensor_axis);
+    for (const auto& m : mesh_axes) {
+      if (!mesh.has(m))
+        fail(op, "rule {}={} names unknown mesh axis '{}' (mesh is {})", tensor_axis, fmt::join(mesh_axes, "+"), m, mesh.str());
+      if (index < 0) continue;
+      auto [it, fresh] = used.emplace(m, tensor_axis);
+      if (!fresh)
+        fail(op, "mesh axis '{}' cuts both '{}' and '{}' of {}", m, it->second, tensor_axis, global.str());
+    }
+    if (index < 0) continue;
+    std::int64_t parts = mesh.group_size(mesh_axes);
+    std::int64_t size = global[index].size;
+    if (size % parts != 0)
+      fail(op, "axis '{}' of size {} in {} is not divisible by mesh axes {} of size {}", tensor_axis, size,
+           global.str(), fmt::join(mesh_axes, "+"), parts);
+  }
+}
+
+std::string AxisRules::str() const {
+  std::vector<std::string> parts;
+  for (const auto& [t, m] : rules_) parts.push_back(fmt::format("{}={}", t, fmt::join(m, "+")));
+  return fmt::format("{{{}}}", fmt::join(parts, ", "));
+}
+
+}  // namespace nax

@@ -1,0 +1,40 @@
+#pragma once
+// CPU kernels: raw compute on pointers. Layouts are given in elements; f32, f64 and i32 (bf16 is
+// converted to f32 by the op layer, except by cast and copy which handle it directly).
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/strided.h"
+#include "nax/comm/communicator.h"
+#include "nax/core/dtype.h"
+
+namespace nax::cpu {
+
+enum class BinaryOp { add, sub, mul, div, max, min, pow, eq, ne, lt, le, gt, ge };
+enum class UnaryOp { neg, abs, exp, log, sqrt, rsqrt, tanh, square };
+
+// out (contiguous in the layout's order) = op(a, b), a and b read with the layout's strides.
+void binary(BinaryOp op, DType dtype, const void* a, const void* b, void* out, const Layout<3>& layout);
+void unary(UnaryOp op, DType dtype, const void* in, void* out, std::int64_t n);
+void fill(DType dtype, void* out, std::int64_t n, double value);
+
+// out[j] = op over the input elements that map to j; the layout iterates the input, strides[0] are
+// the input's, strides[1] the output's (0 along reduced dimensions). out is initialised here.
+void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const Layout<2>& layout);
+
+// dst = src element by element, src read with strides[0], dst written with strides[1].
+void copy(std::size_t element_size, const void* src, void* dst, const Layout<2>& layout);
+void convert(DType from, const void* src, DType to, void* dst, std::int64_t n);
+
+// dst[i] = op(dst[i], src[i]) (the communicator's reduction).
+void accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n);
+
+// C (m x n, row stride ldc) = A (m x k) * B (k x n), row-major, each operand optionally
+// transposed in memory. f32 and f64 through OpenBLAS.
+void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+          const void* a, std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc,
+          double beta = 0.0);
+
+void set_blas_threads(int threads);
+
+}  // namespace nax::cpu

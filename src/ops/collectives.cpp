@@ -1,0 +1,251 @@
+// The named collectives: vary-type rules (DESIGN.md §3) and the data movement on top of the
+// device's Communicator. Blocks along a non-leading tensor axis are packed into contiguous
+// per-rank chunks before the call and unpacked after it.
+#include "nax/collectives.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "comm/local/local_communicator.h"
+#include "kernels/cpu/kernels.h"
+#include "ops/internal.h"
+
+namespace nax {
+
+namespace {
+
+struct Context {
+  Shard& shard;
+  Communicator& comm;
+  int n;
+};
+
+Context enter(std::string_view op, const Tensor* x, const Names& mesh_axes) {
+  Shard* shard = Shard::current();
+  if (shard == nullptr) fail(op, "collectives run inside Runtime::run (over mesh axes {})", mesh_axes.str());
+  if (x != nullptr) detail::check_operands(op, {x});
+  shard->mesh().check_axes(mesh_axes.list(), op);
+  local::LocalCommunicator::set_origin(
+      x != nullptr ? fmt::format("{}({}, {})", op, x->str(), mesh_axes.str()) : fmt::format("{}({})", op, mesh_axes.str()));
+  Communicator& comm = shard->comm(mesh_axes);
+  return {*shard, comm, comm.size()};
+}
+
+// Copies x viewed as [outer, n, chunk] into out viewed as [n, outer, chunk] (or back: `inverse`).
+void regroup(const Tensor& src, Tensor& dst, std::int64_t outer, std::int64_t n, std::int64_t chunk, bool inverse) {
+  cpu::Layout<2> l;
+  l.rank = 3;
+  l.sizes = {outer, n, chunk};
+  cpu::Dims by_outer{n * chunk, chunk, 1}, by_rank{chunk, outer * chunk, 1};
+  l.strides[0] = inverse ? by_rank : by_outer;
+  l.strides[1] = inverse ? by_outer : by_rank;
+  cpu::copy(dtype_size(src.dtype()), src.raw(), dst.raw_mutable(), l);
+}
+
+std::int64_t outer_size(const Shape& s, const std::string& axis) {
+  std::int64_t outer = 1;
+  for (int i = 0; i < s.index_of(axis); ++i) outer *= s[i].size;
+  return outer;
+}
+
+// After the group's blocks of `axis` are joined, `axis` stays a block over its other (major)
+// cuts only when the group's mesh axes were its most minor cuts, in order; else those vary.
+void join_cuts(VaryType& vary, const Tensor& x, const std::string& axis, const std::vector<std::string>& group_axes) {
+  auto cuts = x.vary().split_mesh_axes(axis);
+  bool minor_suffix = cuts.size() >= group_axes.size() &&
+                      std::equal(group_axes.begin(), group_axes.end(), cuts.end() - static_cast<std::ptrdiff_t>(group_axes.size()));
+  if (minor_suffix) return;
+  for (const auto& m : cuts)
+    if (std::find(group_axes.begin(), group_axes.end(), m) == group_axes.end()) vary.set_varying(m);
+}
+
+// psum and friends: the value must vary over every reduced mesh axis, and is invariant after.
+Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_in, const Names& mesh_axes) {
+  Context c = enter(op, &x_in, mesh_axes);
+  VaryType vary = x_in.vary();
+  for (const auto& m : mesh_axes.list()) {
+    if (x_in.vary().kind(m) == Vary::Invariant)
+      fail(op, "{} is already Invariant over mesh axis '{}': {} ", x_in.str(), m,
+           reduce == ReduceOp::sum ? "summing identical copies is a multiplication (multiply by axis_size instead)"
+                                   : "every device holds the same value, there is nothing to reduce");
+    if (x_in.vary().kind(m) == Vary::Split)
+      fail(op, "{} is Split along axis '{}' over mesh axis '{}': its blocks are different parts of one tensor, not "
+           "partial values (use all_gather or psum_scatter)", x_in.str(), x_in.vary().split_axis(m), m);
+    vary.set_invariant(m);
+  }
+  Tensor x = reduce == ReduceOp::sum ? detail::widen(x_in) : x_in;  // sum bf16 in f32
+  Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
+  c.comm.all_reduce(x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), reduce);
+  return detail::narrow_to(out, x_in.dtype());
+}
+
+// all_gather and all_gather_invariant.
+Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant) {
+  Context c = enter(op, &x, mesh_axes);
+  const auto& group_axes = mesh_axes.list();
+  VaryType vary = x.vary();
+  // Split(axis) over the gathered mesh axes is consumed; any other cut over them becomes Varying.
+  for (const auto& m : group_axes) {
+    if (invariant) vary.set_invariant(m);
+    else vary.set_varying(m);
+  }
+  join_cuts(vary, x, axis, group_axes);
+
+  std::vector<Axis> axes = x.shape().axes();
+  const bool stack = !x.shape().has(axis);
+  if (stack) axes.insert(axes.begin(), Axis{axis, 1});
+  const int i = stack ? 0 : x.shape().index_of(axis);
+  axes[static_cast<std::size_t>(i)].size *= c.n;
+  Shape shape(axes);
+  Tensor out = detail::make_result(shape, x.dtype(), vary, x.device_ptr());
+  const std::int64_t outer = stack ? 1 : outer_size(x.shape(), axis);
+  if (outer == 1) {
+    c.comm.all_gather(x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype());
+    return out;
+  }
+  Tensor staging = Tensor::empty(Shape{{"rank", c.n}, {"block", x.numel()}}, x.dtype(), x.device_ptr());
+  c.comm.all_gather(x.raw(), staging.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype());
+  regroup(staging, out, outer, c.n, x.numel() / outer, true);
+  return out;
+}
+
+}  // namespace
+
+Tensor psum(const Tensor& x, const Names& mesh_axes) { return reduce_collective("psum", ReduceOp::sum, x, mesh_axes); }
+Tensor pmax(const Tensor& x, const Names& mesh_axes) { return reduce_collective("pmax", ReduceOp::max, x, mesh_axes); }
+Tensor pmin(const Tensor& x, const Names& mesh_axes) { return reduce_collective("pmin", ReduceOp::min, x, mesh_axes); }
+
+Tensor pmean(const Tensor& x, const Names& mesh_axes) {
+  if (x.defined() && !is_floating(x.dtype())) fail("pmean", "needs a floating dtype, got {}", x.str());
+  Tensor total = reduce_collective("pmean", ReduceOp::sum, x, mesh_axes);
+  return total / static_cast<double>(axis_size(mesh_axes));
+}
+
+Tensor pvary(const Tensor& x, const Names& mesh_axes) {
+  enter("pvary", &x, mesh_axes);
+  VaryType vary = x.vary();
+  for (const auto& m : mesh_axes.list()) {
+    if (x.vary().kind(m) != Vary::Invariant)
+      fail("pvary", "{} already varies over mesh axis '{}' ({}); pvary marks an Invariant value as Varying", x.str(), m,
+           x.vary().kind(m) == Vary::Split ? "Split along '" + x.vary().split_axis(m) + "'" : "Varying");
+    vary.set_varying(m);
+  }
+  return x.with_vary(vary);
+}
+
+Tensor all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis) {
+  return gather_collective("all_gather", x, mesh_axes, axis, false);
+}
+
+Tensor all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis) {
+  return gather_collective("all_gather_invariant", x, mesh_axes, axis, true);
+}
+
+Tensor psum_scatter(const Tensor& x_in, const Names& mesh_axes, const std::string& axis) {
+  Context c = enter("psum_scatter", &x_in, mesh_axes);
+  const int i = x_in.shape().require(axis, "psum_scatter");
+  const std::int64_t size = x_in.shape()[i].size;
+  if (size % c.n != 0)
+    fail("psum_scatter", "axis '{}' of size {} in {} is not divisible by the {} devices of mesh axes {}", axis, size, x_in.str(),
+         c.n, mesh_axes.str());
+  VaryType vary = x_in.vary();
+  for (const auto& m : mesh_axes.list()) {
+    if (x_in.vary().kind(m) == Vary::Invariant)
+      fail("psum_scatter", "{} is already Invariant over mesh axis '{}': summing identical copies is a multiplication "
+           "(multiply by axis_size and slice instead)", x_in.str(), m);
+    if (x_in.vary().kind(m) == Vary::Split)
+      fail("psum_scatter", "{} is Split along axis '{}' over mesh axis '{}', not a partial value (use all_gather or all_to_all)",
+           x_in.str(), x_in.vary().split_axis(m), m);
+  }
+  for (const auto& m : mesh_axes.list()) vary.set_split(m, axis);  // most minor cuts of `axis`
+
+  Tensor x = detail::widen(x_in);
+  std::vector<Axis> axes = x.shape().axes();
+  axes[static_cast<std::size_t>(i)].size = size / c.n;
+  Tensor out = detail::make_result(Shape(axes), x.dtype(), vary, x.device_ptr());
+  const std::int64_t outer = outer_size(x.shape(), axis);
+  const std::size_t block = static_cast<std::size_t>(out.numel());
+  if (outer == 1) {
+    c.comm.reduce_scatter(x.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);
+  } else {
+    Tensor staging = Tensor::empty(Shape{{"rank", c.n}, {"block", out.numel()}}, x.dtype(), x.device_ptr());
+    regroup(x, staging, outer, c.n, out.numel() / outer, false);
+    c.comm.reduce_scatter(staging.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);
+  }
+  return detail::narrow_to(out, x_in.dtype());
+}
+
+Tensor ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs) {
+  Context c = enter("ppermute", &x, mesh_axes);
+  std::vector<char> src_seen(static_cast<std::size_t>(c.n)), dst_seen(static_cast<std::size_t>(c.n));
+  for (auto [src, dst] : pairs) {
+    if (src < 0 || src >= c.n || dst < 0 || dst >= c.n)
+      fail("ppermute", "pair ({}, {}) is out of range for the {} devices of mesh axes {}", src, dst, c.n, mesh_axes.str());
+    if (src_seen[static_cast<std::size_t>(src)]++) fail("ppermute", "device {} is the source of two pairs over {}", src, mesh_axes.str());
+    if (dst_seen[static_cast<std::size_t>(dst)]++) fail("ppermute", "device {} is the destination of two pairs over {}", dst, mesh_axes.str());
+  }
+  VaryType vary = x.vary();
+  for (const auto& m : mesh_axes.list()) vary.set_varying(m);
+  Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
+  c.comm.permute(x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), pairs);
+  return out;
+}
+
+Tensor all_to_all(const Tensor& x, const Names& mesh_axes, const std::string& split_axis, const std::string& concat_axis) {
+  Context c = enter("all_to_all", &x, mesh_axes);
+  const int is = x.shape().require(split_axis, "all_to_all");
+  x.shape().require(concat_axis, "all_to_all");
+  const std::int64_t split_size = x.shape()[is].size;
+  if (split_size % c.n != 0)
+    fail("all_to_all", "split axis '{}' of size {} in {} is not divisible by the {} devices of mesh axes {}", split_axis, split_size,
+         x.str(), c.n, mesh_axes.str());
+  VaryType vary = x.vary();
+  for (const auto& m : mesh_axes.list()) {
+    if (split_axis != concat_axis && x.vary().kind(m) == Vary::Split && x.vary().split_axis(m) == concat_axis) {
+      vary.set_invariant(m);
+      vary.set_split(m, split_axis);
+    } else {
+      vary.set_varying(m);
+    }
+  }
+  join_cuts(vary, x, concat_axis, mesh_axes.list());
+
+  // Send block j of split_axis to rank j: pack x as [n, block...].
+  std::vector<Axis> block_axes = x.shape().axes();
+  block_axes[static_cast<std::size_t>(is)].size = split_size / c.n;
+  const Shape block_shape(block_axes);
+  const std::int64_t block = block_shape.numel();
+  Tensor send = Tensor::empty(Shape{{"rank", c.n}, {"block", block}}, x.dtype(), x.device_ptr());
+  const std::int64_t split_outer = outer_size(x.shape(), split_axis);
+  regroup(x, send, split_outer, c.n, block / split_outer, false);
+  Tensor recv = Tensor::empty(send.shape(), x.dtype(), x.device_ptr());
+  c.comm.all_to_all(send.raw(), recv.raw_mutable(), static_cast<std::size_t>(block), x.dtype());
+
+  // Concatenate what arrived along concat_axis, in rank order.
+  std::vector<Axis> out_axes = block_axes;
+  const int ic = block_shape.index_of(concat_axis);
+  out_axes[static_cast<std::size_t>(ic)].size *= c.n;
+  Tensor out = detail::make_result(Shape(out_axes), x.dtype(), vary, x.device_ptr());
+  const std::int64_t concat_outer = outer_size(block_shape, concat_axis);
+  regroup(recv, out, concat_outer, c.n, block / concat_outer, true);
+  return out;
+}
+
+Tensor axis_index(const Names& mesh_axes) {
+  Context c = enter("axis_index", nullptr, mesh_axes);
+  VaryType vary;
+  for (const auto& m : mesh_axes.list()) vary.set_varying(m);
+  Tensor out = detail::make_result(Shape{}, DType::i32, vary, c.shard.device_ptr());
+  *out.mutable_data<std::int32_t>() = c.comm.rank();
+  return out;
+}
+
+int axis_size(const Names& mesh_axes) {
+  Shard* shard = Shard::current();
+  if (shard == nullptr) fail("axis_size", "runs inside Runtime::run (mesh axes {})", mesh_axes.str());
+  shard->mesh().check_axes(mesh_axes.list(), "axis_size");
+  return shard->mesh().group_size(mesh_axes.list());
+}
+
+}  // namespace nax

@@ -1,0 +1,178 @@
+// dot: contraction over named axes through BLAS GEMM. Each operand is viewed as a (batch of)
+// strided matrices without copying when its axes allow; otherwise it is permuted once.
+#include <fmt/format.h>
+
+#include <optional>
+#include <set>
+
+#include "kernels/cpu/kernels.h"
+#include "ops/internal.h"
+
+namespace nax {
+
+namespace {
+
+struct Group {  // a set of axes collapsed to one matrix dimension
+  std::int64_t extent = 1;
+  std::int64_t stride = 0;
+};
+
+// The group's axes as one dimension of `x`, if their strides chain (size-1 axes are ignored).
+std::optional<Group> collapse(const Tensor& x, const std::vector<std::string>& axes) {
+  auto strides = x.shape().strides();
+  Group g;
+  std::optional<std::int64_t> previous;  // stride of the previous non-trivial axis
+  for (const auto& name : axes) {
+    int i = x.shape().index_of(name);
+    std::int64_t size = x.shape()[i].size, stride = strides[static_cast<std::size_t>(i)];
+    g.extent *= size;
+    if (size == 1) continue;
+    if (previous && *previous != stride * size) return std::nullopt;
+    previous = stride;
+    g.stride = stride;
+  }
+  return g;
+}
+
+struct MatrixView {
+  bool trans = false;
+  std::int64_t ld = 1;
+};
+
+// A rows x cols matrix with the given strides as a BLAS operand, if its layout allows.
+std::optional<MatrixView> as_matrix(const Group& rows, const Group& cols) {
+  const std::int64_t R = rows.extent, C = cols.extent;
+  if (C <= 1 || cols.stride == 1) {
+    std::int64_t ld = R <= 1 ? std::max<std::int64_t>(C, 1) : rows.stride;
+    if (ld >= std::max<std::int64_t>(C, 1)) return MatrixView{false, ld};
+  }
+  if (R <= 1 || rows.stride == 1) {
+    std::int64_t ld = C <= 1 ? std::max<std::int64_t>(R, 1) : cols.stride;
+    if (ld >= std::max<std::int64_t>(R, 1)) return MatrixView{true, ld};
+  }
+  return std::nullopt;
+}
+
+struct Operand {
+  MatrixView view;
+  Group rows, cols;
+};
+
+std::optional<Operand> view_operand(const Tensor& x, const std::vector<std::string>& row_axes, const std::vector<std::string>& col_axes) {
+  auto rows = collapse(x, row_axes);
+  auto cols = collapse(x, col_axes);
+  if (!rows || !cols) return std::nullopt;
+  auto view = as_matrix(*rows, *cols);
+  if (!view) return std::nullopt;
+  return Operand{*view, *rows, *cols};
+}
+
+std::vector<std::string> in_memory_order(const Tensor& x, const std::set<std::string>& names) {
+  std::vector<std::string> out;
+  for (const auto& a : x.shape().axes())
+    if (names.count(a.name)) out.push_back(a.name);
+  return out;
+}
+
+std::vector<std::string> concat_names(std::initializer_list<const std::vector<std::string>*> lists) {
+  std::vector<std::string> out;
+  for (const auto* l : lists) out.insert(out.end(), l->begin(), l->end());
+  return out;
+}
+
+}  // namespace
+
+Tensor dot(const Tensor& a_in, const Tensor& b_in, const Names& contract) {
+  detail::check_operands("dot", {&a_in, &b_in});
+  detail::check_same_dtype("dot", a_in, b_in);
+  if (!is_floating(a_in.dtype())) fail("dot", "needs a floating dtype (f32, f64, bf16): {}", detail::describe({&a_in, &b_in}));
+  std::set<std::string> k_set;
+  for (const auto& k : contract.list()) {
+    int ia = a_in.shape().index_of(k), ib = b_in.shape().index_of(k);
+    if (ia < 0 || ib < 0)
+      fail("dot", "contracted axis '{}' is missing on the {}: {}", k, ia < 0 ? "left" : "right", detail::describe({&a_in, &b_in}));
+    if (a_in.shape()[ia].size != b_in.shape()[ib].size)
+      fail("dot", "contracted axis '{}' has size {} on the left and {} on the right: {}", k, a_in.shape()[ia].size,
+           b_in.shape()[ib].size, detail::describe({&a_in, &b_in}));
+    if (!k_set.insert(k).second) fail("dot", "axis '{}' contracted twice in {}", k, contract.str());
+  }
+  VaryType vary = detail::merge_vary("dot", {&a_in, &b_in}, contract.list());
+  if (a_in.dtype() == DType::bf16)
+    return detail::narrow_to(dot(detail::widen(a_in), detail::widen(b_in), contract), DType::bf16);
+
+  std::vector<std::string> batch, a_free, b_free;
+  for (const auto& axis : a_in.shape().axes()) {
+    if (k_set.count(axis.name)) continue;
+    int ib = b_in.shape().index_of(axis.name);
+    if (ib < 0) {
+      a_free.push_back(axis.name);
+    } else {
+      if (b_in.shape()[ib].size != axis.size)
+        fail("dot", "batch axis '{}' has size {} on the left and {} on the right: {}", axis.name, axis.size,
+             b_in.shape()[ib].size, detail::describe({&a_in, &b_in}));
+      batch.push_back(axis.name);
+    }
+  }
+  for (const auto& axis : b_in.shape().axes())
+    if (!k_set.count(axis.name) && !a_in.shape().has(axis.name)) b_free.push_back(axis.name);
+
+  // Contracted axes in an order both operands can collapse, trying each operand's memory order.
+  Tensor a = a_in, b = b_in;
+  std::vector<std::string> k_order = in_memory_order(a, k_set);
+  auto va = view_operand(a, a_free, k_order);
+  auto vb = view_operand(b, k_order, b_free);
+  if (!va || !vb) {
+    auto k_b = in_memory_order(b, k_set);
+    auto va2 = view_operand(a, a_free, k_b);
+    auto vb2 = view_operand(b, k_b, b_free);
+    if (va2 && vb2) {
+      k_order = k_b, va = va2, vb = vb2;
+    }
+  }
+  if (!va) {
+    a = detail::permute_to(a, concat_names({&batch, &a_free, &k_order}));
+    va = view_operand(a, a_free, k_order);
+  }
+  if (!vb) {
+    b = detail::permute_to(b, concat_names({&batch, &k_order, &b_free}));
+    vb = view_operand(b, k_order, b_free);
+  }
+
+  std::vector<Axis> out_axes;
+  for (const auto& n : batch) out_axes.push_back({n, a.shape().size(n)});
+  for (const auto& n : a_free) out_axes.push_back({n, a.shape().size(n)});
+  for (const auto& n : b_free) out_axes.push_back({n, b.shape().size(n)});
+  Shape shape(out_axes);
+  Tensor out = detail::make_result(shape, a.dtype(), vary, a.device_ptr());
+  if (out.numel() == 0) return out;
+  const std::int64_t M = va->rows.extent, N = vb->cols.extent, K = va->cols.extent;
+  if (K == 0) {
+    cpu::fill(out.dtype(), out.raw_mutable(), out.numel(), 0.0);
+    return out;
+  }
+
+  // One GEMM per batch index.
+  std::vector<Axis> batch_axes(out_axes.begin(), out_axes.begin() + static_cast<std::ptrdiff_t>(batch.size()));
+  cpu::Dims sa = detail::strides_in_order(a.shape(), batch_axes), sb = detail::strides_in_order(b.shape(), batch_axes);
+  const std::size_t es = dtype_size(a.dtype());
+  const auto* pa = static_cast<const char*>(a.raw());
+  const auto* pb = static_cast<const char*>(b.raw());
+  auto* pc = static_cast<char*>(out.raw_mutable());
+  const std::int64_t batches = Shape(batch_axes).numel();
+  std::vector<std::int64_t> index(batch.size(), 0);
+  std::int64_t off_a = 0, off_b = 0;
+  for (std::int64_t t = 0; t < batches; ++t) {
+    cpu::gemm(a.dtype(), va->view.trans, vb->view.trans, M, N, K, pa + off_a * static_cast<std::int64_t>(es), va->view.ld,
+              pb + off_b * static_cast<std::int64_t>(es), vb->view.ld, pc + t * M * N * static_cast<std::int64_t>(es),
+              std::max<std::int64_t>(N, 1));
+    for (std::size_t d = batch.size(); d-- > 0;) {
+      off_a += sa[d], off_b += sb[d];
+      if (++index[d] < batch_axes[d].size) break;
+      off_a -= sa[d] * batch_axes[d].size, off_b -= sb[d] * batch_axes[d].size;
+      index[d] = 0;
+    }
+  }
+  return out;
+}
+
+}  // namespace nax

@@ -1,0 +1,102 @@
+// Elementwise ops, broadcasting by axis name: the result has a's axes in order, then b's others.
+#include "kernels/cpu/kernels.h"
+#include "ops/internal.h"
+
+namespace nax {
+
+namespace {
+
+std::string_view binary_name(cpu::BinaryOp op) {
+  static constexpr std::string_view names[] = {"add", "sub", "mul", "div", "maximum", "minimum", "pow",
+                                               "eq",  "ne",  "lt",  "le",  "gt",      "ge"};
+  return names[static_cast<int>(op)];
+}
+
+std::vector<Axis> broadcast_axes(std::string_view op, const Tensor& a, const Tensor& b) {
+  std::vector<Axis> axes = a.shape().axes();
+  for (const auto& axis : b.shape().axes()) {
+    int i = a.shape().index_of(axis.name);
+    if (i < 0) axes.push_back(axis);
+    else if (a.shape()[i].size != axis.size)
+      fail(op, "axis '{}' has size {} on the left and {} on the right: {}", axis.name, a.shape()[i].size, axis.size,
+           detail::describe({&a, &b}));
+  }
+  return axes;
+}
+
+Tensor binary(cpu::BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
+  const auto name = binary_name(op);
+  detail::check_operands(name, {&a_in, &b_in});
+  detail::check_same_dtype(name, a_in, b_in);
+  Shape shape(broadcast_axes(name, a_in, b_in));
+  VaryType vary = detail::merge_vary(name, {&a_in, &b_in});
+  if (a_in.dtype() == DType::bf16)
+    return detail::narrow_to(binary(op, detail::widen(a_in), detail::widen(b_in)), DType::bf16).with_vary(vary);
+
+  Tensor out = detail::make_result(shape, a_in.dtype(), vary, a_in.device_ptr());
+  cpu::Layout<3> layout;
+  layout.rank = shape.rank();
+  layout.sizes = detail::sizes_of(shape.axes());
+  layout.strides[0] = detail::strides_in_order(a_in.shape(), shape.axes());
+  layout.strides[1] = detail::strides_in_order(b_in.shape(), shape.axes());
+  layout.strides[2] = detail::strides_in_order(shape, shape.axes());
+  cpu::binary(op, a_in.dtype(), a_in.raw(), b_in.raw(), out.raw_mutable(), layout);
+  return out;
+}
+
+Tensor unary(cpu::UnaryOp op, std::string_view name, const Tensor& x) {
+  detail::check_operands(name, {&x});
+  if (x.dtype() == DType::bf16) return detail::narrow_to(unary(op, name, detail::widen(x)), DType::bf16);
+  if (x.dtype() == DType::i32 && op != cpu::UnaryOp::neg && op != cpu::UnaryOp::abs && op != cpu::UnaryOp::square)
+    fail(name, "needs a floating dtype, got {}", x.str());
+  Tensor out = detail::make_result(x.shape(), x.dtype(), x.vary(), x.device_ptr());
+  cpu::unary(op, x.dtype(), x.raw(), out.raw_mutable(), x.numel());
+  return out;
+}
+
+Tensor constant_like(const Tensor& x, double value) {
+  Tensor c = Tensor::empty(Shape{}, x.dtype(), x.device_ptr());
+  cpu::fill(x.dtype(), c.raw_mutable(), 1, value);
+  return c;
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::add, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::sub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::mul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::div, a, b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::max, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::min, a, b); }
+Tensor pow(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::pow, a, b); }
+Tensor eq(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::ge, a, b); }
+
+Tensor neg(const Tensor& x) { return unary(cpu::UnaryOp::neg, "neg", x); }
+Tensor abs(const Tensor& x) { return unary(cpu::UnaryOp::abs, "abs", x); }
+Tensor exp(const Tensor& x) { return unary(cpu::UnaryOp::exp, "exp", x); }
+Tensor log(const Tensor& x) { return unary(cpu::UnaryOp::log, "log", x); }
+Tensor sqrt(const Tensor& x) { return unary(cpu::UnaryOp::sqrt, "sqrt", x); }
+Tensor rsqrt(const Tensor& x) { return unary(cpu::UnaryOp::rsqrt, "rsqrt", x); }
+Tensor tanh(const Tensor& x) { return unary(cpu::UnaryOp::tanh, "tanh", x); }
+Tensor square(const Tensor& x) { return unary(cpu::UnaryOp::square, "square", x); }
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator-(const Tensor& x) { return neg(x); }
+Tensor operator+(const Tensor& a, double b) { return add(a, constant_like(a, b)); }
+Tensor operator-(const Tensor& a, double b) { return sub(a, constant_like(a, b)); }
+Tensor operator*(const Tensor& a, double b) { return mul(a, constant_like(a, b)); }
+Tensor operator/(const Tensor& a, double b) { return div(a, constant_like(a, b)); }
+Tensor operator+(double a, const Tensor& b) { return add(constant_like(b, a), b); }
+Tensor operator-(double a, const Tensor& b) { return sub(constant_like(b, a), b); }
+Tensor operator*(double a, const Tensor& b) { return mul(constant_like(b, a), b); }
+Tensor operator/(double a, const Tensor& b) { return div(constant_like(b, a), b); }
+
+}  // namespace nax

@@ -1,0 +1,108 @@
+#include "ops/internal.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/kernels.h"
+
+namespace nax::detail {
+
+const std::shared_ptr<Device>& current_device() {
+  if (Shard* s = Shard::current()) return s->device_ptr();
+  return Device::host();
+}
+
+Tensor make_result(const Shape& shape, DType dtype, VaryType vary, const std::shared_ptr<Device>& device) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  return vary.invariant() ? t : t.with_vary(std::move(vary));
+}
+
+std::string describe(const std::vector<const Tensor*>& operands) {
+  std::vector<std::string> parts;
+  for (const Tensor* t : operands) parts.push_back(t->str());
+  return fmt::format("{}", fmt::join(parts, " and "));
+}
+
+void check_operands(std::string_view op, std::initializer_list<const Tensor*> operands) {
+  const std::vector<const Tensor*> list(operands);
+  const Device* first = nullptr;
+  for (const Tensor* t : operands) {
+    if (!t->defined()) fail(op, "an operand is undefined (a default-constructed Tensor)");
+    if (first == nullptr) first = &t->device();
+    else if (&t->device() != first)
+      fail(op, "operands live on different devices ({} and {}): {}", first->str(), t->device().str(), describe(list));
+  }
+  if (Shard* s = Shard::current(); s != nullptr && first != nullptr && first != s->device_ptr().get())
+    fail(op, "operand lives on {} but this code runs on cpu:{}: pass tensors between devices with collectives", first->str(), s->device());
+}
+
+void check_same_dtype(std::string_view op, const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype())
+    fail(op, "dtype mismatch: {} and {} (cast one of them first)", a.str(), b.str());
+}
+
+VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& operands, const std::vector<std::string>& reduced) {
+  std::vector<std::string> mesh_axes;  // in order of first appearance
+  for (const Tensor* t : operands)
+    for (const auto& e : t->vary().entries())
+      if (std::find(mesh_axes.begin(), mesh_axes.end(), e.mesh_axis) == mesh_axes.end()) mesh_axes.push_back(e.mesh_axis);
+
+  VaryType result;
+  for (const auto& m : mesh_axes) {
+    bool varying = false;
+    const Tensor* splitter = nullptr;
+    for (const Tensor* t : operands) {
+      Vary k = t->vary().kind(m);
+      if (k == Vary::Varying) varying = true;
+      if (k != Vary::Split) continue;
+      if (splitter != nullptr && splitter->vary().split_axis(m) != t->vary().split_axis(m))
+        fail(op, "two tensor axes, '{}' and '{}', are cut over mesh axis '{}' in one result: {}", splitter->vary().split_axis(m),
+             t->vary().split_axis(m), m, describe(operands));
+      if (splitter != nullptr && splitter->vary().split_mesh_axes(t->vary().split_axis(m)) != t->vary().split_mesh_axes(t->vary().split_axis(m)))
+        fail(op, "axis '{}' is cut over mesh axes in different orders ({} vs {}): {}", t->vary().split_axis(m),
+             fmt::join(splitter->vary().split_mesh_axes(t->vary().split_axis(m)), ","),
+             fmt::join(t->vary().split_mesh_axes(t->vary().split_axis(m)), ","), describe(operands));
+      splitter = t;
+    }
+    if (varying) {
+      result.set_varying(m);
+      continue;
+    }
+    if (splitter == nullptr) continue;
+    const std::string& a = splitter->vary().split_axis(m);
+    for (const Tensor* t : operands)
+      if (t->vary().kind(m) == Vary::Invariant && t->shape().has(a))
+        fail(op, "axis '{}' is cut over mesh axis '{}' in one operand but whole in another: {} (shard both alike, or all_gather first)",
+             a, m, describe(operands));
+    if (std::find(reduced.begin(), reduced.end(), a) != reduced.end()) result.set_varying(m);
+    else result.set_split(m, a);
+  }
+  return result;
+}
+
+cpu::Dims strides_in_order(const Shape& x, const std::vector<Axis>& axes) {
+  cpu::Dims out{};
+  auto strides = x.strides();
+  for (std::size_t i = 0; i < axes.size(); ++i) {
+    int j = x.index_of(axes[i].name);
+    out[i] = j < 0 ? 0 : strides[static_cast<std::size_t>(j)];
+  }
+  return out;
+}
+
+cpu::Dims sizes_of(const std::vector<Axis>& axes) {
+  cpu::Dims out{};
+  for (std::size_t i = 0; i < axes.size(); ++i) out[i] = axes[i].size;
+  return out;
+}
+
+Tensor widen(const Tensor& x) { return x.dtype() == DType::bf16 ? cast(x, DType::f32) : x; }
+Tensor narrow_to(const Tensor& x, DType dtype) { return x.dtype() == dtype ? x : cast(x, dtype); }
+
+Tensor permute_to(const Tensor& x, const std::vector<std::string>& order) {
+  if (x.shape().names() == order) return x;
+  return transpose(x, order);
+}
+
+}  // namespace nax::detail

@@ -1,0 +1,46 @@
+#pragma once
+// Shared by the op implementations: tensor construction, device checks, layouts, vary rules.
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/strided.h"
+#include "nax/ops.h"
+#include "nax/runtime.h"
+
+namespace nax::detail {
+
+// The current shard's device, or the host outside Runtime::run.
+const std::shared_ptr<Device>& current_device();
+
+// A fresh tensor for an op's result, on `device`.
+Tensor make_result(const Shape& shape, DType dtype, VaryType vary, const std::shared_ptr<Device>& device);
+
+// Throws naming `op` when the operands live on different devices or are undefined.
+void check_operands(std::string_view op, std::initializer_list<const Tensor*> operands);
+void check_same_dtype(std::string_view op, const Tensor& a, const Tensor& b);
+
+// The result vary type of an op over `operands` (DESIGN.md §3): Varying wins; Split(a) and Split(a)
+// agree; Split(a) meeting a whole `a` or two axes cut over one mesh axis is an error; a Split axis
+// in `reduced` becomes Varying (a partial result).
+VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& operands,
+                    const std::vector<std::string>& reduced = {});
+
+// Strides of `x`'s axes in the order of `axes` (0 for axes x lacks): for broadcasting.
+cpu::Dims strides_in_order(const Shape& x, const std::vector<Axis>& axes);
+cpu::Dims sizes_of(const std::vector<Axis>& axes);
+
+// x as f32 when it is bf16 (the CPU computes bf16 in f32), else x itself; and back.
+Tensor widen(const Tensor& x);
+Tensor narrow_to(const Tensor& x, DType dtype);
+
+// Copies x into the axis order `order` (a permutation of x's axes); x itself when already there.
+Tensor permute_to(const Tensor& x, const std::vector<std::string>& order);
+
+// The block at `offsets` (of shape `local`) of the global random tensor of shape `global`.
+Tensor random_block(const Shape& global, const Shape& local, const std::vector<std::int64_t>& offsets,
+                    std::uint64_t seed, std::string_view name, DType dtype, bool normal, double a, double b);
+
+std::string describe(const std::vector<const Tensor*>& operands);  // "f32[a=2] and f32[b=3]"
+
+}  // namespace nax::detail

@@ -1,0 +1,205 @@
+// Layout ops: rename, transpose, split/merge axes, slice, concat, cast.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "kernels/cpu/kernels.h"
+#include "ops/internal.h"
+
+namespace nax {
+
+Tensor rename(const Tensor& x, const std::vector<std::pair<std::string, std::string>>& renames) {
+  detail::check_operands("rename", {&x});
+  std::vector<Axis> axes = x.shape().axes();
+  VaryType vary = x.vary();
+  std::set<std::string> sources;
+  for (const auto& [from, to] : renames) {
+    int i = x.shape().require(from, "rename");
+    if (!sources.insert(from).second) fail("rename", "axis '{}' renamed twice in {}", from, x.str());
+    axes[static_cast<std::size_t>(i)].name = to;
+  }
+  // Rename the vary type's tensor axes in two steps so that swaps ({a->b, b->a}) work.
+  for (const auto& [from, to] : renames) vary.rename_tensor_axis(from, "\x01" + to);
+  for (const auto& [from, to] : renames) vary.rename_tensor_axis("\x01" + to, to);
+  try {
+    return x.with_shape(Shape(axes)).with_vary(vary);
+  } catch (const Error&) {
+    fail("rename", "renaming {} gives a duplicate axis name", x.str());
+  }
+}
+
+Tensor rename(const Tensor& x, const std::string& from, const std::string& to) { return rename(x, {{from, to}}); }
+
+Tensor transpose(const Tensor& x, const Names& order) {
+  detail::check_operands("transpose", {&x});
+  const auto& names = order.list();
+  std::vector<Axis> axes;
+  for (const auto& name : names) axes.push_back(x.shape()[x.shape().require(name, "transpose")]);
+  if (static_cast<int>(names.size()) != x.rank() || Shape(axes).rank() != x.rank())
+    fail("transpose", "order {} is not a permutation of the axes of {}", order.str(), x.str());
+  Shape shape(axes);
+  if (shape == x.shape()) return x;
+  Tensor out = detail::make_result(shape, x.dtype(), x.vary(), x.device_ptr());
+  cpu::Layout<2> layout;
+  layout.rank = shape.rank();
+  layout.sizes = detail::sizes_of(axes);
+  layout.strides[0] = detail::strides_in_order(x.shape(), axes);
+  layout.strides[1] = detail::strides_in_order(shape, axes);
+  cpu::copy(dtype_size(x.dtype()), x.raw(), out.raw_mutable(), layout);
+  return out;
+}
+
+Tensor contiguous_copy(const Tensor& x) {
+  detail::check_operands("contiguous_copy", {&x});
+  Tensor out = detail::make_result(x.shape(), x.dtype(), x.vary(), x.device_ptr());
+  std::memcpy(out.raw_mutable(), x.raw(), x.nbytes());
+  return out;
+}
+
+Tensor split_axis(const Tensor& x, const std::string& axis, const std::vector<Axis>& parts) {
+  detail::check_operands("split_axis", {&x});
+  int i = x.shape().require(axis, "split_axis");
+  std::int64_t product = 1;
+  std::vector<std::string> part_names;
+  for (const auto& p : parts) {
+    product *= p.size;
+    part_names.push_back(fmt::format("{}={}", p.name, p.size));
+  }
+  if (parts.empty() || product != x.shape()[i].size)
+    fail("split_axis", "parts [{}] do not multiply to the size {} of axis '{}' in {}", fmt::join(part_names, ", "),
+         x.shape()[i].size, axis, x.str());
+  std::vector<Axis> axes = x.shape().axes();
+  axes.erase(axes.begin() + i);
+  axes.insert(axes.begin() + i, parts.begin(), parts.end());
+  Shape shape = [&] {
+    try {
+      return Shape(axes);
+    } catch (const Error&) {
+      fail("split_axis", "parts [{}] clash with the other axes of {}", fmt::join(part_names, ", "), x.str());
+    }
+  }();
+  VaryType vary = x.vary();
+  vary.rename_tensor_axis(axis, parts[0].name);  // a block of the outer part is a block of the whole
+  return x.with_shape(shape).with_vary(vary);
+}
+
+Tensor merge_axes(const Tensor& x, const Names& axes, const std::string& merged) {
+  detail::check_operands("merge_axes", {&x});
+  const auto& names = axes.list();
+  if (names.empty()) fail("merge_axes", "no axes to merge in {}", x.str());
+  std::set<std::string> distinct(names.begin(), names.end());
+  if (distinct.size() != names.size()) fail("merge_axes", "an axis is named twice in {}", axes.str());
+  for (std::size_t j = 0; j < names.size(); ++j) {
+    x.shape().require(names[j], "merge_axes");
+    if (j > 0 && x.vary().split_mesh_axes(names[j]).size() > 0)
+      fail("merge_axes", "axis '{}' is cut over mesh axis '{}'; only the first (outermost) merged axis may be cut: {}", names[j],
+           x.vary().split_mesh_axes(names[j])[0], x.str());
+  }
+  // Bring the merged axes together, in the order given, where the first of them stands.
+  std::vector<std::string> order;
+  for (const auto& a : x.shape().axes()) {
+    if (a.name == names[0]) order.insert(order.end(), names.begin(), names.end());
+    else if (!distinct.count(a.name)) order.push_back(a.name);
+  }
+  Tensor t = detail::permute_to(x, order);
+  std::vector<Axis> out_axes;
+  std::int64_t size = 1;
+  for (const auto& a : t.shape().axes()) {
+    if (!distinct.count(a.name)) out_axes.push_back(a);
+    else if (a.name == names[0]) out_axes.push_back({merged, 0});
+  }
+  for (const auto& n : names) size *= x.shape().size(n);
+  for (auto& a : out_axes)
+    if (a.name == merged && a.size == 0) a.size = size;
+  Shape shape = [&] {
+    try {
+      return Shape(out_axes);
+    } catch (const Error&) {
+      fail("merge_axes", "merged name '{}' clashes with another axis of {}", merged, x.str());
+    }
+  }();
+  VaryType vary = t.vary();
+  vary.rename_tensor_axis(names[0], merged);
+  return t.with_shape(shape).with_vary(vary);
+}
+
+Tensor slice(const Tensor& x, const std::string& axis, std::int64_t start, std::int64_t stop) {
+  detail::check_operands("slice", {&x});
+  int i = x.shape().require(axis, "slice");
+  std::int64_t size = x.shape()[i].size;
+  if (start < 0 || stop < start || stop > size)
+    fail("slice", "range [{}, {}) is out of bounds for axis '{}' of size {} in {}", start, stop, axis, size, x.str());
+  std::vector<Axis> axes = x.shape().axes();
+  axes[static_cast<std::size_t>(i)].size = stop - start;
+  Shape shape(axes);
+  VaryType vary = x.vary();
+  for (const auto& m : x.vary().split_mesh_axes(axis)) vary.set_varying(m);  // a slice of a block is no global block
+  Tensor out = detail::make_result(shape, x.dtype(), vary, x.device_ptr());
+  cpu::Layout<2> layout;
+  layout.rank = shape.rank();
+  layout.sizes = detail::sizes_of(axes);
+  layout.strides[0] = detail::strides_in_order(x.shape(), axes);
+  layout.strides[1] = detail::strides_in_order(shape, axes);
+  const std::size_t es = dtype_size(x.dtype());
+  const auto* src = static_cast<const char*>(x.raw()) + static_cast<std::size_t>(start * layout.strides[0][static_cast<std::size_t>(i)]) * es;
+  cpu::copy(es, src, out.raw_mutable(), layout);
+  return out;
+}
+
+Tensor concat(const std::vector<Tensor>& xs, const std::string& axis) {
+  if (xs.empty()) fail("concat", "no tensors to concatenate along '{}'", axis);
+  const Tensor& first = xs[0];
+  detail::check_operands("concat", {&first});
+  int i = first.shape().require(axis, "concat");
+  std::vector<Tensor> parts;
+  std::int64_t total = 0;
+  for (const auto& x : xs) {
+    detail::check_operands("concat", {&first, &x});
+    detail::check_same_dtype("concat", first, x);
+    x.shape().require(axis, "concat");
+    if (x.rank() != first.rank()) fail("concat", "axes differ: {} and {}", first.str(), x.str());
+    for (const auto& a : first.shape().axes())
+      if (a.name != axis && (!x.shape().has(a.name) || x.shape().size(a.name) != a.size))
+        fail("concat", "{} and {} differ outside axis '{}'", first.str(), x.str(), axis);
+    parts.push_back(detail::permute_to(x, first.shape().names()));
+    total += x.shape().size(axis);
+  }
+  std::vector<Axis> axes = first.shape().axes();
+  axes[static_cast<std::size_t>(i)].size = total;
+  Shape shape(axes);
+  std::vector<Tensor> typed;  // a block of a block is no global block: Split(axis) becomes Varying
+  std::vector<const Tensor*> operands;
+  for (const auto& p : parts) {
+    VaryType pv = p.vary();
+    for (const auto& m : pv.split_mesh_axes(axis)) pv.set_varying(m);
+    typed.push_back(p.with_vary(pv));
+  }
+  for (const auto& t : typed) operands.push_back(&t);
+  VaryType vary = detail::merge_vary("concat", operands);
+  Tensor out = detail::make_result(shape, first.dtype(), vary, first.device_ptr());
+  const std::size_t es = dtype_size(first.dtype());
+  std::int64_t offset = 0;
+  auto out_strides = shape.strides();
+  for (const auto& p : parts) {
+    cpu::Layout<2> layout;
+    layout.rank = shape.rank();
+    layout.sizes = detail::sizes_of(p.shape().axes());
+    layout.strides[0] = detail::strides_in_order(p.shape(), p.shape().axes());
+    layout.strides[1] = detail::strides_in_order(shape, p.shape().axes());
+    char* dst = static_cast<char*>(out.raw_mutable()) + static_cast<std::size_t>(offset * out_strides[static_cast<std::size_t>(i)]) * es;
+    cpu::copy(es, p.raw(), dst, layout);
+    offset += p.shape().size(axis);
+  }
+  return out;
+}
+
+Tensor cast(const Tensor& x, DType dtype) {
+  detail::check_operands("cast", {&x});
+  if (x.dtype() == dtype) return x;
+  Tensor out = detail::make_result(x.shape(), dtype, x.vary(), x.device_ptr());
+  cpu::convert(x.dtype(), x.raw(), dtype, out.raw_mutable(), x.numel());
+  return out;
+}
+
+}  // namespace nax

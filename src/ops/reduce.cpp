@@ -1,0 +1,54 @@
+// Reductions over named axes. Reducing over a Split axis gives a Varying partial result.
+#include <set>
+
+#include <fmt/format.h>
+
+#include "kernels/cpu/kernels.h"
+#include "ops/internal.h"
+
+namespace nax {
+
+namespace {
+
+Tensor reduce(ReduceOp op, std::string_view name, const Tensor& x_in, const Names& axes) {
+  detail::check_operands(name, {&x_in});
+  std::set<std::string> reduced;
+  for (const auto& a : axes.list()) {
+    x_in.shape().require(a, name);
+    if (!reduced.insert(a).second) fail(name, "axis '{}' named twice in {} for {}", a, axes.str(), x_in.str());
+  }
+  if (x_in.dtype() == DType::bf16) return detail::narrow_to(reduce(op, name, detail::widen(x_in), axes), DType::bf16);
+
+  std::vector<Axis> kept;
+  for (const auto& axis : x_in.shape().axes())
+    if (!reduced.count(axis.name)) kept.push_back(axis);
+  for (const auto& axis : x_in.shape().axes())
+    if (reduced.count(axis.name) && axis.size == 0 && op != ReduceOp::sum)
+      fail(name, "cannot reduce over the empty axis '{}' of {}", axis.name, x_in.str());
+  Shape shape(kept);
+  Tensor out = detail::make_result(shape, x_in.dtype(), detail::merge_vary(name, {&x_in}, axes.list()), x_in.device_ptr());
+
+  cpu::Layout<2> layout;
+  layout.rank = x_in.rank();
+  layout.sizes = detail::sizes_of(x_in.shape().axes());
+  layout.strides[0] = detail::strides_in_order(x_in.shape(), x_in.shape().axes());
+  layout.strides[1] = detail::strides_in_order(shape, x_in.shape().axes());
+  cpu::reduce(op, x_in.dtype(), x_in.raw(), out.raw_mutable(), out.numel(), layout);
+  return out;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x, const Names& axes) { return reduce(ReduceOp::sum, "sum", x, axes); }
+Tensor max(const Tensor& x, const Names& axes) { return reduce(ReduceOp::max, "max", x, axes); }
+Tensor min(const Tensor& x, const Names& axes) { return reduce(ReduceOp::min, "min", x, axes); }
+
+Tensor mean(const Tensor& x, const Names& axes) {
+  if (x.defined() && !is_floating(x.dtype())) fail("mean", "needs a floating dtype, got {}", x.str());
+  Tensor total = reduce(ReduceOp::sum, "mean", x, axes);
+  std::int64_t count = 1;
+  for (const auto& a : axes.list()) count *= x.shape().size(a);
+  return total / static_cast<double>(count);
+}
+
+}  // namespace nax

@@ -1,0 +1,97 @@
+#include "runtime/device_shard.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "kernels/cpu/kernels.h"
+#include "nax/collectives.h"
+#include "ops/internal.h"
+
+namespace nax::detail {
+
+DeviceShard::Block DeviceShard::block_of(const Shape& global, const AxisRules& rules, std::string_view op) const {
+  rules.check(mesh_, global, op);
+  Block b;
+  std::vector<Axis> axes = global.axes();
+  b.offsets.assign(axes.size(), 0);
+  for (std::size_t i = 0; i < axes.size(); ++i) {
+    const auto& mesh_axes = rules.mesh_axes(axes[i].name);
+    if (mesh_axes.empty()) continue;
+    const std::int64_t parts = mesh_.group_size(mesh_axes);
+    axes[i].size /= parts;
+    b.offsets[i] = axes[i].size * mesh_.rank_in_group(device_, mesh_axes);
+    for (const auto& m : mesh_axes) b.vary.set_split(m, axes[i].name);
+  }
+  b.local = Shape(axes);
+  return b;
+}
+
+Tensor DeviceShard::shard(const Tensor& global, const AxisRules& rules) {
+  if (!global.defined()) fail("shard", "the global tensor is undefined");
+  if (!global.device().is_host() && &global.device() != dev_.get())
+    fail("shard", "expects a host tensor or one of this device's, got {} on {}", global.str(), global.device().str());
+  if (!global.vary().invariant())
+    fail("shard", "expects a global value, got the per-device value {} (gather it first)", global.str());
+  Block b = block_of(global.shape(), rules, "shard");
+  Tensor out = make_result(b.local, global.dtype(), b.vary, dev_);
+  cpu::Layout<2> layout;
+  layout.rank = b.local.rank();
+  layout.sizes = sizes_of(b.local.axes());
+  layout.strides[0] = strides_in_order(global.shape(), b.local.axes());
+  layout.strides[1] = strides_in_order(b.local, b.local.axes());
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < b.offsets.size(); ++i) offset += b.offsets[i] * layout.strides[0][i];
+  const std::size_t es = dtype_size(global.dtype());
+  cpu::copy(es, static_cast<const char*>(global.raw()) + static_cast<std::size_t>(offset) * es, out.raw_mutable(), layout);
+  return out;
+}
+
+Tensor DeviceShard::gather(const Tensor& t) {
+  check_operands("gather", {&t});
+  for (const auto& e : t.vary().entries())
+    if (e.kind == Vary::Varying)
+      fail("gather", "{} is Varying over mesh axis '{}' (a partial sum or a per-device value): reduce it with psum/pmean or "
+           "all_gather_invariant first", t.str(), e.mesh_axis);
+  Tensor whole = t;
+  for (const auto& axis : t.shape().axes()) {
+    auto mesh_axes = t.vary().split_mesh_axes(axis.name);
+    if (!mesh_axes.empty()) whole = all_gather_invariant(whole, mesh_axes, axis.name);
+  }
+  Tensor host = Tensor::empty(whole.shape(), whole.dtype(), Device::host());
+  std::memcpy(host.raw_mutable(), whole.raw(), whole.nbytes());
+  return host;
+}
+
+Tensor DeviceShard::random_normal(const Shape& global, const AxisRules& rules, std::uint64_t seed, std::string_view name,
+                                  double stddev, DType dtype) {
+  Block b = block_of(global, rules, "random_normal");
+  return random_block(global, b.local, b.offsets, seed, name, dtype, true, stddev, 0).with_vary(b.vary);
+}
+
+Tensor DeviceShard::random_uniform(const Shape& global, const AxisRules& rules, std::uint64_t seed, std::string_view name,
+                                   double low, double high, DType dtype) {
+  Block b = block_of(global, rules, "random_uniform");
+  return random_block(global, b.local, b.offsets, seed, name, dtype, false, low, high).with_vary(b.vary);
+}
+
+Communicator& DeviceShard::comm(const Names& mesh_axes) {
+  auto it = comms_.find(mesh_axes.list());
+  if (it != comms_.end()) return *it->second;
+  mesh_.check_axes(mesh_axes.list(), "comm");
+  auto& slot = comms_[mesh_axes.list()];
+  slot = make_comm_(mesh_axes.list());
+  return *slot;
+}
+
+CommStats DeviceShard::comm_stats() const {
+  CommStats total;
+  for (const auto& [axes, c] : comms_)
+    for (int k = 0; k < kCollectiveKinds; ++k) {
+      total.calls[static_cast<std::size_t>(k)] += c->stats().calls[static_cast<std::size_t>(k)];
+      total.bytes[static_cast<std::size_t>(k)] += c->stats().bytes[static_cast<std::size_t>(k)];
+    }
+  return total;
+}
+
+}  // namespace nax::detail

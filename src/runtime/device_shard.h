@@ -1,0 +1,48 @@
+#pragma once
+// The Shard every runtime hands to per-shard code: backend-independent, with communicators made
+// by the backend's factory on first use.
+#include <functional>
+#include <map>
+#include <memory>
+
+#include "nax/runtime.h"
+
+namespace nax::detail {
+
+using CommFactory = std::function<std::unique_ptr<Communicator>(const std::vector<std::string>& mesh_axes)>;
+
+class DeviceShard final : public Shard {
+ public:
+  DeviceShard(int device, const Mesh& mesh, std::shared_ptr<Device> dev, CommFactory make_comm)
+      : device_(device), mesh_(mesh), dev_(std::move(dev)), make_comm_(std::move(make_comm)) {}
+
+  int device() const override { return device_; }
+  const Mesh& mesh() const override { return mesh_; }
+  Tensor shard(const Tensor& global, const AxisRules& rules) override;
+  Tensor gather(const Tensor& t) override;
+  Tensor random_normal(const Shape& global, const AxisRules& rules, std::uint64_t seed, std::string_view name,
+                       double stddev, DType dtype) override;
+  Tensor random_uniform(const Shape& global, const AxisRules& rules, std::uint64_t seed, std::string_view name,
+                        double low, double high, DType dtype) override;
+  Communicator& comm(const Names& mesh_axes) override;
+  AllocatorStats memory() const override { return dev_->allocator().stats(); }
+  const std::shared_ptr<Device>& device_ptr() const override { return dev_; }
+
+  CommStats comm_stats() const;
+
+ private:
+  struct Block {
+    Shape local;
+    std::vector<std::int64_t> offsets;
+    VaryType vary;
+  };
+  Block block_of(const Shape& global, const AxisRules& rules, std::string_view op) const;
+
+  int device_;
+  const Mesh& mesh_;
+  std::shared_ptr<Device> dev_;
+  CommFactory make_comm_;
+  std::map<std::vector<std::string>, std::unique_ptr<Communicator>> comms_;
+};
+
+}  // namespace nax::detail
