@@ -4,6 +4,8 @@
 #include <nax/nax.h>
 
 #include <cmath>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace nax::testing {
@@ -33,4 +35,48 @@ inline std::vector<std::string> test_meshes() {
   return {"mp=1", "mp=2", "mp=3", "mp=4", "mp=8", "dp=2,mp=2", "mp=2,dp=2", "dp=2,mp=4", "dp=4,mp=2", "dp=3,mp=2"};
 }
 
+}  // namespace nax::testing
+
+namespace nax::testing {
+
+// Element of `t` at a named index (axes of t missing from `index` are an error).
+inline double at(const Tensor& t, const std::vector<double>& values, const std::map<std::string, std::int64_t>& index) {
+  auto strides = t.shape().strides();
+  std::int64_t offset = 0;
+  for (int i = 0; i < t.rank(); ++i) offset += index.at(t.shape()[i].name) * strides[static_cast<std::size_t>(i)];
+  return values[static_cast<std::size_t>(offset)];
+}
+
+// Calls fn(index) for every named index of `shape`, row-major.
+template <typename F>
+void for_each_index(const Shape& shape, F&& fn) {
+  std::map<std::string, std::int64_t> index;
+  for (const auto& a : shape.axes()) index[a.name] = 0;
+  if (shape.numel() == 0) return;
+  while (true) {
+    fn(index);
+    int d = shape.rank() - 1;
+    for (; d >= 0; --d) {
+      auto& i = index[shape[d].name];
+      if (++i < shape[d].size) break;
+      i = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+}  // namespace nax::testing
+
+// An assertion for code running on runtime worker threads, where Catch2's macros are not safe:
+// it throws, Runtime::run rethrows on the test's thread, and Catch reports the message.
+#define NAX_EXPECT(cond)                                                                                  \
+  do {                                                                                                    \
+    if (!(cond)) throw std::runtime_error(std::string("expectation failed: ") + #cond + " at " + __FILE__ + \
+                                          ":" + std::to_string(__LINE__));                                \
+  } while (0)
+
+namespace nax::testing {
+inline bool same_values(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.to_vector<double>() == b.to_vector<double>();
+}
 }  // namespace nax::testing

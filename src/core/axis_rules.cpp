@@ -8,10 +8,7 @@
 
 namespace nax {
 
-AxisRules::Rule::Rule(std::string axis, std::string mesh_axis)
-    : tensor_axis(std::move(axis)), mesh_axes{std::move(mesh_axis)} {}
-AxisRules::Rule::Rule(std::string axis, std::vector<std::string> axes)
-    : tensor_axis(std::move(axis)), mesh_axes(std::move(axes)) {}
+AxisRules::Rule::Rule(std::string axis, const Names& axes) : tensor_axis(std::move(axis)), mesh_axes(axes.list()) {}
 
 AxisRules::AxisRules(std::initializer_list<Rule> rules) {
   for (const auto& r : rules) set(r.tensor_axis, r.mesh_axes);

@@ -116,6 +116,20 @@ Tensor dot(const Tensor& a_in, const Tensor& b_in, const Names& contract) {
   for (const auto& axis : b_in.shape().axes())
     if (!k_set.count(axis.name) && !a_in.shape().has(axis.name)) b_free.push_back(axis.name);
 
+  std::vector<Axis> out_axes;
+  for (const auto& n : batch) out_axes.push_back({n, a_in.shape().size(n)});
+  for (const auto& n : a_free) out_axes.push_back({n, a_in.shape().size(n)});
+  for (const auto& n : b_free) out_axes.push_back({n, b_in.shape().size(n)});
+  Shape shape(out_axes);
+  Tensor out = detail::make_result(shape, a_in.dtype(), vary, a_in.device_ptr());
+  std::int64_t K = 1;
+  for (const auto& k : k_set) K *= a_in.shape().size(k);
+  if (out.numel() == 0) return out;
+  if (K == 0) {
+    cpu::fill(out.dtype(), out.raw_mutable(), out.numel(), 0.0);
+    return out;
+  }
+
   // Contracted axes in an order both operands can collapse, trying each operand's memory order.
   Tensor a = a_in, b = b_in;
   std::vector<std::string> k_order = in_memory_order(a, k_set);
@@ -137,19 +151,8 @@ Tensor dot(const Tensor& a_in, const Tensor& b_in, const Names& contract) {
     b = detail::permute_to(b, concat_names({&batch, &k_order, &b_free}));
     vb = view_operand(b, k_order, b_free);
   }
-
-  std::vector<Axis> out_axes;
-  for (const auto& n : batch) out_axes.push_back({n, a.shape().size(n)});
-  for (const auto& n : a_free) out_axes.push_back({n, a.shape().size(n)});
-  for (const auto& n : b_free) out_axes.push_back({n, b.shape().size(n)});
-  Shape shape(out_axes);
-  Tensor out = detail::make_result(shape, a.dtype(), vary, a.device_ptr());
-  if (out.numel() == 0) return out;
-  const std::int64_t M = va->rows.extent, N = vb->cols.extent, K = va->cols.extent;
-  if (K == 0) {
-    cpu::fill(out.dtype(), out.raw_mutable(), out.numel(), 0.0);
-    return out;
-  }
+  if (!va || !vb) fail("dot", "internal error: no GEMM view of {}", detail::describe({&a, &b}));
+  const std::int64_t M = va->rows.extent, N = vb->cols.extent;
 
   // One GEMM per batch index.
   std::vector<Axis> batch_axes(out_axes.begin(), out_axes.begin() + static_cast<std::ptrdiff_t>(batch.size()));

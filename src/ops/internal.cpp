@@ -33,7 +33,7 @@ void check_operands(std::string_view op, std::initializer_list<const Tensor*> op
     else if (&t->device() != first)
       fail(op, "operands live on different devices ({} and {}): {}", first->str(), t->device().str(), describe(list));
   }
-  if (Shard* s = Shard::current(); s != nullptr && first != nullptr && first != s->device_ptr().get())
+  if (Shard* s = Shard::current(); s != nullptr && first != nullptr && !first->is_host() && first != s->device_ptr().get())
     fail(op, "operand lives on {} but this code runs on cpu:{}: pass tensors between devices with collectives", first->str(), s->device());
 }
 

@@ -112,7 +112,8 @@ Runtime Runtime::local(const Mesh& mesh, RuntimeOptions options) {
   const double timeout = options.collective_timeout_s > 0 ? options.collective_timeout_s : default_timeout_s();
   state->world = std::make_shared<local::LocalWorld>(mesh, timeout);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  cpu::set_blas_threads(options.blas_threads > 0 ? options.blas_threads : std::max(1, cores / mesh.size()));
+  if (options.blas_threads > 0) cpu::set_blas_threads(options.blas_threads);
+  else if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) cpu::set_blas_threads(std::max(1, cores / mesh.size()));
   for (int d = 0; d < mesh.size(); ++d) {
     auto dev = std::make_shared<Device>(d, Backend::cpu, make_caching_host_allocator());
     auto world = state->world;

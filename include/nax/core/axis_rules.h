@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "nax/core/mesh.h"
+#include "nax/core/names.h"
 
 namespace nax {
 
@@ -16,8 +17,7 @@ class AxisRules {
   struct Rule {
     std::string tensor_axis;
     std::vector<std::string> mesh_axes;
-    Rule(std::string axis, std::string mesh_axis);
-    Rule(std::string axis, std::vector<std::string> mesh_axes);
+    Rule(std::string axis, const Names& mesh_axes);
   };
 
   AxisRules() = default;

@@ -1,0 +1,166 @@
+// Elementwise ops, reductions and layout ops against element-by-element references.
+#include <functional>
+#include <numeric>
+
+#include "helpers.h"
+
+using namespace nax;
+using nax::testing::at;
+using nax::testing::for_each_index;
+
+namespace {
+Tensor rand(const Shape& s, const char* name, DType dtype = DType::f32) { return random_normal(s, 11, name, 1.0, dtype); }
+}  // namespace
+
+TEST_CASE("elementwise ops broadcast by axis name", "[ops]") {
+  Tensor x = rand(Shape{{"batch", 3}, {"embed", 5}}, "x");
+  Tensor bias = rand(Shape{{"embed", 5}}, "b");
+  Tensor col = rand(Shape{{"seq", 4}, {"batch", 3}}, "c");
+  auto vx = x.to_vector<double>(), vb = bias.to_vector<double>(), vc = col.to_vector<double>();
+
+  Tensor y = x + bias;
+  REQUIRE(y.shape() == x.shape());
+  auto vy = y.to_vector<double>();
+  for_each_index(y.shape(), [&](const auto& i) { REQUIRE(at(y, vy, i) == Approx(at(x, vx, i) + at(bias, vb, i))); });
+
+  // Result axes: the left operand's, then the right's others.
+  Tensor z = x * col;
+  REQUIRE(z.shape() == Shape{{"batch", 3}, {"embed", 5}, {"seq", 4}});
+  auto vz = z.to_vector<double>();
+  for_each_index(z.shape(), [&](const auto& i) { REQUIRE(at(z, vz, i) == Approx(at(x, vx, i) * at(col, vc, i))); });
+
+  Tensor w = bias - x;  // the broadcast operand on the left
+  REQUIRE(w.shape() == Shape{{"embed", 5}, {"batch", 3}});
+  auto vw = w.to_vector<double>();
+  for_each_index(w.shape(), [&](const auto& i) { REQUIRE(at(w, vw, i) == Approx(at(bias, vb, i) - at(x, vx, i))); });
+}
+
+TEST_CASE("binary ops, comparisons and scalars match scalar code", "[ops]") {
+  Tensor a = rand(Shape{{"i", 64}}, "a");
+  Tensor b = rand(Shape{{"i", 64}}, "b");
+  auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+  struct Case {
+    Tensor got;
+    std::function<double(float, float)> want;
+  };
+  std::vector<Case> cases = {
+      {a + b, [](float x, float y) { return x + y; }},      {a - b, [](float x, float y) { return x - y; }},
+      {a * b, [](float x, float y) { return x * y; }},      {a / b, [](float x, float y) { return x / y; }},
+      {maximum(a, b), [](float x, float y) { return std::max(x, y); }},
+      {minimum(a, b), [](float x, float y) { return std::min(x, y); }},
+      {pow(abs(a), b), [](float x, float y) { return std::pow(std::abs(x), y); }},
+      {lt(a, b), [](float x, float y) { return x < y ? 1.0 : 0.0; }}, {ge(a, b), [](float x, float y) { return x >= y ? 1.0 : 0.0; }},
+      {eq(a, a), [](float, float) { return 1.0; }},         {ne(a, b), [](float x, float y) { return x != y ? 1.0 : 0.0; }},
+      {a * 2.0 + 1.0, [](float x, float) { return x * 2 + 1; }},
+      {1.0 - a, [](float x, float) { return 1 - x; }},      {2.0 / b, [](float, float y) { return 2 / y; }},
+  };
+  for (auto& c : cases) {
+    auto got = c.got.to_vector<double>();
+    for (std::size_t i = 0; i < got.size(); ++i)
+      REQUIRE(got[i] == Approx(c.want(static_cast<float>(va[i]), static_cast<float>(vb[i]))).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("unary ops match scalar code", "[ops]") {
+  Tensor x = random_uniform(Shape{{"i", 50}}, 5, "x", 0.1, 3.0, DType::f64);
+  auto v = x.to_vector<double>();
+  auto check = [&](const Tensor& got, double (*f)(double)) {
+    auto g = got.to_vector<double>();
+    for (std::size_t i = 0; i < v.size(); ++i) REQUIRE(g[i] == Approx(f(v[i])).epsilon(1e-12));
+  };
+  check(exp(x), [](double t) { return std::exp(t); });
+  check(log(x), [](double t) { return std::log(t); });
+  check(sqrt(x), [](double t) { return std::sqrt(t); });
+  check(rsqrt(x), [](double t) { return 1 / std::sqrt(t); });
+  check(tanh(x), [](double t) { return std::tanh(t); });
+  check(square(x), [](double t) { return t * t; });
+  check(-x, [](double t) { return -t; });
+  check(abs(-x), [](double t) { return t; });
+}
+
+TEST_CASE("integer and bf16 arithmetic", "[ops]") {
+  Tensor i = arange({"i", 5}, DType::i32);
+  REQUIRE((i * i + i).to_vector<std::int32_t>() == std::vector<std::int32_t>{0, 2, 6, 12, 20});
+  Tensor h = cast(arange({"i", 5}), DType::bf16);
+  Tensor y = h * h + 0.5;
+  REQUIRE(y.dtype() == DType::bf16);
+  REQUIRE(y.to_vector<double>() == std::vector<double>{0.5, 1.5, 4.5, 9.5, 16.5});
+}
+
+TEST_CASE("reductions over one or several named axes", "[ops]") {
+  Tensor x = rand(Shape{{"a", 3}, {"b", 4}, {"c", 5}}, "x", DType::f64);
+  auto vx = x.to_vector<double>();
+  for (std::vector<std::string> axes : {std::vector<std::string>{"a"}, {"b"}, {"c"}, {"a", "c"}, {"c", "a", "b"}}) {
+    Tensor s = sum(x, axes), m = max(x, axes), n = min(x, axes), avg = mean(x, axes);
+    auto vs = s.to_vector<double>(), vm = m.to_vector<double>(), vn = n.to_vector<double>(), va = avg.to_vector<double>();
+    for_each_index(s.shape(), [&](const auto& out_index) {
+      double total = 0, hi = -INFINITY, lo = INFINITY;
+      int count = 0;
+      for_each_index(x.shape(), [&](const auto& in_index) {
+        for (const auto& [name, value] : out_index)
+          if (in_index.at(name) != value) return;
+        double v = at(x, vx, in_index);
+        total += v, hi = std::max(hi, v), lo = std::min(lo, v), ++count;
+      });
+      REQUIRE(at(s, vs, out_index) == Approx(total).epsilon(1e-12));
+      REQUIRE(at(m, vm, out_index) == hi);
+      REQUIRE(at(n, vn, out_index) == lo);
+      REQUIRE(at(avg, va, out_index) == Approx(total / count).epsilon(1e-12));
+    });
+  }
+  REQUIRE(sum(x, {"a", "b", "c"}).item() == Approx(std::accumulate(vx.begin(), vx.end(), 0.0)));
+}
+
+TEST_CASE("rename, transpose, split and merge axes", "[ops]") {
+  Tensor x = arange({"i", 24});
+  Tensor r = rename(x, "i", "k");
+  REQUIRE(r.shape() == Shape{{"k", 24}});
+  REQUIRE(r.same_storage(x));  // renaming moves no data
+
+  Tensor s = split_axis(x, "i", {{"a", 2}, {"b", 3}, {"c", 4}});
+  REQUIRE(s.shape() == Shape{{"a", 2}, {"b", 3}, {"c", 4}});
+  REQUIRE(s.same_storage(x));
+
+  Tensor t = transpose(s, {"c", "a", "b"});
+  auto vs = s.to_vector<double>(), vt = t.to_vector<double>();
+  for_each_index(t.shape(), [&](const auto& i) { REQUIRE(at(t, vt, i) == at(s, vs, i)); });
+
+  Tensor swapped = rename(s, {{"a", "b"}, {"b", "a"}});
+  REQUIRE(swapped.shape() == Shape{{"b", 2}, {"a", 3}, {"c", 4}});
+
+  Tensor m = merge_axes(s, {"b", "c"}, "bc");  // adjacent and in order: no copy
+  REQUIRE(m.shape() == Shape{{"a", 2}, {"bc", 12}});
+  REQUIRE(m.same_storage(x));
+  Tensor m2 = merge_axes(s, {"c", "a"}, "ca");  // brought together where c stands... c is not first, so where "c" is
+  REQUIRE(m2.shape() == Shape{{"b", 3}, {"ca", 8}});
+  auto v2 = m2.to_vector<double>();
+  for_each_index(s.shape(), [&](const auto& i) {
+    REQUIRE(at(m2, v2, {{"b", i.at("b")}, {"ca", i.at("c") * 2 + i.at("a")}}) == at(s, vs, i));
+  });
+}
+
+TEST_CASE("slice and concat along a named axis", "[ops]") {
+  Tensor x = split_axis(arange({"i", 24}), "i", {{"a", 4}, {"b", 6}});
+  Tensor s = slice(x, "b", 2, 5);
+  REQUIRE(s.shape() == Shape{{"a", 4}, {"b", 3}});
+  auto vx = x.to_vector<double>(), vs = s.to_vector<double>();
+  for_each_index(s.shape(), [&](const auto& i) { REQUIRE(at(s, vs, i) == at(x, vx, {{"a", i.at("a")}, {"b", i.at("b") + 2}})); });
+
+  Tensor joined = concat({slice(x, "b", 0, 2), slice(x, "b", 2, 6)}, "b");
+  nax::testing::require_equal(joined, x);
+  // Operands in another axis order are brought to the first one's.
+  Tensor mixed = concat({slice(x, "a", 0, 1), transpose(slice(x, "a", 1, 4), {"b", "a"})}, "a");
+  nax::testing::require_equal(mixed, x);
+  REQUIRE(slice(x, "a", 2, 2).numel() == 0);
+}
+
+TEST_CASE("cast between f32, f64, bf16 and i32", "[ops]") {
+  Tensor x = from_vector(Shape{{"i", 4}}, std::vector<double>{1.5, -2.25, 3.0, 1e10}, DType::f64);
+  REQUIRE(cast(x, DType::f32).to_vector<double>() == std::vector<double>{1.5, -2.25, 3.0, 1e10});
+  REQUIRE(cast(x, DType::i32).to_vector<std::int32_t>()[1] == -2);
+  Tensor h = cast(x, DType::bf16);
+  REQUIRE(h.dtype() == DType::bf16);
+  REQUIRE(h.to_vector<double>()[0] == 1.5);
+  REQUIRE(std::abs(h.to_vector<double>()[3] - 1e10) / 1e10 < 1e-2);
+  REQUIRE(cast(x, DType::f64).same_storage(x));
+}
