@@ -2,19 +2,21 @@
 
 #include <fmt/format.h>
 
-#include <set>
 
 #include "nax/core/error.h"
 
 namespace nax {
 
 namespace {
+// Quadratic on purpose: ranks are small and every op result is validated, so no allocation.
 void validate(const std::vector<Axis>& axes) {
-  std::set<std::string> seen;
-  for (const auto& axis : axes) {
+  for (std::size_t i = 0; i < axes.size(); ++i) {
+    const Axis& axis = axes[i];
     if (axis.name.empty()) fail("Shape", "an axis has an empty name");
     if (axis.size < 0) fail("Shape", "axis '{}' has negative size {}", axis.name, axis.size);
-    if (!seen.insert(axis.name).second) {
+    bool duplicate = false;
+    for (std::size_t j = 0; j < i; ++j) duplicate = duplicate || axes[j].name == axis.name;
+    if (duplicate) {
       std::vector<std::string> parts;
       for (const auto& a : axes) parts.push_back(fmt::format("{}={}", a.name, a.size));
       fail("Shape", "duplicate axis '{}' in [{}]", axis.name, fmt::join(parts, ", "));

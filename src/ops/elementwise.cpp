@@ -31,7 +31,7 @@ Tensor binary(cpu::BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
   Shape shape(broadcast_axes(name, a_in, b_in));
   VaryType vary = detail::merge_vary(name, {&a_in, &b_in});
   if (a_in.dtype() == DType::bf16)
-    return detail::narrow_to(binary(op, detail::widen(a_in), detail::widen(b_in)), DType::bf16).with_vary(vary);
+    return detail::narrow_to(binary(op, detail::widen(a_in), detail::widen(b_in)), DType::bf16);
 
   Tensor out = detail::make_result(shape, a_in.dtype(), vary, a_in.device_ptr());
   cpu::Layout<3> layout;

@@ -86,7 +86,7 @@ std::vector<T> Tensor::to_vector() const {
     cpu::convert(dtype(), raw(), DType::bf16, out.data(), numel());
   } else {
     std::vector<double> wide(out.size());
-    cpu::convert(dtype() == DType::bf16 ? DType::bf16 : dtype(), raw(), DType::f64, wide.data(), numel());
+    cpu::convert(dtype(), raw(), DType::f64, wide.data(), numel());
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<T>(wide[i]);
   }
   return out;
