@@ -63,7 +63,8 @@ void AxisRules::check(const Mesh& mesh, const Shape& global, std::string_view op
     int index = global.index_of(tensor_axis);
     for (const auto& m : mesh_axes) {
       if (!mesh.has(m))
-        fail(op, "rule {}={} names unknown mesh axis '{}' (mesh is {})", tensor_axis, fmt::join(mesh_axes, "+"), m, mesh.str());
+        fail(op, "rule {}={} names unknown mesh axis '{}' (mesh is {}; tensor {})", tensor_axis, fmt::join(mesh_axes, "+"), m,
+             mesh.str(), global.str());
       if (index < 0) continue;
       auto [it, fresh] = used.emplace(m, tensor_axis);
       if (!fresh)

@@ -50,6 +50,7 @@ Mesh Mesh::parse(std::string_view spec) {
       fail("Mesh::parse", "'{}' in \"{}\" is not name=size (expected e.g. \"dp=2,mp=4\")", item, spec);
     std::string_view name = trim(item.substr(0, eq));
     std::string_view value = trim(item.substr(eq + 1));
+    if (!is_identifier(name)) fail("Mesh::parse", "axis name '{}' in \"{}\" is not an identifier", name, spec);
     std::int64_t size = 0;
     auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), size);
     if (ec != std::errc() || ptr != value.data() + value.size())

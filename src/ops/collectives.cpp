@@ -181,9 +181,11 @@ Tensor ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::
   std::vector<char> src_seen(static_cast<std::size_t>(c.n)), dst_seen(static_cast<std::size_t>(c.n));
   for (auto [src, dst] : pairs) {
     if (src < 0 || src >= c.n || dst < 0 || dst >= c.n)
-      fail("ppermute", "pair ({}, {}) is out of range for the {} devices of mesh axes {}", src, dst, c.n, mesh_axes.str());
-    if (src_seen[static_cast<std::size_t>(src)]++) fail("ppermute", "device {} is the source of two pairs over {}", src, mesh_axes.str());
-    if (dst_seen[static_cast<std::size_t>(dst)]++) fail("ppermute", "device {} is the destination of two pairs over {}", dst, mesh_axes.str());
+      fail("ppermute", "pair ({}, {}) is out of range for the {} ranks of the group over {}: {}", src, dst, c.n, mesh_axes.str(), x.str());
+    if (src_seen[static_cast<std::size_t>(src)]++)
+      fail("ppermute", "rank {} of the group over {} is the source of two pairs: {}", src, mesh_axes.str(), x.str());
+    if (dst_seen[static_cast<std::size_t>(dst)]++)
+      fail("ppermute", "rank {} of the group over {} is the destination of two pairs: {}", dst, mesh_axes.str(), x.str());
   }
   VaryType vary = x.vary();
   for (const auto& m : mesh_axes.list()) vary.set_varying(m);

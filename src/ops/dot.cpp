@@ -94,7 +94,8 @@ Tensor dot(const Tensor& a_in, const Tensor& b_in, const Names& contract) {
     if (a_in.shape()[ia].size != b_in.shape()[ib].size)
       fail("dot", "contracted axis '{}' has size {} on the left and {} on the right: {}", k, a_in.shape()[ia].size,
            b_in.shape()[ib].size, detail::describe({&a_in, &b_in}));
-    if (!k_set.insert(k).second) fail("dot", "axis '{}' contracted twice in {}", k, contract.str());
+    if (!k_set.insert(k).second)
+      fail("dot", "axis '{}' contracted twice in {}: {}", k, contract.str(), detail::describe({&a_in, &b_in}));
   }
   VaryType vary = detail::merge_vary("dot", {&a_in, &b_in}, contract.list());
   if (a_in.dtype() == DType::bf16)

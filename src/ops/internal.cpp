@@ -34,7 +34,8 @@ void check_operands(std::string_view op, std::initializer_list<const Tensor*> op
       fail(op, "operands live on different devices ({} and {}): {}", first->str(), t->device().str(), describe(list));
   }
   if (Shard* s = Shard::current(); s != nullptr && first != nullptr && !first->is_host() && first != s->device_ptr().get())
-    fail(op, "operand lives on {} but this code runs on cpu:{}: pass tensors between devices with collectives", first->str(), s->device());
+    fail(op, "operand lives on {} but this code runs on cpu:{}: pass tensors between devices with collectives: {}", first->str(),
+         s->device(), describe(list));
 }
 
 void check_same_dtype(std::string_view op, const Tensor& a, const Tensor& b) {

@@ -22,11 +22,15 @@ Tensor rename(const Tensor& x, const std::vector<std::pair<std::string, std::str
   // Rename the vary type's tensor axes in two steps so that swaps ({a->b, b->a}) work.
   for (const auto& [from, to] : renames) vary.rename_tensor_axis(from, "\x01" + to);
   for (const auto& [from, to] : renames) vary.rename_tensor_axis("\x01" + to, to);
-  try {
-    return x.with_shape(Shape(axes)).with_vary(vary);
-  } catch (const Error&) {
-    fail("rename", "renaming {} gives a duplicate axis name", x.str());
-  }
+  for (std::size_t i = 0; i < axes.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (axes[i].name == axes[j].name)
+        fail("rename", "the new name '{}' clashes with another axis of {} (renames: {})", axes[i].name, x.str(), [&] {
+          std::vector<std::string> parts;
+          for (const auto& [from, to] : renames) parts.push_back(from + "->" + to);
+          return fmt::format("{}", fmt::join(parts, ", "));
+        }());
+  return x.with_shape(Shape(axes)).with_vary(vary);
 }
 
 Tensor rename(const Tensor& x, const std::string& from, const std::string& to) { return rename(x, {{from, to}}); }
@@ -36,7 +40,8 @@ Tensor transpose(const Tensor& x, const Names& order) {
   const auto& names = order.list();
   std::vector<Axis> axes;
   for (const auto& name : names) axes.push_back(x.shape()[x.shape().require(name, "transpose")]);
-  if (static_cast<int>(names.size()) != x.rank() || Shape(axes).rank() != x.rank())
+  const std::set<std::string> distinct(names.begin(), names.end());
+  if (static_cast<int>(names.size()) != x.rank() || distinct.size() != names.size())
     fail("transpose", "order {} is not a permutation of the axes of {}", order.str(), x.str());
   Shape shape(axes);
   if (shape == x.shape()) return x;
