@@ -1,3 +1,7 @@
+// Every misuse gets a nax::Error naming the op, the axes and the shapes: never a crash, a hang or a
+// silent wrong answer (DESIGN.md §7.4). Runtime cases also check that errors are fast and that the
+// runtime is usable again afterwards.
+
 #include "helpers.h"
 
 #include <atomic>
