@@ -201,7 +201,7 @@ TEST_CASE("all_to_all moves a Split from one axis to another", "[mesh][collectiv
 TEST_CASE("axis_index and axis_size follow the group's row-major order", "[mesh][collectives]") {
   Mesh mesh = Mesh::parse("dp=2,mp=3");
   Runtime rt = Runtime::local(mesh);
-  auto results = rt.run([&](Shard& s) {
+  auto results = rt.run([&](Shard&) {
     std::vector<int> out;
     for (const auto& axes : std::vector<std::vector<std::string>>{{"dp"}, {"mp"}, {"dp", "mp"}, {"mp", "dp"}}) {
       Tensor i = axis_index(axes);

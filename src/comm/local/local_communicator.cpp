@@ -34,9 +34,10 @@ Signature LocalCommunicator::signature(CollectiveKind kind, DType dtype, std::si
   return Signature{kind, dtype, count, detail, pairs_hash, g_origin};
 }
 
-void LocalCommunicator::reduce_block(void* dst, std::size_t offset, std::size_t count, DType dtype, ReduceOp op) {
-  // Accumulate through a small buffer, always in rank order, so that the result is the same on
-  // every rank and dst may alias this rank's send buffer.
+void LocalCommunicator::reduce_block(const std::vector<void*>& dsts, std::size_t offset, std::size_t count, DType dtype,
+                                     ReduceOp op) {
+  // Accumulate a cache-sized chunk at a time, always in rank order, so that every rank gets the
+  // same bits and a destination may alias a send buffer (a chunk is read before it is written).
   constexpr std::size_t kChunkBytes = 16384;
   alignas(64) char tmp[kChunkBytes];
   const std::size_t es = dtype_size(dtype), chunk = kChunkBytes / es;
@@ -44,25 +45,20 @@ void LocalCommunicator::reduce_block(void* dst, std::size_t offset, std::size_t 
     const std::size_t n = std::min(chunk, count - begin);
     std::memcpy(tmp, at(group_->send(0), offset + begin, dtype), n * es);
     for (int r = 1; r < size(); ++r) cpu::accumulate(op, dtype, tmp, at(group_->send(r), offset + begin, dtype), n);
-    std::memcpy(at(dst, begin, dtype), tmp, n * es);
+    for (void* dst : dsts) std::memcpy(at(dst, begin, dtype), tmp, n * es);
   }
 }
 
 void LocalCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
   record(CollectiveKind::all_reduce, count * dtype_size(dtype));
   group_->arrive(rank_, signature(CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)), send, recv);
-  const int n = size();
-  auto slice_begin = [&](int r) { return count * static_cast<std::size_t>(r) / static_cast<std::size_t>(n); };
-  // Reduce-scatter: this rank reduces its slice into its own recv buffer...
-  const std::size_t begin = slice_begin(rank_), end = slice_begin(rank_ + 1);
-  reduce_block(at(recv, begin, dtype), begin, end - begin, dtype, op);
-  group_->step(rank_);
-  // ...then all-gather: copy every other slice from the rank that reduced it.
-  for (int r = 0; r < n; ++r) {
-    if (r == rank_) continue;
-    const std::size_t b = slice_begin(r), e = slice_begin(r + 1);
-    std::memcpy(at(recv, b, dtype), at(group_->recv(r), b, dtype), (e - b) * dtype_size(dtype));
-  }
+  // Reduce-scatter and all-gather in one pass: this rank reduces its 1/n slice and writes the
+  // result straight into every rank's recv buffer, so each byte is read once and written once.
+  const std::size_t n = static_cast<std::size_t>(size()), r = static_cast<std::size_t>(rank_);
+  const std::size_t begin = count * r / n, end = count * (r + 1) / n;
+  std::vector<void*> dsts;
+  for (int q = 0; q < size(); ++q) dsts.push_back(at(group_->recv(q), begin, dtype));
+  reduce_block(dsts, begin, end - begin, dtype, op);
   group_->step(rank_);
 }
 
@@ -77,7 +73,7 @@ void LocalCommunicator::all_gather(const void* send, void* recv, std::size_t cou
 void LocalCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
   record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
   group_->arrive(rank_, signature(CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)), send, recv);
-  reduce_block(recv, count * static_cast<std::size_t>(rank_), count, dtype, op);
+  reduce_block({recv}, count * static_cast<std::size_t>(rank_), count, dtype, op);
   group_->step(rank_);
 }
 

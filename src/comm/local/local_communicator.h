@@ -31,8 +31,8 @@ class LocalCommunicator final : public Communicator {
 
  private:
   Signature signature(CollectiveKind kind, DType dtype, std::size_t count, int detail = 0, std::uint64_t pairs_hash = 0) const;
-  // Sums ranks' blocks [offset, offset + count) of the send buffers into dst.
-  void reduce_block(void* dst, std::size_t offset, std::size_t count, DType dtype, ReduceOp op);
+  // Reduces the ranks' elements [offset, offset + count) of the send buffers into each of dsts.
+  void reduce_block(const std::vector<void*>& dsts, std::size_t offset, std::size_t count, DType dtype, ReduceOp op);
 
   std::shared_ptr<LocalGroup> group_;
   int rank_;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <thread>
+
 namespace nax::local {
 
 using Clock = std::chrono::steady_clock;
@@ -26,7 +28,8 @@ std::string Signature::str() const {
 }
 
 LocalGroup::LocalGroup(LocalWorld& world, std::vector<int> members, std::string axes_label)
-    : world_(world), members_(std::move(members)), slots_(members_.size()) {
+    : world_(world), members_(std::move(members)), slots_(members_.size()),
+      spin_(members_.size() <= std::max(1u, std::thread::hardware_concurrency())) {
   std::vector<std::string> devices;
   for (int d : members_) devices.push_back(fmt::format("{}", d));
   label_ = fmt::format("group {} of devices [{}]", axes_label, fmt::join(devices, ","));
@@ -53,6 +56,17 @@ void LocalGroup::fail_waiting(std::unique_lock<std::mutex>& lock, int rank, cons
   throw Error(message);
 }
 
+bool LocalGroup::spin_until_changed(const std::atomic<std::uint64_t>& counter, std::uint64_t value) const {
+  if (!spin_) return false;
+  for (int i = 0; i < 20000; ++i) {
+    if (counter.load(std::memory_order_acquire) != value) return true;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  return false;
+}
+
 void LocalGroup::arrive(int rank, const Signature& sig, const void* send, void* recv) {
   if (world_.aborted()) throw Aborted(fmt::format("{}: not started, the run is aborting: {}", sig.str(), world_.abort_reason()));
   const int me = members_[static_cast<std::size_t>(rank)];
@@ -60,14 +74,17 @@ void LocalGroup::arrive(int rank, const Signature& sig, const void* send, void* 
   std::unique_lock lock(mutex_);
   Slot& slot = slots_[static_cast<std::size_t>(rank)];
   slot.send = send, slot.recv = recv, slot.sig = sig, slot.arrived = true;
-  const std::uint64_t generation = generation_;
+  const std::uint64_t generation = generation_.load();
   if (++arrived_ == size()) {
     error_ = mismatch_message();
     arrived_ = 0;
     for (auto& s : slots_) s.arrived = false;
-    ++generation_;
+    generation_.store(generation + 1, std::memory_order_release);
     cv_.notify_all();
   } else {
+    lock.unlock();
+    spin_until_changed(generation_, generation);
+    lock.lock();
     const auto start = Clock::now();
     const auto timeout = std::chrono::duration<double>(world_.timeout_s());
     while (generation_ == generation) {
@@ -89,15 +106,17 @@ void LocalGroup::arrive(int rank, const Signature& sig, const void* send, void* 
 }
 
 void LocalGroup::step(int) {
-  std::unique_lock lock(mutex_);
-  const std::uint64_t generation = step_generation_;
-  if (++stepped_ == size()) {
-    stepped_ = 0;
-    ++step_generation_;
+  const std::uint64_t generation = step_generation_.load(std::memory_order_acquire);
+  if (stepped_.fetch_add(1, std::memory_order_acq_rel) + 1 == size()) {
+    stepped_.store(0, std::memory_order_relaxed);  // visible to whoever sees the new generation
+    std::lock_guard lock(mutex_);
+    step_generation_.store(generation + 1, std::memory_order_release);
     cv_.notify_all();
-  } else {
-    cv_.wait(lock, [&] { return step_generation_ != generation; });
+    return;
   }
+  if (spin_until_changed(step_generation_, generation)) return;
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return step_generation_.load(std::memory_order_acquire) != generation; });
 }
 
 void LocalGroup::wake() {

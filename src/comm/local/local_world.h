@@ -56,6 +56,9 @@ class LocalGroup {
   const void* send(int rank) const { return slots_[static_cast<std::size_t>(rank)].send; }
   void* recv(int rank) const { return slots_[static_cast<std::size_t>(rank)].recv; }
 
+  // Spins briefly until `counter` leaves `value`; true when it did.
+  bool spin_until_changed(const std::atomic<std::uint64_t>& counter, std::uint64_t value) const;
+
   void wake();   // wakes waiters to look at the world's state
   void reset();  // after a run: forget any half-finished rendezvous
 
@@ -76,9 +79,10 @@ class LocalGroup {
   std::condition_variable cv_;
   std::vector<Slot> slots_;
   int arrived_ = 0;
-  int stepped_ = 0;
-  std::uint64_t generation_ = 0;
-  std::uint64_t step_generation_ = 0;
+  std::atomic<int> stepped_{0};
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<std::uint64_t> step_generation_{0};
+  bool spin_;  // ranks <= cores: a short spin beats sleeping on the condition variable
   std::string error_;  // set for the current generation when the signatures disagree
 };
 
