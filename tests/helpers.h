@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <nax/nax.h>
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <string>

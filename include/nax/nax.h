@@ -1,5 +1,6 @@
 #pragma once
 // Everything public in nax.
+#include "nax/autodiff.h"
 #include "nax/collectives.h"
 #include "nax/comm/communicator.h"
 #include "nax/core/allocator.h"
@@ -15,3 +16,4 @@
 #include "nax/ops.h"
 #include "nax/runtime.h"
 #include "nax/tensor.h"
+#include "nax/transformer_ops.h"

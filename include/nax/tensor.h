@@ -14,6 +14,10 @@
 
 namespace nax {
 
+namespace autodiff {
+struct Node;  // a recorded op: see src/autodiff/
+}
+
 class Tensor {
  public:
   Tensor() = default;
@@ -59,6 +63,12 @@ class Tensor {
   std::string format(int max_values = 64) const;   // str() plus the values
 
   bool same_storage(const Tensor& other) const;
+
+  // Autodiff: whether gradients flow to or through this value (see nax/autodiff.h).
+  bool requires_grad() const;
+  // The op that produced this value on the tape, or the leaf node of a parameter (internal).
+  const std::shared_ptr<autodiff::Node>& grad_node() const;
+  Tensor with_grad_node(std::shared_ptr<autodiff::Node> node) const;
 
  private:
   struct Impl;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "autodiff/node.h"
 #include "comm/local/local_communicator.h"
 #include "kernels/cpu/kernels.h"
 #include "ops/internal.h"
@@ -110,19 +111,8 @@ Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh
   return out;
 }
 
-}  // namespace
 
-Tensor psum(const Tensor& x, const Names& mesh_axes) { return reduce_collective("psum", ReduceOp::sum, x, mesh_axes); }
-Tensor pmax(const Tensor& x, const Names& mesh_axes) { return reduce_collective("pmax", ReduceOp::max, x, mesh_axes); }
-Tensor pmin(const Tensor& x, const Names& mesh_axes) { return reduce_collective("pmin", ReduceOp::min, x, mesh_axes); }
-
-Tensor pmean(const Tensor& x, const Names& mesh_axes) {
-  if (x.defined() && !is_floating(x.dtype())) fail("pmean", "needs a floating dtype, got {}", x.str());
-  Tensor total = reduce_collective("pmean", ReduceOp::sum, x, mesh_axes);
-  return total / static_cast<double>(axis_size(mesh_axes));
-}
-
-Tensor pvary(const Tensor& x, const Names& mesh_axes) {
+Tensor pvary_forward(const Tensor& x, const Names& mesh_axes) {
   enter("pvary", &x, mesh_axes);
   VaryType vary = x.vary();
   for (const auto& m : mesh_axes.list()) {
@@ -134,15 +124,8 @@ Tensor pvary(const Tensor& x, const Names& mesh_axes) {
   return x.with_vary(vary);
 }
 
-Tensor all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis) {
-  return gather_collective("all_gather", x, mesh_axes, axis, false);
-}
 
-Tensor all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis) {
-  return gather_collective("all_gather_invariant", x, mesh_axes, axis, true);
-}
-
-Tensor psum_scatter(const Tensor& x_in, const Names& mesh_axes, const std::string& axis) {
+Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const std::string& axis) {
   Context c = enter("psum_scatter", &x_in, mesh_axes);
   const int i = x_in.shape().require(axis, "psum_scatter");
   const std::int64_t size = x_in.shape()[i].size;
@@ -176,7 +159,7 @@ Tensor psum_scatter(const Tensor& x_in, const Names& mesh_axes, const std::strin
   return detail::narrow_to(out, x_in.dtype());
 }
 
-Tensor ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs) {
+Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs) {
   Context c = enter("ppermute", &x, mesh_axes);
   std::vector<char> src_seen(static_cast<std::size_t>(c.n)), dst_seen(static_cast<std::size_t>(c.n));
   for (auto [src, dst] : pairs) {
@@ -194,7 +177,7 @@ Tensor ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::
   return out;
 }
 
-Tensor all_to_all(const Tensor& x, const Names& mesh_axes, const std::string& split_axis, const std::string& concat_axis) {
+Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::string& split_axis, const std::string& concat_axis) {
   Context c = enter("all_to_all", &x, mesh_axes);
   const int is = x.shape().require(split_axis, "all_to_all");
   x.shape().require(concat_axis, "all_to_all");
@@ -232,6 +215,100 @@ Tensor all_to_all(const Tensor& x, const Names& mesh_axes, const std::string& sp
   const std::int64_t concat_outer = outer_size(block_shape, concat_axis);
   regroup(recv, out, concat_outer, c.n, block / concat_outer, true);
   return out;
+}
+
+}  // namespace
+
+// Each collective's transpose, as in DESIGN.md §3, is its backward.
+
+Tensor psum(const Tensor& x, const Names& mesh_axes) {
+  Tensor out = reduce_collective("psum", ReduceOp::sum, x, mesh_axes);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record("psum", out, {x}, [mesh_axes](const Tensor& g) { return std::vector<Tensor>{pvary(g, mesh_axes)}; });
+}
+
+Tensor pmean(const Tensor& x, const Names& mesh_axes) {
+  if (x.defined() && !is_floating(x.dtype())) fail("pmean", "needs a floating dtype, got {}", x.str());
+  return psum(x, mesh_axes) / static_cast<double>(axis_size(mesh_axes));
+}
+
+namespace {
+Tensor not_differentiable(std::string_view op, ReduceOp reduce, const Tensor& x, const Names& mesh_axes) {
+  Tensor out = reduce_collective(op, reduce, x, mesh_axes);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record(std::string(op), out, {x}, [op = std::string(op), x_str = x.str(), mesh_axes](const Tensor&) -> std::vector<Tensor> {
+    fail("grad", "{}({}, {}) is not differentiable: apply it to stop_gradient(x) (as the vocab-parallel loss does for its max)",
+         op, x_str, mesh_axes.str());
+  });
+}
+}  // namespace
+
+Tensor pmax(const Tensor& x, const Names& mesh_axes) { return not_differentiable("pmax", ReduceOp::max, x, mesh_axes); }
+Tensor pmin(const Tensor& x, const Names& mesh_axes) { return not_differentiable("pmin", ReduceOp::min, x, mesh_axes); }
+
+Tensor pvary(const Tensor& x, const Names& mesh_axes) {
+  Tensor out = pvary_forward(x, mesh_axes);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record("pvary", out, {x}, [mesh_axes](const Tensor& g) { return std::vector<Tensor>{psum(g, mesh_axes)}; });
+}
+
+namespace {
+// An Invariant input to a gather meets the varying group: mark it (an implicit pvary, whose
+// transpose sums the gradient).
+Tensor vary_over(const Tensor& x, const Names& mesh_axes) {
+  std::vector<std::string> invariant;
+  for (const auto& m : mesh_axes.list())
+    if (x.defined() && x.vary().kind(m) == Vary::Invariant) invariant.push_back(m);
+  return invariant.empty() || !x.requires_grad() ? x : pvary(x, invariant);
+}
+
+// Drops the size-1 axis that a stacking gather added back (its gradient's own block).
+Tensor unstack(const Tensor& g, const Tensor& x, const std::string& axis) { return x.shape().has(axis) ? g : sum(g, axis); }
+}  // namespace
+
+Tensor all_gather(const Tensor& x_in, const Names& mesh_axes, const std::string& axis) {
+  Tensor x = vary_over(x_in, mesh_axes);
+  Tensor out = gather_collective("all_gather", x, mesh_axes, axis, false);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record("all_gather", out, {x}, [x, mesh_axes, axis](const Tensor& g) {
+    return std::vector<Tensor>{unstack(psum_scatter(g, mesh_axes, axis), x, axis)};
+  });
+}
+
+Tensor all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis) {
+  Tensor out = gather_collective("all_gather_invariant", x, mesh_axes, axis, true);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record("all_gather_invariant", out, {x}, [x, mesh_axes, axis](const Tensor& g) {
+    const std::int64_t block = x.shape().has(axis) ? x.shape().size(axis) : 1;
+    const auto r = static_cast<std::int64_t>(axis_index(mesh_axes).item());
+    return std::vector<Tensor>{unstack(slice(g, axis, r * block, (r + 1) * block), x, axis)};
+  });
+}
+
+Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis) {
+  Tensor out = psum_scatter_forward(x, mesh_axes, axis);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record("psum_scatter", out, {x}, [mesh_axes, axis](const Tensor& g) {
+    return std::vector<Tensor>{all_gather(g, mesh_axes, axis)};
+  });
+}
+
+Tensor ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs) {
+  Tensor out = ppermute_forward(x, mesh_axes, pairs);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  std::vector<std::pair<int, int>> inverse;
+  for (auto [src, dst] : pairs) inverse.push_back({dst, src});
+  return autodiff::record("ppermute", out, {x}, [mesh_axes, inverse](const Tensor& g) {
+    return std::vector<Tensor>{ppermute(g, mesh_axes, inverse)};
+  });
+}
+
+Tensor all_to_all(const Tensor& x, const Names& mesh_axes, const std::string& split_axis, const std::string& concat_axis) {
+  Tensor out = all_to_all_forward(x, mesh_axes, split_axis, concat_axis);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record("all_to_all", out, {x}, [mesh_axes, split_axis, concat_axis](const Tensor& g) {
+    return std::vector<Tensor>{all_to_all(g, mesh_axes, concat_axis, split_axis)};
+  });
 }
 
 Tensor axis_index(const Names& mesh_axes) {

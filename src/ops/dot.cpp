@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 
+#include "autodiff/node.h"
 #include "kernels/cpu/kernels.h"
 #include "ops/internal.h"
 
@@ -82,7 +83,7 @@ std::vector<std::string> concat_names(std::initializer_list<const std::vector<st
 
 }  // namespace
 
-Tensor dot(const Tensor& a_in, const Tensor& b_in, const Names& contract) {
+Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract) {
   detail::check_operands("dot", {&a_in, &b_in});
   detail::check_same_dtype("dot", a_in, b_in);
   if (!is_floating(a_in.dtype())) fail("dot", "needs a floating dtype (f32, f64, bf16): {}", detail::describe({&a_in, &b_in}));
@@ -99,7 +100,7 @@ Tensor dot(const Tensor& a_in, const Tensor& b_in, const Names& contract) {
   }
   VaryType vary = detail::merge_vary("dot", {&a_in, &b_in}, contract.list());
   if (a_in.dtype() == DType::bf16)
-    return detail::narrow_to(dot(detail::widen(a_in), detail::widen(b_in), contract), DType::bf16);
+    return detail::narrow_to(dot_forward(detail::widen(a_in), detail::widen(b_in), contract), DType::bf16);
 
   std::vector<std::string> batch, a_free, b_free;
   for (const auto& axis : a_in.shape().axes()) {
@@ -177,6 +178,20 @@ Tensor dot(const Tensor& a_in, const Tensor& b_in, const Names& contract) {
     }
   }
   return out;
+}
+
+// d/da = g . b over b's free axes; d/db = a . g over a's free axes (batch axes stay batch axes).
+Tensor dot(const Tensor& a, const Tensor& b, const Names& contract) {
+  Tensor out = dot_forward(a, b, contract);
+  if (!autodiff::any_requires_grad({&a, &b})) return out;
+  return autodiff::record("dot", out, {a, b}, [a, b, contract](const Tensor& g) {
+    std::vector<std::string> a_free, b_free;
+    for (const auto& axis : a.shape().axes())
+      if (!b.shape().has(axis.name)) a_free.push_back(axis.name);
+    for (const auto& axis : b.shape().axes())
+      if (!a.shape().has(axis.name)) b_free.push_back(axis.name);
+    return std::vector<Tensor>{a.requires_grad() ? dot(g, b, b_free) : Tensor(), b.requires_grad() ? dot(a, g, a_free) : Tensor()};
+  });
 }
 
 }  // namespace nax

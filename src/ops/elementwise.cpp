@@ -1,4 +1,5 @@
 // Elementwise ops, broadcasting by axis name: the result has a's axes in order, then b's others.
+#include "autodiff/node.h"
 #include "kernels/cpu/kernels.h"
 #include "ops/internal.h"
 
@@ -24,14 +25,14 @@ std::vector<Axis> broadcast_axes(std::string_view op, const Tensor& a, const Ten
   return axes;
 }
 
-Tensor binary(cpu::BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
+Tensor binary_forward(cpu::BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
   const auto name = binary_name(op);
   detail::check_operands(name, {&a_in, &b_in});
   detail::check_same_dtype(name, a_in, b_in);
   Shape shape(broadcast_axes(name, a_in, b_in));
   VaryType vary = detail::merge_vary(name, {&a_in, &b_in});
   if (a_in.dtype() == DType::bf16)
-    return detail::narrow_to(binary(op, detail::widen(a_in), detail::widen(b_in)), DType::bf16);
+    return detail::narrow_to(binary_forward(op, detail::widen(a_in), detail::widen(b_in)), DType::bf16);
 
   Tensor out = detail::make_result(shape, a_in.dtype(), vary, a_in.device_ptr());
   cpu::Layout<3> layout;
@@ -44,9 +45,60 @@ Tensor binary(cpu::BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
   return out;
 }
 
+// d out / d a and d out / d b, times g; reduced to each operand's axes by the autodiff.
+std::vector<Tensor> binary_backward(cpu::BinaryOp op, const Tensor& g, const Tensor& a, const Tensor& b, const Tensor& out) {
+  using cpu::BinaryOp;
+  switch (op) {
+    case BinaryOp::add: return {detail::sum_to(g, a.shape()), detail::sum_to(g, b.shape())};
+    case BinaryOp::sub: return {detail::sum_to(g, a.shape()), detail::sum_to(-g, b.shape())};
+    case BinaryOp::mul: return {detail::sum_to(g * b, a.shape()), detail::sum_to(g * a, b.shape())};
+    case BinaryOp::div: return {detail::sum_to(g / b, a.shape()), detail::sum_to(-g * out / b, b.shape())};
+    case BinaryOp::max:
+    case BinaryOp::min: {  // ties send the gradient to a
+      Tensor pick_a = op == BinaryOp::max ? ge(a, b) : le(a, b);
+      return {detail::sum_to(g * pick_a, a.shape()), detail::sum_to(g * (1.0 - pick_a), b.shape())};
+    }
+    case BinaryOp::pow:
+      return {detail::sum_to(g * b * pow(a, b - 1.0), a.shape()), detail::sum_to(g * out * log(a), b.shape())};
+    default:  // comparisons are flat
+      return {Tensor(), Tensor()};
+  }
+}
+
+Tensor binary(cpu::BinaryOp op, const Tensor& a, const Tensor& b) {
+  Tensor out = binary_forward(op, a, b);
+  if (!autodiff::any_requires_grad({&a, &b})) return out;
+  return autodiff::record(std::string(binary_name(op)), out, {a, b},
+                          [op, a, b, out = stop_gradient(out)](const Tensor& g) { return binary_backward(op, g, a, b, out); });
+}
+
+Tensor unary_backward(cpu::UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& out) {
+  using cpu::UnaryOp;
+  switch (op) {
+    case UnaryOp::neg: return -g;
+    case UnaryOp::abs: return g * (gt(x, 0.0 * x) - lt(x, 0.0 * x));
+    case UnaryOp::exp: return g * out;
+    case UnaryOp::log: return g / x;
+    case UnaryOp::sqrt: return g * 0.5 / out;
+    case UnaryOp::rsqrt: return g * -0.5 * out * out * out;
+    case UnaryOp::tanh: return g * (1.0 - out * out);
+    case UnaryOp::square: return g * 2.0 * x;
+  }
+  return Tensor();
+}
+
+Tensor unary_forward(cpu::UnaryOp op, std::string_view name, const Tensor& x);
+
 Tensor unary(cpu::UnaryOp op, std::string_view name, const Tensor& x) {
+  Tensor out = unary_forward(op, name, x);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record(std::string(name), out, {x},
+                          [op, x, out = stop_gradient(out)](const Tensor& g) { return std::vector<Tensor>{unary_backward(op, g, x, out)}; });
+}
+
+Tensor unary_forward(cpu::UnaryOp op, std::string_view name, const Tensor& x) {
   detail::check_operands(name, {&x});
-  if (x.dtype() == DType::bf16) return detail::narrow_to(unary(op, name, detail::widen(x)), DType::bf16);
+  if (x.dtype() == DType::bf16) return detail::narrow_to(unary_forward(op, name, detail::widen(x)), DType::bf16);
   if (x.dtype() == DType::i32 && op != cpu::UnaryOp::neg && op != cpu::UnaryOp::abs && op != cpu::UnaryOp::square)
     fail(name, "needs a floating dtype, got {}", x.str());
   Tensor out = detail::make_result(x.shape(), x.dtype(), x.vary(), x.device_ptr());

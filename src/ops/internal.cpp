@@ -106,4 +106,22 @@ Tensor permute_to(const Tensor& x, const std::vector<std::string>& order) {
   return transpose(x, order);
 }
 
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+  std::vector<std::string> extra;
+  for (const auto& a : g.shape().axes())
+    if (!shape.has(a.name)) extra.push_back(a.name);
+  return extra.empty() ? g : sum(g, extra);
+}
+
+Tensor broadcast_to(const Tensor& g, const Shape& shape) {
+  Tensor out = make_result(shape, g.dtype(), g.vary(), g.device_ptr());
+  cpu::Layout<2> layout;
+  layout.rank = shape.rank();
+  layout.sizes = sizes_of(shape.axes());
+  layout.strides[0] = strides_in_order(g.shape(), shape.axes());
+  layout.strides[1] = strides_in_order(shape, shape.axes());
+  cpu::copy(dtype_size(g.dtype()), g.raw(), out.raw_mutable(), layout);
+  return out;
+}
+
 }  // namespace nax::detail

@@ -41,6 +41,10 @@ Tensor permute_to(const Tensor& x, const std::vector<std::string>& order);
 Tensor random_block(const Shape& global, const Shape& local, const std::vector<std::int64_t>& offsets,
                     std::uint64_t seed, std::string_view name, DType dtype, bool normal, double a, double b);
 
+// g summed over the axes `shape` lacks (the gradient of a broadcast); g broadcast to `shape`.
+Tensor sum_to(const Tensor& g, const Shape& shape);
+Tensor broadcast_to(const Tensor& g, const Shape& shape);
+
 std::string describe(const std::vector<const Tensor*>& operands);  // "f32[a=2] and f32[b=3]"
 
 }  // namespace nax::detail

@@ -4,12 +4,15 @@
 #include <algorithm>
 #include <set>
 
+#include "autodiff/node.h"
 #include "kernels/cpu/kernels.h"
 #include "ops/internal.h"
 
 namespace nax {
 
-Tensor rename(const Tensor& x, const std::vector<std::pair<std::string, std::string>>& renames) {
+namespace {
+
+Tensor rename_forward(const Tensor& x, const std::vector<std::pair<std::string, std::string>>& renames) {
   detail::check_operands("rename", {&x});
   std::vector<Axis> axes = x.shape().axes();
   VaryType vary = x.vary();
@@ -33,9 +36,7 @@ Tensor rename(const Tensor& x, const std::vector<std::pair<std::string, std::str
   return x.with_shape(Shape(axes)).with_vary(vary);
 }
 
-Tensor rename(const Tensor& x, const std::string& from, const std::string& to) { return rename(x, {{from, to}}); }
-
-Tensor transpose(const Tensor& x, const Names& order) {
+Tensor transpose_forward(const Tensor& x, const Names& order) {
   detail::check_operands("transpose", {&x});
   const auto& names = order.list();
   std::vector<Axis> axes;
@@ -55,14 +56,14 @@ Tensor transpose(const Tensor& x, const Names& order) {
   return out;
 }
 
-Tensor contiguous_copy(const Tensor& x) {
+Tensor contiguous_copy_forward(const Tensor& x) {
   detail::check_operands("contiguous_copy", {&x});
   Tensor out = detail::make_result(x.shape(), x.dtype(), x.vary(), x.device_ptr());
   std::memcpy(out.raw_mutable(), x.raw(), x.nbytes());
   return out;
 }
 
-Tensor split_axis(const Tensor& x, const std::string& axis, const std::vector<Axis>& parts) {
+Tensor split_axis_forward(const Tensor& x, const std::string& axis, const std::vector<Axis>& parts) {
   detail::check_operands("split_axis", {&x});
   int i = x.shape().require(axis, "split_axis");
   std::int64_t product = 1;
@@ -89,7 +90,7 @@ Tensor split_axis(const Tensor& x, const std::string& axis, const std::vector<Ax
   return x.with_shape(shape).with_vary(vary);
 }
 
-Tensor merge_axes(const Tensor& x, const Names& axes, const std::string& merged) {
+Tensor merge_axes_forward(const Tensor& x, const Names& axes, const std::string& merged) {
   detail::check_operands("merge_axes", {&x});
   const auto& names = axes.list();
   if (names.empty()) fail("merge_axes", "no axes to merge in {}", x.str());
@@ -107,7 +108,7 @@ Tensor merge_axes(const Tensor& x, const Names& axes, const std::string& merged)
     if (a.name == names[0]) order.insert(order.end(), names.begin(), names.end());
     else if (!distinct.count(a.name)) order.push_back(a.name);
   }
-  Tensor t = detail::permute_to(x, order);
+  Tensor t = x.shape().names() == order ? x : transpose_forward(x, order);
   std::vector<Axis> out_axes;
   std::int64_t size = 1;
   for (const auto& a : t.shape().axes()) {
@@ -129,7 +130,7 @@ Tensor merge_axes(const Tensor& x, const Names& axes, const std::string& merged)
   return t.with_shape(shape).with_vary(vary);
 }
 
-Tensor slice(const Tensor& x, const std::string& axis, std::int64_t start, std::int64_t stop) {
+Tensor slice_forward(const Tensor& x, const std::string& axis, std::int64_t start, std::int64_t stop) {
   detail::check_operands("slice", {&x});
   int i = x.shape().require(axis, "slice");
   std::int64_t size = x.shape()[i].size;
@@ -152,7 +153,7 @@ Tensor slice(const Tensor& x, const std::string& axis, std::int64_t start, std::
   return out;
 }
 
-Tensor concat(const std::vector<Tensor>& xs, const std::string& axis) {
+Tensor concat_forward(const std::vector<Tensor>& xs, const std::string& axis) {
   if (xs.empty()) fail("concat", "no tensors to concatenate along '{}'", axis);
   const Tensor& first = xs[0];
   detail::check_operands("concat", {&first});
@@ -199,12 +200,104 @@ Tensor concat(const std::vector<Tensor>& xs, const std::string& axis) {
   return out;
 }
 
-Tensor cast(const Tensor& x, DType dtype) {
+Tensor cast_forward(const Tensor& x, DType dtype) {
   detail::check_operands("cast", {&x});
   if (x.dtype() == dtype) return x;
   Tensor out = detail::make_result(x.shape(), dtype, x.vary(), x.device_ptr());
   cpu::convert(x.dtype(), x.raw(), dtype, out.raw_mutable(), x.numel());
   return out;
+}
+
+}  // namespace
+
+// Each layout op's gradient is the inverse layout op applied to the incoming gradient.
+
+Tensor rename(const Tensor& x, const std::vector<std::pair<std::string, std::string>>& renames) {
+  Tensor out = rename_forward(x, renames);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record("rename", out, {x}, [renames](const Tensor& g) {
+    std::vector<std::pair<std::string, std::string>> back;
+    for (const auto& [from, to] : renames) back.push_back({to, from});
+    return std::vector<Tensor>{rename(g, back)};
+  });
+}
+
+Tensor rename(const Tensor& x, const std::string& from, const std::string& to) { return rename(x, {{from, to}}); }
+
+Tensor transpose(const Tensor& x, const Names& order) {
+  Tensor out = transpose_forward(x, order);
+  if (!autodiff::any_requires_grad({&x}) || out.same_storage(x)) return out;
+  return autodiff::record("transpose", out, {x}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+}
+
+Tensor contiguous_copy(const Tensor& x) {
+  Tensor out = contiguous_copy_forward(x);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record("contiguous_copy", out, {x}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+}
+
+Tensor split_axis(const Tensor& x, const std::string& axis, const std::vector<Axis>& parts) {
+  Tensor out = split_axis_forward(x, axis, parts);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record("split_axis", out, {x}, [axis, parts](const Tensor& g) {
+    std::vector<std::string> names;
+    for (const auto& p : parts) names.push_back(p.name);
+    return std::vector<Tensor>{merge_axes(g, names, axis)};
+  });
+}
+
+Tensor merge_axes(const Tensor& x, const Names& axes, const std::string& merged) {
+  Tensor out = merge_axes_forward(x, axes, merged);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  std::vector<Axis> parts;
+  for (const auto& name : axes.list()) parts.push_back({name, x.shape().size(name)});
+  return autodiff::record("merge_axes", out, {x}, [merged, parts](const Tensor& g) {
+    return std::vector<Tensor>{split_axis(g, merged, parts)};
+  });
+}
+
+Tensor slice(const Tensor& x, const std::string& axis, std::int64_t start, std::int64_t stop) {
+  Tensor out = slice_forward(x, axis, start, stop);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record("slice", out, {x}, [x, axis, start, stop](const Tensor& g) {
+    std::vector<Tensor> pieces;
+    auto zeros_of = [&](std::int64_t n) {
+      std::vector<Axis> axes = g.shape().axes();
+      axes[static_cast<std::size_t>(g.shape().index_of(axis))].size = n;
+      Tensor z = Tensor::empty(Shape(axes), g.dtype(), g.device_ptr());
+      cpu::fill(z.dtype(), z.raw_mutable(), z.numel(), 0.0);
+      return z;
+    };
+    if (start > 0) pieces.push_back(zeros_of(start));
+    pieces.push_back(g);
+    if (stop < x.shape().size(axis)) pieces.push_back(zeros_of(x.shape().size(axis) - stop));
+    return std::vector<Tensor>{pieces.size() == 1 ? g : concat(pieces, axis)};
+  });
+}
+
+Tensor concat(const std::vector<Tensor>& xs, const std::string& axis) {
+  Tensor out = concat_forward(xs, axis);
+  bool needed = false;
+  for (const auto& x : xs) needed = needed || autodiff::any_requires_grad({&x});
+  if (!needed) return out;
+  std::vector<std::int64_t> sizes;
+  for (const auto& x : xs) sizes.push_back(x.shape().size(axis));
+  return autodiff::record("concat", out, xs, [axis, sizes](const Tensor& g) {
+    std::vector<Tensor> grads;
+    std::int64_t offset = 0;
+    for (auto n : sizes) {
+      grads.push_back(slice(g, axis, offset, offset + n));
+      offset += n;
+    }
+    return grads;
+  });
+}
+
+Tensor cast(const Tensor& x, DType dtype) {
+  Tensor out = cast_forward(x, dtype);
+  if (!autodiff::any_requires_grad({&x}) || out.same_storage(x)) return out;
+  if (!is_floating(dtype) || !is_floating(x.dtype())) return stop_gradient(out);
+  return autodiff::record("cast", out, {x}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
 }
 
 }  // namespace nax

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "autodiff/node.h"
 #include "kernels/cpu/kernels.h"
 #include "ops/internal.h"
 
@@ -10,14 +11,14 @@ namespace nax {
 
 namespace {
 
-Tensor reduce(ReduceOp op, std::string_view name, const Tensor& x_in, const Names& axes) {
+Tensor reduce_forward(ReduceOp op, std::string_view name, const Tensor& x_in, const Names& axes) {
   detail::check_operands(name, {&x_in});
   std::set<std::string> reduced;
   for (const auto& a : axes.list()) {
     x_in.shape().require(a, name);
     if (!reduced.insert(a).second) fail(name, "axis '{}' named twice in {} for {}", a, axes.str(), x_in.str());
   }
-  if (x_in.dtype() == DType::bf16) return detail::narrow_to(reduce(op, name, detail::widen(x_in), axes), DType::bf16);
+  if (x_in.dtype() == DType::bf16) return detail::narrow_to(reduce_forward(op, name, detail::widen(x_in), axes), DType::bf16);
 
   std::vector<Axis> kept;
   for (const auto& axis : x_in.shape().axes())
@@ -35,6 +36,19 @@ Tensor reduce(ReduceOp op, std::string_view name, const Tensor& x_in, const Name
   layout.strides[1] = detail::strides_in_order(shape, x_in.shape().axes());
   cpu::reduce(op, x_in.dtype(), x_in.raw(), out.raw_mutable(), out.numel(), layout);
   return out;
+}
+
+// sum: the gradient broadcast back. max/min: shared equally by the elements that attain it.
+Tensor reduce(ReduceOp op, std::string_view name, const Tensor& x, const Names& axes) {
+  Tensor out = reduce_forward(op, name, x, axes);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record(std::string(name), out, {x}, [op, x, axes, out = stop_gradient(out)](const Tensor& g) {
+    Tensor spread = detail::broadcast_to(g, x.shape());
+    if (op == ReduceOp::sum) return std::vector<Tensor>{spread};
+    Tensor hit = eq(x, detail::broadcast_to(out, x.shape()));
+    Tensor ties = detail::broadcast_to(sum(hit, axes), x.shape());
+    return std::vector<Tensor>{spread * hit / ties};
+  });
 }
 
 }  // namespace

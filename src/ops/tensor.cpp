@@ -29,6 +29,7 @@ struct Tensor::Impl {
   VaryType vary;
   std::shared_ptr<Device> device;
   std::shared_ptr<Buffer> buffer;
+  std::shared_ptr<autodiff::Node> grad_node;
 };
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, std::shared_ptr<Device> device) {
@@ -116,6 +117,19 @@ Tensor Tensor::with_shape(Shape shape) const {
 
 bool Tensor::same_storage(const Tensor& other) const {
   return impl_ && other.impl_ && impl_->buffer == other.impl_->buffer;
+}
+
+bool Tensor::requires_grad() const { return impl_ && impl_->grad_node != nullptr; }
+
+const std::shared_ptr<autodiff::Node>& Tensor::grad_node() const {
+  static const std::shared_ptr<autodiff::Node> none;
+  return impl_ ? impl_->grad_node : none;
+}
+
+Tensor Tensor::with_grad_node(std::shared_ptr<autodiff::Node> node) const {
+  auto impl = std::make_shared<Impl>(*impl_);
+  impl->grad_node = std::move(node);
+  return Tensor(std::move(impl));
 }
 
 std::string Tensor::str() const {

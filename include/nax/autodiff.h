@@ -1,0 +1,42 @@
+#pragma once
+// Reverse-mode autodiff, define-by-run: each device records the ops it runs; grad(loss, params)
+// walks the record backwards. Every op's backward sits next to its forward (src/ops/), and the
+// collectives use their transposes (nax/collectives.h), so a replicated value feeding split
+// weights gets its gradient all-reduced exactly once, without f/g operators written by hand.
+#include <functional>
+#include <vector>
+
+#include "nax/tensor.h"
+
+namespace nax {
+
+// A leaf that gradients flow to: grad(loss, {p}) returns d loss / d p.
+Tensor parameter(const Tensor& x);
+
+// Gradients of a scalar `loss` with respect to `params` (each a parameter() or a value computed
+// from one), with the params' shapes and vary types. The recorded graph behind `loss` is freed
+// as it is walked: a second grad() through it is an error.
+std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params);
+
+// loss = fn(params) and its gradients, with params made parameters first.
+std::pair<Tensor, std::vector<Tensor>> value_and_grad(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                                                      const std::vector<Tensor>& params);
+
+// The same value, cut from the graph: no gradient flows through it.
+Tensor stop_gradient(const Tensor& x);
+
+// While alive, ops on this thread record nothing.
+class NoGrad {
+ public:
+  NoGrad();
+  ~NoGrad();
+  NoGrad(const NoGrad&) = delete;
+  NoGrad& operator=(const NoGrad&) = delete;
+
+ private:
+  bool previous_;
+};
+
+bool grad_enabled();
+
+}  // namespace nax

@@ -1,0 +1,159 @@
+#include <fmt/format.h>
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autodiff/node.h"
+#include "nax/collectives.h"
+#include "ops/internal.h"
+
+namespace nax {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+}  // namespace
+
+bool grad_enabled() { return g_grad_enabled; }
+NoGrad::NoGrad() : previous_(g_grad_enabled) { g_grad_enabled = false; }
+NoGrad::~NoGrad() { g_grad_enabled = previous_; }
+
+Tensor parameter(const Tensor& x) {
+  if (!x.defined()) fail("parameter", "the tensor is undefined");
+  auto node = std::make_shared<autodiff::Node>();
+  node->op = "parameter";
+  node->leaf = true;
+  return x.with_grad_node(std::move(node));
+}
+
+Tensor stop_gradient(const Tensor& x) { return x.requires_grad() ? x.with_grad_node(nullptr) : x; }
+
+namespace autodiff {
+
+bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!g_grad_enabled) return false;
+  for (const Tensor* t : inputs)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+Tensor record(std::string op, const Tensor& out, std::vector<Tensor> inputs, BackwardFn backward) {
+  if (!g_grad_enabled) return out;
+  bool needed = false;
+  for (auto& t : inputs) {
+    if (t.defined() && t.requires_grad()) needed = true;
+    else t = Tensor();  // keep nothing alive for an input that takes no gradient
+  }
+  if (!needed) return out;
+  auto node = std::make_shared<Node>();
+  node->op = std::move(op);
+  node->inputs = std::move(inputs);
+  node->backward = std::move(backward);
+  return out.with_grad_node(std::move(node));
+}
+
+namespace {
+
+// The gradient as the input it belongs to: same axis order and dtype, and the input's vary type.
+// Where the input is Invariant over a mesh axis but its gradient varies (the input met a varying
+// value: an implicit pvary), the gradient is summed over that axis: pvary's transpose is psum.
+Tensor match_input(const Tensor& g_in, const Tensor& input, const std::string& op) {
+  Tensor g = g_in;
+  if (g.shape().rank() != input.shape().rank())
+    fail("grad", "backward of {} gave {} for input {}", op, g.str(), input.str());
+  for (const auto& axis : input.shape().axes())
+    if (!g.shape().has(axis.name) || g.shape().size(axis.name) != axis.size)
+      fail("grad", "backward of {} gave {} for input {}", op, g.str(), input.str());
+  g = detail::permute_to(g, input.shape().names());
+  if (g.dtype() != input.dtype()) g = cast(g, input.dtype());
+  std::vector<std::string> to_sum;
+  for (const auto& e : g.vary().entries()) {
+    if (input.vary().kind(e.mesh_axis) != Vary::Invariant) continue;
+    if (e.kind == Vary::Split)
+      fail("grad", "backward of {} gave {} cut over mesh axis '{}' for the invariant input {}", op, g.str(), e.mesh_axis, input.str());
+    to_sum.push_back(e.mesh_axis);
+  }
+  if (!to_sum.empty()) g = psum(g, to_sum);
+  return g.with_vary(input.vary());
+}
+
+// Nodes reachable from `root`, each after every node that consumes it.
+std::vector<Node*> reverse_topological(Node* root) {
+  std::vector<Node*> post_order;
+  std::unordered_set<Node*> visited;
+  std::vector<std::pair<Node*, std::size_t>> stack{{root, 0}};
+  visited.insert(root);
+  while (!stack.empty()) {
+    auto& [node, next] = stack.back();
+    if (node->released) fail("grad", "the graph through '{}' was already used by an earlier grad()", node->op);
+    if (next < node->inputs.size()) {
+      const Tensor& input = node->inputs[next++];
+      if (!input.defined()) continue;
+      Node* child = input.grad_node().get();
+      if (child != nullptr && visited.insert(child).second) stack.push_back({child, 0});
+      continue;
+    }
+    post_order.push_back(node);
+    stack.pop_back();
+  }
+  return {post_order.rbegin(), post_order.rend()};
+}
+
+}  // namespace
+}  // namespace autodiff
+
+std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params) {
+  if (!loss.defined()) fail("grad", "the loss is undefined");
+  if (loss.rank() != 0) fail("grad", "the loss must be a scalar, got {}", loss.str());
+  if (!loss.requires_grad()) fail("grad", "the loss {} does not depend on any parameter (make them with parameter())", loss.str());
+  std::unordered_set<autodiff::Node*> wanted;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].defined() || !params[i].requires_grad())
+      fail("grad", "params[{}] = {} takes no gradient (make it with parameter())", i, params[i].str());
+    wanted.insert(params[i].grad_node().get());
+  }
+
+  NoGrad no_grad;  // backward computations are not recorded
+  std::unordered_map<autodiff::Node*, Tensor> grads;
+  autodiff::Node* root = loss.grad_node().get();
+  grads[root] = full(Shape{}, 1.0, loss.dtype()).with_vary(loss.vary());
+  if (loss.device().index() >= 0 && Shard::current() == nullptr)
+    fail("grad", "the loss lives on {}: call grad inside Runtime::run", loss.device().str());
+
+  for (autodiff::Node* node : autodiff::reverse_topological(root)) {
+    auto it = grads.find(node);
+    if (node->leaf || it == grads.end()) continue;
+    Tensor g = it->second;
+    if (!wanted.count(node)) grads.erase(it);
+    std::vector<Tensor> input_grads = node->backward(g);
+    if (input_grads.size() != node->inputs.size())
+      fail("grad", "backward of {} gave {} gradients for {} inputs", node->op, input_grads.size(), node->inputs.size());
+    for (std::size_t i = 0; i < node->inputs.size(); ++i) {
+      const Tensor& input = node->inputs[i];
+      if (!input.defined() || !input_grads[i].defined()) continue;
+      Tensor gi = autodiff::match_input(input_grads[i], input, node->op);
+      auto [slot, fresh] = grads.try_emplace(input.grad_node().get(), gi);
+      if (!fresh) slot->second = add(slot->second, gi).with_vary(gi.vary());
+    }
+    node->backward = nullptr;  // free what the op saved
+    node->inputs.clear();
+    node->released = true;
+  }
+
+  std::vector<Tensor> out;
+  for (const auto& p : params) {
+    auto it = grads.find(p.grad_node().get());
+    out.push_back(it != grads.end() ? it->second : zeros(p.shape(), p.dtype()).with_vary(p.vary()));
+  }
+  return out;
+}
+
+std::pair<Tensor, std::vector<Tensor>> value_and_grad(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                                                      const std::vector<Tensor>& params) {
+  std::vector<Tensor> leaves;
+  for (const auto& p : params) leaves.push_back(parameter(p));
+  Tensor loss = fn(leaves);
+  auto grads = grad(loss, leaves);
+  return {stop_gradient(loss), std::move(grads)};
+}
+
+}  // namespace nax

@@ -1,0 +1,1 @@
+#include "grad_check.h"
