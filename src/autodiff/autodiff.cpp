@@ -76,20 +76,21 @@ Tensor match_input(const Tensor& g_in, const Tensor& input, const std::string& o
   return g.with_vary(input.vary());
 }
 
-// Nodes reachable from `root`, each after every node that consumes it.
-std::vector<Node*> reverse_topological(Node* root) {
-  std::vector<Node*> post_order;
+// Nodes reachable from `root`, each after every node that consumes it. The list owns them: the
+// walk frees each node's inputs, which may be the last other reference to a node still to come.
+std::vector<std::shared_ptr<Node>> reverse_topological(const std::shared_ptr<Node>& root) {
+  std::vector<std::shared_ptr<Node>> post_order;
   std::unordered_set<Node*> visited;
-  std::vector<std::pair<Node*, std::size_t>> stack{{root, 0}};
-  visited.insert(root);
+  std::vector<std::pair<std::shared_ptr<Node>, std::size_t>> stack{{root, 0}};
+  visited.insert(root.get());
   while (!stack.empty()) {
     auto& [node, next] = stack.back();
     if (node->released) fail("grad", "the graph through '{}' was already used by an earlier grad()", node->op);
     if (next < node->inputs.size()) {
       const Tensor& input = node->inputs[next++];
       if (!input.defined()) continue;
-      Node* child = input.grad_node().get();
-      if (child != nullptr && visited.insert(child).second) stack.push_back({child, 0});
+      const auto& child = input.grad_node();
+      if (child != nullptr && visited.insert(child.get()).second) stack.push_back({child, 0});
       continue;
     }
     post_order.push_back(node);
@@ -115,11 +116,13 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params) 
   NoGrad no_grad;  // backward computations are not recorded
   std::unordered_map<autodiff::Node*, Tensor> grads;
   autodiff::Node* root = loss.grad_node().get();
+  const auto order = autodiff::reverse_topological(loss.grad_node());
   grads[root] = full(Shape{}, 1.0, loss.dtype()).with_vary(loss.vary());
   if (loss.device().index() >= 0 && Shard::current() == nullptr)
     fail("grad", "the loss lives on {}: call grad inside Runtime::run", loss.device().str());
 
-  for (autodiff::Node* node : autodiff::reverse_topological(root)) {
+  for (const auto& owned : order) {
+    autodiff::Node* node = owned.get();
     auto it = grads.find(node);
     if (node->leaf || it == grads.end()) continue;
     Tensor g = it->second;
