@@ -111,7 +111,6 @@ Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh
   return out;
 }
 
-
 Tensor pvary_forward(const Tensor& x, const Names& mesh_axes) {
   enter("pvary", &x, mesh_axes);
   VaryType vary = x.vary();
@@ -123,7 +122,6 @@ Tensor pvary_forward(const Tensor& x, const Names& mesh_axes) {
   }
   return x.with_vary(vary);
 }
-
 
 Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const std::string& axis) {
   Context c = enter("psum_scatter", &x_in, mesh_axes);
