@@ -17,6 +17,15 @@ const char* at(const void* base, std::size_t elements, DType dtype) {
 }
 char* at(void* base, std::size_t elements, DType dtype) { return static_cast<char*>(base) + elements * dtype_size(dtype); }
 
+// Above this many bytes written, results go out with non-temporal stores: they will not fit in
+// the cache anyway, and streaming spares reading every destination line first.
+constexpr std::size_t kStreamBytes = std::size_t{1} << 20;
+
+void copy_out(void* dst, const void* src, std::size_t bytes, bool large) {
+  if (large) cpu::stream_copy(dst, src, bytes);
+  else std::memcpy(dst, src, bytes);
+}
+
 void check_pairs(const std::vector<std::pair<int, int>>& pairs, int n, std::string_view who) {
   std::vector<char> src_seen(static_cast<std::size_t>(n)), dst_seen(static_cast<std::size_t>(n));
   for (auto [src, dst] : pairs) {
@@ -41,11 +50,12 @@ void LocalCommunicator::reduce_block(const std::vector<void*>& dsts, std::size_t
   constexpr std::size_t kChunkBytes = 16384;
   alignas(64) char tmp[kChunkBytes];
   const std::size_t es = dtype_size(dtype), chunk = kChunkBytes / es;
+  const bool large = count * es * dsts.size() >= kStreamBytes;
   for (std::size_t begin = 0; begin < count; begin += chunk) {
     const std::size_t n = std::min(chunk, count - begin);
     std::memcpy(tmp, at(group_->send(0), offset + begin, dtype), n * es);
     for (int r = 1; r < size(); ++r) cpu::accumulate(op, dtype, tmp, at(group_->send(r), offset + begin, dtype), n);
-    for (void* dst : dsts) std::memcpy(at(dst, begin, dtype), tmp, n * es);
+    for (void* dst : dsts) copy_out(at(dst, begin, dtype), tmp, n * es, large);
   }
 }
 
@@ -65,8 +75,8 @@ void LocalCommunicator::all_reduce(const void* send, void* recv, std::size_t cou
 void LocalCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
   record(CollectiveKind::all_gather, count * dtype_size(dtype));
   group_->arrive(rank_, signature(CollectiveKind::all_gather, dtype, count), send, recv);
-  for (int r = 0; r < size(); ++r)
-    std::memcpy(at(recv, count * static_cast<std::size_t>(r), dtype), group_->send(r), count * dtype_size(dtype));
+  const bool large = count * dtype_size(dtype) * static_cast<std::size_t>(size()) >= kStreamBytes;
+  for (int r = 0; r < size(); ++r) copy_out(at(recv, count * static_cast<std::size_t>(r), dtype), group_->send(r), count * dtype_size(dtype), large);
   group_->step(rank_);
 }
 

@@ -1,5 +1,9 @@
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "kernels/cpu/kernels.h"
 
 namespace nax::cpu {
@@ -26,6 +30,24 @@ void copy(std::size_t element_size, const void* src, void* dst, const Layout<2>&
     case 8: return copy_rows(static_cast<const std::uint64_t*>(src), static_cast<std::uint64_t*>(dst), layout);
     default: fail("copy", "unsupported element size {}", element_size);
   }
+}
+
+void stream_copy(void* dst, const void* src, std::size_t bytes) {
+#if defined(__SSE2__)
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, head);
+  d += head, s += head, bytes -= head;
+  const std::size_t body = bytes / 64 * 64;
+  for (std::size_t i = 0; i < body; i += 64)
+    for (std::size_t j = 0; j < 64; j += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + j), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + j)));
+  _mm_sfence();
+  std::memcpy(d + body, s + body, bytes - body);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
 }
 
 namespace {

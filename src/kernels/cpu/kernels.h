@@ -24,6 +24,9 @@ void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t ou
 
 // dst = src element by element, src read with strides[0], dst written with strides[1].
 void copy(std::size_t element_size, const void* src, void* dst, const Layout<2>& layout);
+// memcpy with non-temporal stores: for destinations that will not be read again soon (a peer's
+// buffer), it spares the read-for-ownership of every destination line.
+void stream_copy(void* dst, const void* src, std::size_t bytes);
 void convert(DType from, const void* src, DType to, void* dst, std::int64_t n);
 
 // dst[i] = op(dst[i], src[i]) (the communicator's reduction).

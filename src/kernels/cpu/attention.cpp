@@ -1,0 +1,290 @@
+// Fused causal attention on the CPU, flash-attention style: query rows go through in blocks; for a
+// block, the scores against the keys it can see are one GEMM into scratch, the masked softmax runs
+// on that scratch in place, and the output is a second GEMM. Only each row's log-sum-exp is kept;
+// the backward recomputes the probabilities of a block from it. And the rotary embedding.
+#include "kernels/cpu/attention.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/kernels.h"
+#include "nax/core/error.h"
+
+namespace nax::cpu {
+
+namespace {
+
+// exp(x) in f32 that the compiler can vectorise: x = n ln2 + r with |r| <= ln2/2, exp(r) by its
+// Taylor series to degree 7 (relative error about 1e-8, below f32's rounding), 2^n written into
+// the exponent bits. Inputs are clamped to [-87, 88], where 2^n stays a normal number; softmax
+// only ever asks for x <= 0, and exp(-87) is negligible next to the row maximum's 1.
+inline float fast_exp(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  constexpr float kRoundingShift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float shifted = x * 1.44269504f + kRoundingShift;
+  const float n = shifted - kRoundingShift;
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;  // ln2 in two parts, exact n * hi
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const std::int32_t exponent = std::bit_cast<std::int32_t>(shifted) - std::bit_cast<std::int32_t>(kRoundingShift);
+  return p * std::bit_cast<float>((exponent + 127) << 23);
+}
+
+inline float exp_of(float x) { return fast_exp(x); }
+inline double exp_of(double x) { return std::exp(x); }
+
+// Reductions with independent partial results, so that they vectorise without reassociation flags.
+constexpr int kLanes = 16;
+
+template <typename T>
+T max_of(const T* x, std::int64_t n) {
+  T lanes[kLanes];
+  std::fill(lanes, lanes + kLanes, -INFINITY);
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] = std::max(lanes[l], x[j + l]);
+  for (; j < n; ++j) lanes[0] = std::max(lanes[0], x[j]);
+  return *std::max_element(lanes, lanes + kLanes);
+}
+
+template <typename T>
+T sum_of(const T* x, std::int64_t n) {
+  T lanes[kLanes] = {};
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += x[j + l];
+  for (; j < n; ++j) lanes[0] += x[j];
+  T total = 0;
+  for (T lane : lanes) total += lane;
+  return total;
+}
+
+template <typename T>
+T dot_of(const T* a, const T* b, std::int64_t n) {
+  T total = 0;
+  for (std::int64_t j = 0; j < n; ++j) total += a[j] * b[j];
+  return total;
+}
+
+template <typename T>
+const T* matrix(const InMatrices& m, std::int64_t batch) {
+  return static_cast<const T*>(m.data) + m.offsets[batch];
+}
+
+template <typename T>
+T* matrix(const OutMatrices& m, std::int64_t batch) {
+  return static_cast<T*>(m.data) + m.offsets[batch];
+}
+
+// The rows [begin, end) of a block of queries, and the keys [0, keys) any of them can see.
+struct Block {
+  std::int64_t begin = 0, end = 0, keys = 0;
+  std::int64_t rows() const { return end - begin; }
+};
+
+Block block_at(const AttentionSizes& s, std::int64_t begin) {
+  const std::int64_t end = std::min(s.tq, begin + s.block_rows);
+  return {begin, end, std::min(s.tk, end + s.tk - s.tq)};
+}
+
+// Keys query row `row` sees: those up to its position row + tk - tq.
+std::int64_t visible_keys(const AttentionSizes& s, std::int64_t row) { return row + s.tk - s.tq + 1; }
+
+template <typename T>
+void gemm_of(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t lda, const T* b,
+             std::int64_t ldb, T* c, std::int64_t ldc, double beta = 0.0) {
+  gemm(dtype_of<T>(), trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, beta);
+}
+
+// Row of raw scores -> probabilities over the first `visible` entries, zeros after; returns the
+// log-sum-exp of the scaled scores.
+template <typename T>
+T softmax_row(T* row, std::int64_t visible, std::int64_t width, T scale) {
+  const T shift = max_of(row, visible) * scale;  // scale > 0: the max of the scaled scores
+  for (std::int64_t j = 0; j < visible; ++j) row[j] = exp_of(row[j] * scale - shift);
+  const T total = sum_of(row, visible);
+  const T inverse = T(1) / total;
+  for (std::int64_t j = 0; j < visible; ++j) row[j] *= inverse;
+  std::fill(row + visible, row + width, T(0));
+  return shift + std::log(total);
+}
+
+// Raw scores -> the probabilities saved by the forward, through its log-sum-exp.
+template <typename T>
+void probabilities_row(T* row, std::int64_t visible, std::int64_t width, T scale, T lse) {
+  for (std::int64_t j = 0; j < visible; ++j) row[j] = exp_of(row[j] * scale - lse);
+  std::fill(row + visible, row + width, T(0));
+}
+
+template <typename T>
+void forward_block(const AttentionSizes& s, std::int64_t b, const Block& blk, const InMatrices& q, const InMatrices& k,
+                   const InMatrices& v, const OutMatrices& out, T* lse, T* scores) {
+  const std::int64_t d = s.head_dim, n = blk.keys;
+  gemm_of<T>(false, true, blk.rows(), n, d, matrix<T>(q, b) + blk.begin * q.row_stride, q.row_stride, matrix<T>(k, b), k.row_stride,
+             scores, n);
+  for (std::int64_t i = blk.begin; i < blk.end; ++i)
+    lse[b * s.tq + i] = softmax_row(scores + (i - blk.begin) * n, visible_keys(s, i), n, static_cast<T>(s.scale));
+  gemm_of<T>(false, false, blk.rows(), d, n, scores, n, matrix<T>(v, b), v.row_stride, matrix<T>(out, b) + blk.begin * out.row_stride,
+             out.row_stride);
+}
+
+template <typename T>
+void forward(const AttentionSizes& s, const InMatrices& q, const InMatrices& k, const InMatrices& v, const OutMatrices& out, T* lse,
+             T* scratch) {
+  for (std::int64_t b = 0; b < s.batches; ++b)
+    for (std::int64_t begin = 0; begin < s.tq; begin += s.block_rows) forward_block(s, b, block_at(s, begin), q, k, v, out, lse, scratch);
+}
+
+struct Gradients {
+  const InMatrices& out;
+  const InMatrices& dout;
+  const OutMatrices& dq;
+  const OutMatrices& dk;
+  const OutMatrices& dv;
+};
+
+// The backward of one block of query rows, in the order of the forward's dependencies:
+// p from the saved lse; dv += p^T do; dp = do v^T; ds = p (dp - rowsum(do * out)) * scale;
+// dq = ds k; dk += ds^T q. (The scale is folded into ds once, for both dq and dk.)
+template <typename T>
+void backward_block(const AttentionSizes& s, std::int64_t b, const Block& blk, const InMatrices& q, const InMatrices& k,
+                    const InMatrices& v, const Gradients& g, const T* lse, T* p, T* ds, T* delta) {
+  const std::int64_t d = s.head_dim, n = blk.keys, rows = blk.rows();
+  const T scale = static_cast<T>(s.scale);
+  const T* q_rows = matrix<T>(q, b) + blk.begin * q.row_stride;
+  const T* do_rows = matrix<T>(g.dout, b) + blk.begin * g.dout.row_stride;
+  const T* out_rows = matrix<T>(g.out, b) + blk.begin * g.out.row_stride;
+  for (std::int64_t a = 0; a < rows; ++a) delta[a] = dot_of(do_rows + a * g.dout.row_stride, out_rows + a * g.out.row_stride, d);
+
+  gemm_of<T>(false, true, rows, n, d, q_rows, q.row_stride, matrix<T>(k, b), k.row_stride, p, n);
+  for (std::int64_t a = 0; a < rows; ++a)
+    probabilities_row(p + a * n, visible_keys(s, blk.begin + a), n, scale, lse[b * s.tq + blk.begin + a]);
+  gemm_of<T>(true, false, n, d, rows, p, n, do_rows, g.dout.row_stride, matrix<T>(g.dv, b), g.dv.row_stride, 1.0);
+
+  gemm_of<T>(false, true, rows, n, d, do_rows, g.dout.row_stride, matrix<T>(v, b), v.row_stride, ds, n);
+  for (std::int64_t a = 0; a < rows; ++a) {
+    T* ds_row = ds + a * n;
+    const T* p_row = p + a * n;
+    for (std::int64_t j = 0; j < n; ++j) ds_row[j] = p_row[j] * (ds_row[j] - delta[a]) * scale;
+  }
+  gemm_of<T>(false, false, rows, d, n, ds, n, matrix<T>(k, b), k.row_stride, matrix<T>(g.dq, b) + blk.begin * g.dq.row_stride,
+             g.dq.row_stride);
+  gemm_of<T>(true, false, n, d, rows, ds, n, q_rows, q.row_stride, matrix<T>(g.dk, b), g.dk.row_stride, 1.0);
+}
+
+template <typename T>
+void zero_rows(const OutMatrices& m, std::int64_t batches, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t b = 0; b < batches; ++b)
+    for (std::int64_t r = 0; r < rows; ++r) std::fill_n(matrix<T>(m, b) + r * m.row_stride, cols, T(0));
+}
+
+template <typename T>
+void backward(const AttentionSizes& s, const InMatrices& q, const InMatrices& k, const InMatrices& v, const Gradients& g,
+              const T* lse, T* scratch) {
+  zero_rows<T>(g.dk, s.batches, s.tk, s.head_dim);  // dk and dv accumulate over the blocks
+  zero_rows<T>(g.dv, s.batches, s.tk, s.head_dim);
+  T* p = scratch;
+  T* ds = p + s.block_rows * s.tk;
+  T* delta = ds + s.block_rows * s.tk;
+  for (std::int64_t b = 0; b < s.batches; ++b)
+    for (std::int64_t begin = 0; begin < s.tq; begin += s.block_rows)
+      backward_block(s, b, block_at(s, begin), q, k, v, g, lse, p, ds, delta);
+}
+
+void check_sizes(const AttentionSizes& s) {
+  if (s.block_rows < 1 || s.tk < s.tq || s.tq < 0 || s.head_dim < 0 || s.batches < 0)
+    fail("causal_attention kernel", "bad sizes: batches {} tq {} tk {} head_dim {} block_rows {}", s.batches, s.tq, s.tk, s.head_dim,
+         s.block_rows);
+}
+
+template <typename T>
+void rotary_typed(const RotarySizes& s, T* data, const std::int64_t* outer_offsets, std::int64_t outer_count) {
+  const std::int64_t pairs = s.rotary_dims / 2;
+  std::vector<T> cosines(static_cast<std::size_t>(s.seq_len * pairs)), sines(cosines.size());
+  for (std::int64_t i = 0; i < pairs; ++i) {
+    const double frequency = std::pow(s.base, -2.0 * static_cast<double>(i) / static_cast<double>(s.rotary_dims));
+    for (std::int64_t t = 0; t < s.seq_len; ++t) {
+      const double angle = s.direction * static_cast<double>(t + s.position_offset) * frequency;
+      cosines[static_cast<std::size_t>(t * pairs + i)] = static_cast<T>(std::cos(angle));
+      sines[static_cast<std::size_t>(t * pairs + i)] = static_cast<T>(std::sin(angle));
+    }
+  }
+  for (std::int64_t o = 0; o < outer_count; ++o)
+    for (std::int64_t t = 0; t < s.seq_len; ++t) {
+      T* row = data + outer_offsets[o] + t * s.seq_stride;
+      const T* c = cosines.data() + t * pairs;
+      const T* sn = sines.data() + t * pairs;
+      for (std::int64_t i = 0; i < pairs; ++i) {
+        T& x0 = row[2 * i * s.head_dim_stride];
+        T& x1 = row[(2 * i + 1) * s.head_dim_stride];
+        const T a = x0, b = x1;
+        x0 = a * c[i] - b * sn[i];
+        x1 = b * c[i] + a * sn[i];
+      }
+    }
+}
+
+}  // namespace
+
+std::int64_t attention_forward_scratch(const AttentionSizes& s) { return s.block_rows * s.tk; }
+std::int64_t attention_backward_scratch(const AttentionSizes& s) { return 2 * s.block_rows * s.tk + s.block_rows; }
+
+void causal_attention_forward(const AttentionSizes& s, const InMatrices& q, const InMatrices& k, const InMatrices& v,
+                              const OutMatrices& out, void* lse, void* scratch) {
+  check_sizes(s);
+  switch (s.dtype) {
+    case DType::f32: return forward(s, q, k, v, out, static_cast<float*>(lse), static_cast<float*>(scratch));
+    case DType::f64: return forward(s, q, k, v, out, static_cast<double*>(lse), static_cast<double*>(scratch));
+    default: fail("causal_attention kernel", "unsupported dtype {}", dtype_name(s.dtype));
+  }
+}
+
+void causal_attention_backward(const AttentionSizes& s, const InMatrices& q, const InMatrices& k, const InMatrices& v,
+                               const InMatrices& out, const InMatrices& dout, const void* lse, const OutMatrices& dq,
+                               const OutMatrices& dk, const OutMatrices& dv, void* scratch) {
+  check_sizes(s);
+  const Gradients g{out, dout, dq, dk, dv};
+  switch (s.dtype) {
+    case DType::f32: return backward(s, q, k, v, g, static_cast<const float*>(lse), static_cast<float*>(scratch));
+    case DType::f64: return backward(s, q, k, v, g, static_cast<const double*>(lse), static_cast<double*>(scratch));
+    default: fail("causal_attention kernel", "unsupported dtype {}", dtype_name(s.dtype));
+  }
+}
+
+void rotary_in_place(const RotarySizes& s, void* data, const std::int64_t* outer_offsets, std::int64_t outer_count) {
+  switch (s.dtype) {
+    case DType::f32: return rotary_typed(s, static_cast<float*>(data), outer_offsets, outer_count);
+    case DType::f64: return rotary_typed(s, static_cast<double*>(data), outer_offsets, outer_count);
+    default: fail("rotary kernel", "unsupported dtype {}", dtype_name(s.dtype));
+  }
+}
+
+std::vector<std::int64_t> strided_offsets(const std::int64_t* sizes, const std::int64_t* strides, int rank) {
+  std::int64_t count = 1;
+  for (int d = 0; d < rank; ++d) count *= sizes[d];
+  std::vector<std::int64_t> offsets;
+  offsets.reserve(static_cast<std::size_t>(count));
+  std::vector<std::int64_t> index(static_cast<std::size_t>(rank), 0);
+  std::int64_t offset = 0;
+  for (std::int64_t n = 0; n < count; ++n) {
+    offsets.push_back(offset);
+    for (int d = rank; d-- > 0;) {
+      const auto du = static_cast<std::size_t>(d);
+      offset += strides[d];
+      if (++index[du] < sizes[d]) break;
+      offset -= strides[d] * sizes[d];
+      index[du] = 0;
+    }
+  }
+  return offsets;
+}
+
+}  // namespace nax::cpu
