@@ -17,3 +17,5 @@
 #include "nax/runtime.h"
 #include "nax/tensor.h"
 #include "nax/transformer_ops.h"
+#include "nax/nn/optim.h"
+#include "nax/nn/parameters.h"

@@ -49,6 +49,9 @@ class Shard {
                                 std::string_view name, double low = 0, double high = 1,
                                 DType dtype = DType::f32) = 0;
 
+  // This device's block of a constant global tensor.
+  virtual Tensor full(const Shape& global, const AxisRules& rules, double value, DType dtype = DType::f32) = 0;
+
   // The communicator over `mesh_axes` (ranked row-major over them in the order given), built on
   // first use and cached.
   virtual Communicator& comm(const Names& mesh_axes) = 0;

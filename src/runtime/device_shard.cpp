@@ -75,6 +75,13 @@ Tensor DeviceShard::random_uniform(const Shape& global, const AxisRules& rules, 
   return random_block(global, b.local, b.offsets, seed, name, dtype, false, low, high).with_vary(b.vary);
 }
 
+Tensor DeviceShard::full(const Shape& global, const AxisRules& rules, double value, DType dtype) {
+  Block b = block_of(global, rules, "full");
+  Tensor out = make_result(b.local, dtype, b.vary, dev_);
+  cpu::fill(dtype, out.raw_mutable(), out.numel(), value);
+  return out;
+}
+
 Communicator& DeviceShard::comm(const Names& mesh_axes) {
   auto it = comms_.find(mesh_axes.list());
   if (it != comms_.end()) return *it->second;

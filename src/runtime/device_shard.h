@@ -24,6 +24,7 @@ class DeviceShard final : public Shard {
                        double stddev, DType dtype) override;
   Tensor random_uniform(const Shape& global, const AxisRules& rules, std::uint64_t seed, std::string_view name,
                         double low, double high, DType dtype) override;
+  Tensor full(const Shape& global, const AxisRules& rules, double value, DType dtype) override;
   Communicator& comm(const Names& mesh_axes) override;
   AllocatorStats memory() const override { return dev_->allocator().stats(); }
   const std::shared_ptr<Device>& device_ptr() const override { return dev_; }

@@ -1,0 +1,59 @@
+#pragma once
+// Training utilities: AdamW with decoupled weight decay, global-norm clipping over a mesh,
+// warmup + cosine learning-rate schedule, gradient accumulation.
+#include <cstdint>
+#include <vector>
+
+#include "nax/nn/parameters.h"
+
+namespace nax::nn {
+
+struct AdamWConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;  // decoupled, on parameters of rank >= 2 only (not biases or norms)
+};
+
+class AdamW {
+ public:
+  explicit AdamW(AdamWConfig config = {}) : config_(config) {}
+  // One step: returns the new parameter values (same shapes, dtypes and vary types).
+  std::vector<Tensor> step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr);
+  std::int64_t steps() const { return steps_; }
+  // Moment estimates, in parameter order: first moments, then second moments.
+  std::vector<Tensor> state() const;
+  void load_state(std::vector<Tensor> state, std::int64_t steps);
+
+ private:
+  AdamWConfig config_;
+  std::int64_t steps_ = 0;
+  std::vector<Tensor> m_, v_;
+};
+
+// The global L2 norm of `grads`: each gradient's squares are summed over the mesh axes its value
+// is cut over (and nowhere else), then over the gradients. Invariant on every device.
+Tensor global_norm(const std::vector<Tensor>& grads);
+
+// Scales grads so that their global norm is at most max_norm; returns the norm before clipping.
+double clip_by_global_norm(std::vector<Tensor>& grads, double max_norm);
+
+// Linear warmup from 0 to peak over warmup_steps, then cosine decay to peak * final_ratio at
+// total_steps (and flat after).
+double warmup_cosine(std::int64_t step, std::int64_t warmup_steps, std::int64_t total_steps, double peak,
+                     double final_ratio = 0.1);
+
+// Sums gradients over micro-batches; mean() divides by their count.
+class GradAccumulator {
+ public:
+  void add(const std::vector<Tensor>& grads);
+  std::vector<Tensor> mean() const;
+  int count() const { return count_; }
+  void clear();
+
+ private:
+  std::vector<Tensor> sum_;
+  int count_ = 0;
+};
+
+}  // namespace nax::nn

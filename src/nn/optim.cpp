@@ -1,0 +1,111 @@
+// AdamW, global-norm clipping, the learning-rate schedule and gradient accumulation.
+#include <cmath>
+#include <numbers>
+
+#include "nax/autodiff.h"
+#include "nax/collectives.h"
+#include "nax/nn/optim.h"
+#include "nax/ops.h"
+
+namespace nax::nn {
+
+std::vector<Tensor> AdamW::step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr) {
+  if (params.size() != grads.size()) fail("AdamW::step", "{} parameters but {} gradients", params.size(), grads.size());
+  NoGrad no_grad;
+  if (m_.empty()) {
+    for (const auto& p : params) {
+      m_.push_back(zeros(p.shape(), p.dtype()).with_vary(p.vary()));
+      v_.push_back(m_.back());
+    }
+  }
+  if (m_.size() != params.size()) fail("AdamW::step", "state for {} parameters, got {}", m_.size(), params.size());
+  ++steps_;
+  const double b1 = config_.beta1, b2 = config_.beta2;
+  const double correction1 = 1 - std::pow(b1, static_cast<double>(steps_));
+  const double correction2 = 1 - std::pow(b2, static_cast<double>(steps_));
+  std::vector<Tensor> updated;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor p = stop_gradient(params[i]);
+    if (grads[i].shape() != p.shape())
+      fail("AdamW::step", "gradient {} does not match parameter {}", grads[i].str(), p.str());
+    m_[i] = m_[i] * b1 + grads[i] * (1 - b1);
+    v_[i] = v_[i] * b2 + square(grads[i]) * (1 - b2);
+    Tensor direction = (m_[i] / correction1) / (sqrt(v_[i] / correction2) + config_.eps);
+    if (p.rank() >= 2 && config_.weight_decay > 0) direction = direction + p * config_.weight_decay;
+    updated.push_back((p - direction * lr).with_vary(p.vary()));
+  }
+  return updated;
+}
+
+std::vector<Tensor> AdamW::state() const {
+  std::vector<Tensor> out = m_;
+  out.insert(out.end(), v_.begin(), v_.end());
+  return out;
+}
+
+void AdamW::load_state(std::vector<Tensor> state, std::int64_t steps) {
+  if (state.size() % 2 != 0) fail("AdamW::load_state", "{} tensors: expected first and second moments", state.size());
+  const auto half = static_cast<std::ptrdiff_t>(state.size() / 2);
+  m_.assign(state.begin(), state.begin() + half);
+  v_.assign(state.begin() + half, state.end());
+  steps_ = steps;
+}
+
+Tensor global_norm(const std::vector<Tensor>& grads) {
+  NoGrad no_grad;
+  Tensor total;
+  for (const auto& g : grads) {
+    Tensor squares = sum(square(cast(g, DType::f64)), g.shape().names());
+    if (!squares.vary().invariant()) {  // the value is cut (or varies): add the other blocks' squares
+      std::vector<std::string> axes;
+      for (const auto& e : squares.vary().entries()) axes.push_back(e.mesh_axis);
+      squares = psum(squares, axes);
+    }
+    total = total.defined() ? total + squares : squares;
+  }
+  return total.defined() ? sqrt(total) : scalar(0.0, DType::f64);
+}
+
+double clip_by_global_norm(std::vector<Tensor>& grads, double max_norm) {
+  const double norm = global_norm(grads).item();
+  if (norm > max_norm) {
+    NoGrad no_grad;
+    const double scale = max_norm / (norm + 1e-6);
+    for (auto& g : grads) g = (g * scale).with_vary(g.vary());
+  }
+  return norm;
+}
+
+double warmup_cosine(std::int64_t step, std::int64_t warmup_steps, std::int64_t total_steps, double peak, double final_ratio) {
+  if (step < warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  if (step >= total_steps) return peak * final_ratio;
+  const double progress = static_cast<double>(step - warmup_steps) / static_cast<double>(std::max<std::int64_t>(1, total_steps - warmup_steps));
+  const double cosine = 0.5 * (1 + std::cos(std::numbers::pi * progress));
+  return peak * (final_ratio + (1 - final_ratio) * cosine);
+}
+
+void GradAccumulator::add(const std::vector<Tensor>& grads) {
+  NoGrad no_grad;
+  if (sum_.empty()) {
+    sum_ = grads;
+  } else {
+    if (grads.size() != sum_.size()) fail("GradAccumulator::add", "{} gradients, expected {}", grads.size(), sum_.size());
+    for (std::size_t i = 0; i < grads.size(); ++i) sum_[i] = (sum_[i] + grads[i]).with_vary(sum_[i].vary());
+  }
+  ++count_;
+}
+
+std::vector<Tensor> GradAccumulator::mean() const {
+  if (count_ == 0) fail("GradAccumulator::mean", "no gradients were added");
+  NoGrad no_grad;
+  std::vector<Tensor> out;
+  for (const auto& s : sum_) out.push_back((s / static_cast<double>(count_)).with_vary(s.vary()));
+  return out;
+}
+
+void GradAccumulator::clear() {
+  sum_.clear();
+  count_ = 0;
+}
+
+}  // namespace nax::nn

@@ -1,0 +1,134 @@
+// The nn library: mesh-independent parameter init, AdamW, global-norm clipping over a mesh, the
+// learning-rate schedule, gradient accumulation and the data-parallel gradient mean.
+#include <nax/nn/optim.h>
+
+#include "helpers.h"
+
+using namespace nax;
+using namespace nax::nn;
+
+namespace {
+const std::vector<ParamSpec> kSpecs = {
+    {"w_in", Shape{{"embed", 4}, {"mlp", 8}}, Init::normal, 0.5},
+    {"b_in", Shape{{"mlp", 8}}, Init::zeros},
+    {"scale", Shape{{"embed", 4}}, Init::ones},
+    {"w_out", Shape{{"mlp", 8}, {"embed", 4}}, Init::normal, 0.5},
+};
+
+AxisRules rules_for(const Mesh& mesh) {
+  AxisRules rules{{"mlp", "mp"}};
+  if (mesh.has("dp")) rules.set("batch", {"dp"});
+  return rules;
+}
+
+std::vector<std::vector<double>> gathered(Shard& s, const std::vector<Tensor>& ts) {
+  std::vector<std::vector<double>> out;
+  for (const auto& t : ts) out.push_back(s.gather(t).to_vector<double>());
+  return out;
+}
+
+// A small tensor-parallel MLP's mean squared error on this device's batch block, averaged over dp.
+Tensor mlp_loss(const Parameters& p, const Tensor& x) {
+  Tensor h = tanh(dot(x, p["w_in"], "embed") + p["b_in"]);
+  Tensor y = psum(dot(h, p["w_out"], "mlp"), "mp") * p["scale"];
+  Tensor loss = mean(square(y - x), {"batch", "embed"});
+  return loss.vary().kind("dp") == Vary::Invariant ? loss : pmean(loss, "dp");
+}
+}  // namespace
+
+TEST_CASE("parameters are the same global model on every mesh", "[nn][mesh]") {
+  std::vector<std::vector<double>> reference;
+  for (const std::string spec : {"dp=1,mp=1", "dp=1,mp=2", "dp=2,mp=2", "dp=1,mp=4"}) {
+    Runtime rt = Runtime::local(Mesh::parse(spec));
+    auto values = rt.run([&](Shard& s) {
+      Parameters p = Parameters::init(s, kSpecs, rules_for(s.mesh()), 3);
+      NAX_EXPECT(p["w_in"].requires_grad());
+      NAX_EXPECT(p.global_count() == 32 + 8 + 4 + 32);
+      return gathered(s, p.values());
+    })[0];
+    if (reference.empty()) reference = values;
+    INFO("mesh " << spec);
+    REQUIRE(values == reference);
+  }
+  REQUIRE(reference[1] == std::vector<double>(8, 0.0));
+  REQUIRE(reference[2] == std::vector<double>(4, 1.0));
+}
+
+TEST_CASE("AdamW matches the update written out by hand, decaying only matrices", "[nn]") {
+  Tensor w = from_vector(Shape{{"a", 2}, {"b", 1}}, std::vector<double>{1.0, -2.0});
+  Tensor bias = from_vector(Shape{{"a", 2}}, std::vector<double>{0.5, 0.25});
+  AdamW opt({.beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1});
+  std::vector<double> m(4, 0), v(4, 0), p{1.0, -2.0, 0.5, 0.25};
+  std::vector<Tensor> params{w, bias};
+  for (int step = 1; step <= 3; ++step) {
+    std::vector<double> g{0.1 * step, -0.2, 0.3, 0.05 * step};
+    std::vector<Tensor> grads{from_vector(w.shape(), std::vector<double>{g[0], g[1]}), from_vector(bias.shape(), std::vector<double>{g[2], g[3]})};
+    params = opt.step(params, grads, 0.01);
+    for (std::size_t i = 0; i < 4; ++i) {
+      m[i] = 0.9 * m[i] + 0.1 * g[i];
+      v[i] = 0.99 * v[i] + 0.01 * g[i] * g[i];
+      double update = (m[i] / (1 - std::pow(0.9, step))) / (std::sqrt(v[i] / (1 - std::pow(0.99, step))) + 1e-8);
+      if (i < 2) update += 0.1 * p[i];  // weight decay on the matrix only
+      p[i] -= 0.01 * update;
+    }
+  }
+  auto got_w = params[0].to_vector<double>(), got_b = params[1].to_vector<double>();
+  REQUIRE(nax::testing::max_rel_error({got_w[0], got_w[1], got_b[0], got_b[1]}, p) < 1e-12);
+  REQUIRE(opt.steps() == 3);
+}
+
+TEST_CASE("global norm sums each gradient's squares over the mesh axes it is cut over", "[nn][mesh]") {
+  std::vector<Tensor> globals;
+  double want = 0;
+  for (const auto& spec : kSpecs) {
+    globals.push_back(random_normal(spec.global, 5, spec.name, 1.0, DType::f64));
+    for (double x : globals.back().to_vector<double>()) want += x * x;
+  }
+  want = std::sqrt(want);
+  for (const std::string spec : {"dp=1,mp=1", "dp=2,mp=2", "dp=1,mp=4"}) {
+    Runtime rt = Runtime::local(Mesh::parse(spec));
+    auto norms = rt.run([&](Shard& s) {
+      std::vector<Tensor> grads;
+      for (const auto& g : globals) grads.push_back(s.shard(g, rules_for(s.mesh())));
+      Tensor norm = global_norm(grads);
+      NAX_EXPECT(norm.vary().invariant());
+      double before = clip_by_global_norm(grads, 1.0);
+      return std::pair{before, global_norm(grads).item()};
+    });
+    INFO("mesh " << spec);
+    for (auto [before, after] : norms) {
+      REQUIRE(before == Approx(want).epsilon(1e-12));
+      REQUIRE(after == Approx(1.0).epsilon(1e-5));
+    }
+  }
+}
+
+TEST_CASE("warmup then cosine decay", "[nn]") {
+  REQUIRE(warmup_cosine(0, 10, 110, 1.0) == Approx(0.1));
+  REQUIRE(warmup_cosine(9, 10, 110, 1.0) == Approx(1.0));
+  REQUIRE(warmup_cosine(10, 10, 110, 1.0) == Approx(1.0));
+  REQUIRE(warmup_cosine(60, 10, 110, 1.0) == Approx(0.55));
+  REQUIRE(warmup_cosine(110, 10, 110, 1.0) == Approx(0.1));
+  REQUIRE(warmup_cosine(500, 10, 110, 2.0, 0.0) == Approx(0.0));
+}
+
+TEST_CASE("data-parallel mean and micro-batch accumulation give the full-batch gradient", "[nn][mesh]") {
+  const Tensor data = random_normal(Shape{{"batch", 8}, {"embed", 4}}, 9, "data");
+  auto grads_on = [&](const std::string& spec, int micro_batches) {
+    Runtime rt = Runtime::local(Mesh::parse(spec));
+    return rt.run([&](Shard& s) {
+      Parameters p = Parameters::init(s, kSpecs, rules_for(s.mesh()), 3, DType::f64);
+      Tensor x = cast(s.shard(data, rules_for(s.mesh())), DType::f64);
+      GradAccumulator acc;
+      const std::int64_t n = x.shape().size("batch") / micro_batches;
+      for (int i = 0; i < micro_batches; ++i) acc.add(grad(mlp_loss(p, slice(x, "batch", i * n, (i + 1) * n)), p.values()));
+      return gathered(s, acc.mean());
+    })[0];
+  };
+  auto reference = grads_on("dp=1,mp=1", 1);
+  for (auto [spec, micro] : {std::pair<std::string, int>{"dp=1,mp=1", 2}, {"dp=2,mp=1", 1}, {"dp=2,mp=2", 2}, {"dp=4,mp=2", 1}}) {
+    auto got = grads_on(spec, micro);
+    INFO("mesh " << spec << " micro-batches " << micro);
+    for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(nax::testing::max_rel_error(got[i], reference[i]) < 1e-12);
+  }
+}
