@@ -16,6 +16,14 @@ Parameters Parameters::init(Shard& shard, const std::vector<ParamSpec>& specs, c
   return p;
 }
 
+Parameters Parameters::from_values(const std::vector<ParamSpec>& specs, std::vector<Tensor> values) {
+  if (specs.size() != values.size()) fail("Parameters", "{} values for {} parameter specs", values.size(), specs.size());
+  Parameters p;
+  p.specs_ = specs;
+  for (auto& v : values) p.values_.push_back(parameter(stop_gradient(v)));
+  return p;
+}
+
 const Tensor& Parameters::operator[](const std::string& name) const {
   for (std::size_t i = 0; i < specs_.size(); ++i)
     if (specs_[i].name == name) return values_[i];

@@ -24,6 +24,9 @@ class Parameters {
   static Parameters init(Shard& shard, const std::vector<ParamSpec>& specs, const AxisRules& rules, std::uint64_t seed,
                          DType dtype = DType::f32);
 
+  // Existing blocks (e.g. loaded from a checkpoint), one per spec, made parameters.
+  static Parameters from_values(const std::vector<ParamSpec>& specs, std::vector<Tensor> values);
+
   std::size_t size() const { return values_.size(); }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const std::vector<Tensor>& values() const { return values_; }

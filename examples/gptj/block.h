@@ -1,0 +1,98 @@
+#pragma once
+// One GPT-J block written per shard, as in mesh-transformer-jax: parallel residual
+// x + attn(ln(x)) + mlp(ln(x)), heads and mlp cut over `mp`, one psum per block forward (and, by
+// autodiff, one backward). Also the Megatron-style variant: sequential residual, two psums.
+#include <nax/nax.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace gptj {
+
+struct BlockConfig {
+  std::int64_t d_model = 64;
+  std::int64_t n_heads = 4;
+  std::int64_t head_dim = 16;
+  std::int64_t d_ff = 256;
+  std::int64_t rotary_dims = 8;
+};
+
+// Global shapes of the block's parameters, with Hugging Face GPT-J's names and layouts (a linear
+// layer's weight is [out, in]; q/k/v/out split their heads*head_dim side into heads, head_dim).
+inline std::vector<std::pair<std::string, nax::Shape>> block_parameter_shapes(const BlockConfig& c) {
+  using nax::Shape;
+  const Shape qkv{{"heads", c.n_heads}, {"head_dim", c.head_dim}, {"embed", c.d_model}};
+  return {
+      {"ln_1.weight", Shape{{"embed", c.d_model}}},
+      {"ln_1.bias", Shape{{"embed", c.d_model}}},
+      {"attn.q_proj.weight", qkv},
+      {"attn.k_proj.weight", qkv},
+      {"attn.v_proj.weight", qkv},
+      {"attn.out_proj.weight", Shape{{"embed", c.d_model}, {"heads", c.n_heads}, {"head_dim", c.head_dim}}},
+      {"mlp.fc_in.weight", Shape{{"mlp", c.d_ff}, {"embed", c.d_model}}},
+      {"mlp.fc_in.bias", Shape{{"mlp", c.d_ff}}},
+      {"mlp.fc_out.weight", Shape{{"embed", c.d_model}, {"mlp", c.d_ff}}},
+      {"mlp.fc_out.bias", Shape{{"embed", c.d_model}}},
+  };
+}
+
+// mesh-transformer-jax's sharding: heads, mlp over mp; batch over dp.
+inline nax::AxisRules block_rules(const nax::Mesh& mesh) {
+  nax::AxisRules rules{{"heads", "mp"}, {"mlp", "mp"}};
+  if (mesh.has("dp")) rules.set("batch", {"dp"});
+  return rules;
+}
+
+struct BlockParams {
+  nax::Tensor ln_scale, ln_bias, q, k, v, out, mlp_in, mlp_in_bias, mlp_out, mlp_out_bias;
+
+  // In the order of block_parameter_shapes.
+  static BlockParams from(const std::vector<nax::Tensor>& t) {
+    return {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9]};
+  }
+};
+
+// Keys and values of the positions seen so far, for generation one token at a time.
+struct KVCache {
+  nax::Tensor k, v;  // [batch, seq, heads|mp, head_dim]
+  std::int64_t length() const { return k.defined() ? k.shape().size("seq") : 0; }
+};
+
+inline nax::Tensor attention(const BlockParams& p, const nax::Tensor& h, const BlockConfig& c, KVCache* cache = nullptr) {
+  using namespace nax;
+  const std::int64_t offset = cache != nullptr ? cache->length() : 0;
+  Tensor q = rotary(dot(h, p.q, "embed"), "seq", "head_dim", c.rotary_dims, offset);  // [batch, seq, heads|mp, head_dim]
+  Tensor k = rotary(dot(h, p.k, "embed"), "seq", "head_dim", c.rotary_dims, offset);
+  Tensor v = dot(h, p.v, "embed");
+  if (cache != nullptr) {
+    if (offset > 0) {
+      k = concat({cache->k, k}, "seq");
+      v = concat({cache->v, v}, "seq");
+    }
+    cache->k = k, cache->v = v;
+  }
+  return dot(causal_attention(q, k, v, "seq", "head_dim"), p.out, {"heads", "head_dim"});  // partial over mp
+}
+
+inline nax::Tensor mlp(const BlockParams& p, const nax::Tensor& h) {
+  using namespace nax;
+  return dot(gelu(dot(h, p.mlp_in, "embed") + p.mlp_in_bias), p.mlp_out, "mlp");  // partial over mp
+}
+
+// x: [batch, seq, embed], Invariant over mp.
+inline nax::Tensor block(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c, KVCache* cache = nullptr) {
+  using namespace nax;
+  Tensor h = layer_norm(x, "embed", p.ln_scale, p.ln_bias);
+  return x + psum(attention(p, h, c, cache) + mlp(p, h), "mp") + p.mlp_out_bias;
+}
+
+// Megatron-LM's layout: sequential residual, a psum after attention and another after the MLP
+// (the same parameters; the one LayerNorm is applied before each half).
+inline nax::Tensor megatron_block(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c, KVCache* = nullptr) {
+  using namespace nax;
+  Tensor a = x + psum(attention(p, layer_norm(x, "embed", p.ln_scale, p.ln_bias), c), "mp");
+  return a + psum(mlp(p, layer_norm(a, "embed", p.ln_scale, p.ln_bias)), "mp") + p.mlp_out_bias;
+}
+
+}  // namespace gptj

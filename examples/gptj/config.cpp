@@ -1,0 +1,50 @@
+#include "config.h"
+
+#include <fmt/format.h>
+
+namespace gptj {
+
+namespace {
+Config make(std::string name, std::int64_t vocab, std::int64_t d_model, std::int64_t layers, std::int64_t heads, std::int64_t rotary) {
+  return Config{std::move(name), vocab, d_model, layers, heads, d_model / heads, 4 * d_model, rotary, 2048};
+}
+}  // namespace
+
+std::vector<std::string> config_names() { return {"tiny", "small", "125m", "350m", "1.3b", "6b"}; }
+
+Config config_by_name(const std::string& name) {
+  if (name == "tiny") return make(name, 256, 32, 2, 4, 4);
+  if (name == "small") return make(name, 256, 256, 6, 8, 16);
+  if (name == "125m") return make(name, 50400, 768, 12, 12, 32);
+  if (name == "350m") return make(name, 50400, 1024, 24, 16, 32);
+  if (name == "1.3b") return make(name, 50400, 2048, 24, 16, 64);
+  if (name == "6b") return make(name, 50400, 4096, 28, 16, 64);
+  nax::fail("config", "unknown config '{}' (known: {})", name, fmt::join(config_names(), ", "));
+}
+
+void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch) {
+  for (const char* axis : {"dp", "mp"})
+    if (!mesh.has(axis)) nax::fail("mesh", "the mesh {} has no '{}' axis (use e.g. --mesh dp=2,mp=2)", mesh.str(), axis);
+  const std::int64_t mp = mesh.axis_size("mp"), dp = mesh.axis_size("dp");
+  auto require_divides = [&](const char* what, std::int64_t size, std::int64_t parts, const char* axis) {
+    if (size % parts != 0)
+      nax::fail("mesh", "{} = {} of config '{}' is not divisible by {}={} of mesh {}", what, size, c.name, axis, parts, mesh.str());
+  };
+  require_divides("heads", c.n_heads, mp, "mp");
+  require_divides("d_ff", c.d_ff, mp, "mp");
+  require_divides("vocab", c.vocab, mp, "mp");
+  require_divides("batch", batch, dp, "dp");
+}
+
+std::int64_t parameter_count(const Config& c) {
+  const std::int64_t inner = c.n_heads * c.head_dim;
+  const std::int64_t per_layer = 2 * c.d_model + 4 * inner * c.d_model + 2 * c.d_ff * c.d_model + c.d_ff + c.d_model;
+  return c.n_layers * per_layer + 2 * c.vocab * c.d_model + c.vocab + 2 * c.d_model;
+}
+
+double flops_per_token(const Config& c, std::int64_t seq) {
+  return 6.0 * static_cast<double>(parameter_count(c)) +
+         12.0 * static_cast<double>(c.n_layers * c.n_heads * c.head_dim * seq);
+}
+
+}  // namespace gptj

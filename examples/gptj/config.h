@@ -1,0 +1,37 @@
+#pragma once
+// GPT-J-style model configurations, from a test-sized one to GPT-J-6B's dimensions.
+#include <nax/nax.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gptj {
+
+struct Config {
+  std::string name;
+  std::int64_t vocab = 256;
+  std::int64_t d_model = 64;
+  std::int64_t n_layers = 2;
+  std::int64_t n_heads = 4;
+  std::int64_t head_dim = 16;
+  std::int64_t d_ff = 256;  // 4 d_model
+  std::int64_t rotary_dims = 8;
+  std::int64_t max_seq = 2048;
+};
+
+// tiny, small, 125m, 350m, 1.3b, 6b; throws naming the known ones otherwise.
+Config config_by_name(const std::string& name);
+std::vector<std::string> config_names();
+
+// Checks that the mesh divides the model (heads, d_ff and vocab over mp) and the batch (over dp),
+// with one clear message per failure.
+void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch);
+
+// Weights of the model (excluding nothing: embeddings included).
+std::int64_t parameter_count(const Config& c);
+
+// Training FLOPs per token, PaLM's formula: 6 N + 12 L H Q T.
+double flops_per_token(const Config& c, std::int64_t seq);
+
+}  // namespace gptj

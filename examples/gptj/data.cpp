@@ -1,0 +1,67 @@
+#include "data.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace gptj {
+
+std::vector<std::int32_t> encode(const std::string& text) {
+  std::vector<std::int32_t> out;
+  out.reserve(text.size());
+  for (unsigned char c : text) out.push_back(c);
+  return out;
+}
+
+std::string decode(const std::vector<std::int32_t>& tokens) {
+  std::string out;
+  for (auto t : tokens) out.push_back(static_cast<char>(t >= 0 && t < 256 ? t : '?'));
+  return out;
+}
+
+TextData TextData::load(const std::vector<std::string>& files, double heldout_fraction) {
+  if (files.empty()) nax::fail("data", "no text files given (--data FILE...)");
+  std::string text;
+  for (const auto& path : files) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) nax::fail("data", "cannot read '{}'", path);
+    std::ostringstream contents;
+    contents << in.rdbuf();
+    text += contents.str();
+    text += '\n';
+  }
+  return from_text(text, heldout_fraction);
+}
+
+TextData TextData::from_text(const std::string& text, double heldout_fraction) {
+  TextData d;
+  auto tokens = encode(text);
+  const auto heldout = static_cast<std::size_t>(static_cast<double>(tokens.size()) * heldout_fraction);
+  d.train_.assign(tokens.begin(), tokens.end() - static_cast<std::ptrdiff_t>(heldout));
+  d.heldout_.assign(tokens.end() - static_cast<std::ptrdiff_t>(heldout), tokens.end());
+  return d;
+}
+
+std::pair<nax::Tensor, nax::Tensor> TextData::batch(Split split, std::int64_t index, std::int64_t batch, std::int64_t seq,
+                                                    std::uint64_t seed) const {
+  const auto& tokens = split == Split::train ? train_ : heldout_;
+  const auto window = static_cast<std::size_t>(seq + 1);
+  if (tokens.size() < window)
+    nax::fail("data", "the {} split has {} tokens, fewer than seq + 1 = {} (give more text or a shorter --seq)",
+              split == Split::train ? "training" : "held-out", tokens.size(), window);
+  const auto key = nax::rng::make_key(seed, split == Split::train ? "data.train" : "data.heldout");
+  std::vector<std::int32_t> inputs, targets;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    std::uint32_t words[4];
+    nax::rng::philox(key, static_cast<std::uint64_t>(index * batch + b), words);
+    const std::uint64_t r = (static_cast<std::uint64_t>(words[0]) << 32) | words[1];
+    const std::size_t start = r % (tokens.size() - window + 1);
+    inputs.insert(inputs.end(), tokens.begin() + static_cast<std::ptrdiff_t>(start), tokens.begin() + static_cast<std::ptrdiff_t>(start + window - 1));
+    targets.insert(targets.end(), tokens.begin() + static_cast<std::ptrdiff_t>(start + 1), tokens.begin() + static_cast<std::ptrdiff_t>(start + window));
+  }
+  const nax::Shape shape{{"batch", batch}, {"seq", seq}};
+  return {nax::from_vector(shape, inputs), nax::from_vector(shape, targets)};
+}
+
+}  // namespace gptj

@@ -1,0 +1,62 @@
+#include "model.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace gptj {
+
+using namespace nax;
+
+std::vector<nn::ParamSpec> parameter_specs(const Config& c) {
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layers));
+  std::vector<nn::ParamSpec> specs{{"transformer.wte.weight", Shape{{"vocab", c.vocab}, {"embed", c.d_model}}, nn::Init::normal, 0.02}};
+  for (std::int64_t i = 0; i < c.n_layers; ++i) {
+    for (const auto& [name, shape] : block_parameter_shapes(block_config(c))) {
+      nn::ParamSpec spec{fmt::format("transformer.h.{}.{}", i, name), shape, nn::Init::normal, 0.02};
+      if (name.ends_with(".bias")) spec.init = nn::Init::zeros;
+      if (name == "ln_1.weight") spec.init = nn::Init::ones;
+      if (name == "attn.out_proj.weight" || name == "mlp.fc_out.weight") spec.stddev = residual_std;
+      specs.push_back(spec);
+    }
+  }
+  specs.push_back({"transformer.ln_f.weight", Shape{{"embed", c.d_model}}, nn::Init::ones});
+  specs.push_back({"transformer.ln_f.bias", Shape{{"embed", c.d_model}}, nn::Init::zeros});
+  specs.push_back({"lm_head.weight", Shape{{"vocab", c.vocab}, {"embed", c.d_model}}, nn::Init::normal, 0.02});
+  specs.push_back({"lm_head.bias", Shape{{"vocab", c.vocab}}, nn::Init::zeros});
+  return specs;
+}
+
+AxisRules axis_rules(const Mesh& mesh) {
+  AxisRules rules{{"vocab", "mp"}, {"heads", "mp"}, {"mlp", "mp"}};
+  if (mesh.has("dp")) rules.set("batch", {"dp"});
+  return rules;
+}
+
+BlockConfig block_config(const Config& c) {
+  return BlockConfig{.d_model = c.d_model, .n_heads = c.n_heads, .head_dim = c.head_dim, .d_ff = c.d_ff, .rotary_dims = c.rotary_dims};
+}
+
+BlockParams Model::layer(std::int64_t i) const {
+  const std::size_t first = 1 + static_cast<std::size_t>(i) * 10;
+  const auto& v = params_.values();
+  return BlockParams::from(std::vector<Tensor>(v.begin() + static_cast<std::ptrdiff_t>(first), v.begin() + static_cast<std::ptrdiff_t>(first + 10)));
+}
+
+Tensor Model::logits(const Tensor& ids, std::vector<KVCache>* caches) const {
+  if (caches != nullptr && caches->size() != static_cast<std::size_t>(config_.n_layers))
+    caches->resize(static_cast<std::size_t>(config_.n_layers));
+  Tensor x = psum(embedding(params_["transformer.wte.weight"], ids, "vocab"), "mp");
+  const BlockConfig bc = block_config(config_);
+  for (std::int64_t i = 0; i < config_.n_layers; ++i)
+    x = block(layer(i), x, bc, caches != nullptr ? &(*caches)[static_cast<std::size_t>(i)] : nullptr);
+  Tensor h = layer_norm(x, "embed", params_["transformer.ln_f.weight"], params_["transformer.ln_f.bias"]);
+  return dot(h, params_["lm_head.weight"], "embed") + params_["lm_head.bias"];
+}
+
+Tensor Model::loss(const Tensor& ids, const Tensor& targets) const {
+  Tensor local = cross_entropy(logits(ids), targets, "vocab", {"mp"});
+  return local.vary().kind("dp") == Vary::Invariant ? local : pmean(local, "dp");
+}
+
+}  // namespace gptj

@@ -1,0 +1,234 @@
+#include "train.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "checkpoint.h"
+
+namespace gptj {
+
+using namespace nax;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The machine's f32 GEMM peak in GFLOP/s: one thread's sgemm rate on 1024^3 times the cores.
+double measure_peak_gflops() {
+  Runtime rt = Runtime::local(Mesh::parse("x=1"), {.blas_threads = 1});
+  double best = 0;
+  rt.run([&](Shard&) {
+    Tensor a = random_normal(Shape{{"m", 1024}, {"k", 1024}}, 1, "a"), b = random_normal(Shape{{"k", 1024}, {"n", 1024}}, 1, "b");
+    for (int i = 0; i < 4; ++i) {
+      auto t = Clock::now();
+      dot(a, b, "k");
+      best = std::max(best, 2.0 * 1024 * 1024 * 1024 / seconds_since(t) * 1e-9);
+    }
+  });
+  return best * static_cast<double>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// Hugging Face stores the attention projections as 2-D [heads*head_dim, embed] matrices.
+std::vector<std::int64_t> hf_dims(const Shape& s) {
+  std::vector<std::int64_t> dims;
+  for (int i = 0; i < s.rank(); ++i) {
+    if (s[i].name == "head_dim" && i > 0 && s[i - 1].name == "heads") dims.back() *= s[i].size;
+    else dims.push_back(s[i].size);
+  }
+  return dims;
+}
+
+Tensor as_hf(const Tensor& t) {
+  std::vector<Axis> axes;
+  for (auto d : hf_dims(t.shape())) axes.push_back({fmt::format("d{}", axes.size()), d});
+  return t.with_shape(Shape(axes));
+}
+
+Tensor from_file(const std::map<std::string, Tensor>& tensors, const std::string& name, const Shape& shape, DType dtype,
+                 const std::string& path) {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) fail("checkpoint", "'{}' has no tensor '{}'", path, name);
+  std::vector<std::int64_t> dims;
+  for (const auto& a : it->second.shape().axes()) dims.push_back(a.size);
+  if (dims != hf_dims(shape))
+    fail("checkpoint", "'{}': tensor '{}' has shape [{}], the model expects [{}]", path, name, fmt::join(dims, ", "), fmt::join(hf_dims(shape), ", "));
+  return cast(it->second.with_shape(shape), dtype);
+}
+
+struct Checkpoint {
+  std::vector<Tensor> params, adam;  // global host tensors
+  std::int64_t step = 0, adam_steps = 0;
+};
+
+void save_checkpoint(Shard& s, const std::string& dir, const Config& c, const nn::Parameters& params, const nn::AdamW& opt,
+                     std::int64_t step, const TrainOptions& o) {
+  NamedTensors model, state;
+  const auto& specs = params.specs();
+  for (std::size_t i = 0; i < specs.size(); ++i) model.push_back({specs[i].name, as_hf(s.gather(stop_gradient(params[i])))});
+  auto moments = opt.state();
+  for (std::size_t i = 0; i < moments.size(); ++i)
+    state.push_back({fmt::format("{}.{}", i < specs.size() ? "m" : "v", specs[i % specs.size()].name), as_hf(s.gather(moments[i]))});
+  if (s.device() != 0) return;
+  std::filesystem::create_directories(dir);
+  save_safetensors(dir + "/model.safetensors", model, {{"format", "pt"}});
+  save_safetensors(dir + "/optimizer.safetensors", state, {{"adam_steps", std::to_string(opt.steps())}});
+  write_file_atomically(dir + "/config.json", hf_config_json(c));
+  nlohmann::json trainer = {{"step", step}, {"seed", o.seed}, {"batch", o.batch}, {"seq", o.seq}, {"config", c.name}};
+  write_file_atomically(dir + "/trainer.json", trainer.dump(2) + "\n");
+}
+
+Checkpoint load_checkpoint(const std::string& dir, const Config& c, const std::vector<nn::ParamSpec>& specs) {
+  Checkpoint ck;
+  auto trainer = nlohmann::json::parse(read_file(dir + "/trainer.json"), nullptr, false);
+  if (trainer.is_discarded() || !trainer.contains("step")) fail("checkpoint", "'{}/trainer.json' is corrupt", dir);
+  if (trainer.value("config", std::string()) != c.name)
+    fail("checkpoint", "'{}' was trained with config '{}', not '{}'", dir, trainer.value("config", std::string("?")), c.name);
+  ck.step = trainer["step"].get<std::int64_t>();
+  const auto model = load_safetensors(dir + "/model.safetensors");
+  std::map<std::string, std::string> meta;
+  const auto state = load_safetensors(dir + "/optimizer.safetensors", &meta);
+  ck.adam_steps = std::stoll(meta.at("adam_steps"));
+  for (const auto& spec : specs) ck.params.push_back(from_file(model, spec.name, spec.global, DType::f32, dir + "/model.safetensors"));
+  for (const char* kind : {"m", "v"})
+    for (const auto& spec : specs)
+      ck.adam.push_back(from_file(state, fmt::format("{}.{}", kind, spec.name), spec.global, DType::f32, dir + "/optimizer.safetensors"));
+  return ck;
+}
+
+class Progress {
+ public:
+  Progress(bool quiet, std::int64_t total) : quiet_(quiet), tty_(::isatty(STDERR_FILENO) != 0), total_(total) {}
+  void update(std::int64_t step, double loss, double tokens_per_s, double mfu, double eta_s) {
+    if (quiet_) return;
+    std::string line = fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | MFU {:.1f}% | ETA {:.0f}s", step + 1, total_, loss,
+                                   tokens_per_s, 100 * mfu, eta_s);
+    if (tty_) fmt::print(stderr, "\r{:<90}", line);
+    else if ((step + 1) % std::max<std::int64_t>(1, total_ / 20) == 0 || step + 1 == total_) fmt::print(stderr, "{}\n", line);
+    std::fflush(stderr);
+  }
+  void message(const std::string& text) {
+    if (quiet_) return;
+    fmt::print(stderr, "{}{}\n", tty_ ? "\r" : "", text);
+  }
+
+ private:
+  bool quiet_, tty_;
+  std::int64_t total_;
+};
+
+}  // namespace
+
+TrainResult train(const TrainOptions& o, const TextData& data) {
+  const Config config = config_by_name(o.config);
+  const Mesh mesh = Mesh::parse(o.mesh);
+  check_fits(config, mesh, o.batch);
+  if (o.micro_batches < 1 || (o.batch / mesh.axis_size("dp")) % o.micro_batches != 0)
+    fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, o.batch / mesh.axis_size("dp"));
+  if (o.seq > config.max_seq) fail("train", "--seq {} exceeds the config's maximum {}", o.seq, config.max_seq);
+  const auto specs = parameter_specs(config);
+  Checkpoint resume;
+  if (o.resume) {
+    if (o.ckpt_dir.empty()) fail("train", "--resume needs --ckpt-dir");
+    resume = load_checkpoint(o.ckpt_dir, config, specs);
+  }
+  std::ofstream metrics;
+  if (!o.metrics.empty()) {
+    metrics.open(o.metrics, o.resume ? std::ios::app : std::ios::trunc);
+    if (!metrics) fail("train", "cannot write metrics to '{}'", o.metrics);
+  }
+
+  TrainResult result;
+  result.peak_gflops = measure_peak_gflops();
+  const double flops_per_step = flops_per_token(config, o.seq) * static_cast<double>(o.batch * o.seq);
+  Runtime rt = Runtime::local(mesh);
+  const AxisRules rules = axis_rules(mesh);
+  Progress progress(o.quiet, o.steps);
+  progress.message(fmt::format("gptj train: config {} ({:.2f}M parameters), mesh {}, batch {} x seq {}, {} steps, peak {:.0f} GFLOP/s",
+                               config.name, static_cast<double>(parameter_count(config)) * 1e-6, mesh.str(), o.batch, o.seq, o.steps,
+                               result.peak_gflops));
+
+  rt.run([&](Shard& s) {
+    const bool lead = s.device() == 0;
+    Model model(config, nn::Parameters::init(s, specs, rules, o.seed));
+    nn::AdamW opt({.weight_decay = o.weight_decay});
+    std::int64_t first = 0;
+    if (o.resume) {
+      std::vector<Tensor> values, moments;
+      for (const auto& p : resume.params) values.push_back(s.shard(p, rules));
+      for (const auto& m : resume.adam) moments.push_back(s.shard(m, rules));
+      model.params().assign(values);
+      opt.load_state(moments, resume.adam_steps);
+      first = resume.step;
+    }
+    auto heldout_loss = [&] {
+      NoGrad no_grad;
+      double total = 0;
+      for (std::int64_t i = 0; i < o.eval_batches; ++i) {
+        auto [x, y] = data.batch(TextData::Split::heldout, i, o.batch, o.seq, o.seed);
+        total += model.loss(s.shard(x, rules), s.shard(y, rules)).item();
+      }
+      return total / static_cast<double>(o.eval_batches);
+    };
+    std::vector<double> rates;
+    const auto start = Clock::now();
+    for (std::int64_t step = first; step < o.steps; ++step) {
+      const auto t0 = Clock::now();
+      const double lr = nn::warmup_cosine(step, o.warmup, o.steps, o.lr);
+      auto [inputs, targets] = data.batch(TextData::Split::train, step, o.batch, o.seq, o.seed);
+      Tensor x = s.shard(inputs, rules), y = s.shard(targets, rules);
+      const std::int64_t micro = x.shape().size("batch") / o.micro_batches;
+      nn::GradAccumulator acc;
+      double loss = 0;
+      for (std::int64_t m = 0; m < o.micro_batches; ++m) {
+        Tensor l = model.loss(slice(x, "batch", m * micro, (m + 1) * micro), slice(y, "batch", m * micro, (m + 1) * micro));
+        acc.add(grad(l, model.params().values()));
+        loss += l.item() / static_cast<double>(o.micro_batches);
+      }
+      auto grads = acc.mean();
+      const double norm = nn::clip_by_global_norm(grads, o.clip);
+      model.params().assign(opt.step(model.params().values(), grads, lr));
+      const double step_s = seconds_since(t0);
+      const double tokens_per_s = static_cast<double>(o.batch * o.seq) / step_s;
+      const double mfu = flops_per_step / step_s / (result.peak_gflops * 1e9);
+      if (step > first) rates.push_back(tokens_per_s);
+      // Evaluation and checkpoints are collective: every device takes part, device 0 reports.
+      const bool eval_now = o.eval_every > 0 && (step + 1) % o.eval_every == 0;
+      const double heldout = eval_now ? heldout_loss() : 0.0;
+      if (!o.ckpt_dir.empty() && ((o.save_every > 0 && (step + 1) % o.save_every == 0) || step + 1 == o.steps))
+        save_checkpoint(s, o.ckpt_dir, config, model.params(), opt, step + 1, o);
+      if (!lead) continue;
+      result.losses.push_back(loss);
+      const double eta = seconds_since(start) / static_cast<double>(step - first + 1) * static_cast<double>(o.steps - step - 1);
+      progress.update(step, loss, tokens_per_s, mfu, eta);
+      if (metrics)
+        metrics << nlohmann::json{{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"tokens_per_s", tokens_per_s},
+                                  {"mfu", mfu}, {"step_s", step_s}}.dump()
+                << "\n";
+      if (eval_now) {
+        progress.message(fmt::format("step {}: held-out loss {:.4f}", step + 1, heldout));
+        if (metrics) metrics << nlohmann::json{{"step", step}, {"heldout_loss", heldout}}.dump() << "\n";
+      }
+      metrics.flush();
+    }
+    const double final_heldout = heldout_loss();
+    if (!lead) return;
+    result.heldout_loss = final_heldout;
+    if (!rates.empty()) {
+      std::nth_element(rates.begin(), rates.begin() + static_cast<std::ptrdiff_t>(rates.size() / 2), rates.end());
+      result.tokens_per_s = rates[rates.size() / 2];
+      result.mfu = flops_per_token(config, o.seq) * result.tokens_per_s / (result.peak_gflops * 1e9);
+    }
+  });
+  return result;
+}
+
+}  // namespace gptj

@@ -1,0 +1,57 @@
+#pragma once
+// Training and sampling drivers behind the `gptj` command.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data.h"
+#include "model.h"
+
+namespace gptj {
+
+struct TrainOptions {
+  std::string config = "small";
+  std::string mesh = "dp=2,mp=2";
+  std::vector<std::string> data;
+  std::int64_t steps = 200;
+  std::int64_t batch = 8;
+  std::int64_t seq = 128;
+  double lr = 3e-3;
+  std::int64_t warmup = 20;
+  std::uint64_t seed = 0;
+  double clip = 1.0;
+  double weight_decay = 0.1;
+  std::int64_t micro_batches = 1;
+  std::string ckpt_dir;  // empty: no checkpoints
+  bool resume = false;
+  std::int64_t save_every = 0;  // 0: only at the end
+  std::int64_t eval_every = 50;
+  std::int64_t eval_batches = 4;
+  std::string metrics;  // JSON lines
+  bool quiet = false;
+};
+
+struct TrainResult {
+  std::vector<double> losses;  // one per step run
+  double heldout_loss = 0;
+  double tokens_per_s = 0;     // median over steps after the first
+  double mfu = 0;
+  double peak_gflops = 0;
+};
+
+TrainResult train(const TrainOptions& options, const TextData& data);
+
+struct SampleOptions {
+  std::string ckpt_dir;
+  std::string mesh = "dp=1,mp=1";
+  std::string prompt;
+  std::int64_t tokens = 100;
+  double temperature = 0.8;
+  std::int64_t top_k = 40;
+  std::uint64_t seed = 0;
+};
+
+// The prompt's continuation (without the prompt).
+std::string sample(const SampleOptions& options);
+
+}  // namespace gptj
