@@ -69,6 +69,7 @@ void train_help() {
       "  --micro-batches M  gradient accumulation over M micro-batches    (default 1)\n"
       "  --ckpt-dir DIR     write checkpoints there (at the end, or every --save-every steps)\n"
       "  --save-every N     checkpoint period in steps                    (default 0: at the end)\n"
+      "  --stop-after N     stop (and checkpoint) after step N, as if interrupted\n"
       "  --resume 1         continue from the checkpoint in --ckpt-dir\n"
       "  --eval-every K     held-out loss every K steps                   (default 50)\n"
       "  --metrics FILE     one JSON object per step (step, loss, tokens_per_s, mfu, ...)\n"
@@ -103,6 +104,7 @@ int run_train(int argc, char** argv) {
                {"--micro-batches", [&](const std::string& v) { o.micro_batches = to_int("--micro-batches", v); }},
                {"--ckpt-dir", [&](const std::string& v) { o.ckpt_dir = v; }},
                {"--save-every", [&](const std::string& v) { o.save_every = to_int("--save-every", v); }},
+               {"--stop-after", [&](const std::string& v) { o.stop_after = to_int("--stop-after", v); }},
                {"--resume", [&](const std::string& v) { o.resume = to_int("--resume", v) != 0; }},
                {"--eval-every", [&](const std::string& v) { o.eval_every = to_int("--eval-every", v); }},
                {"--metrics", [&](const std::string& v) { o.metrics = v; }},

@@ -180,7 +180,8 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
     };
     std::vector<double> rates;
     const auto start = Clock::now();
-    for (std::int64_t step = first; step < o.steps; ++step) {
+    const std::int64_t last = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
+    for (std::int64_t step = first; step < last; ++step) {
       const auto t0 = Clock::now();
       const double lr = nn::warmup_cosine(step, o.warmup, o.steps, o.lr);
       auto [inputs, targets] = data.batch(TextData::Split::train, step, o.batch, o.seq, o.seed);
@@ -203,7 +204,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       // Evaluation and checkpoints are collective: every device takes part, device 0 reports.
       const bool eval_now = o.eval_every > 0 && (step + 1) % o.eval_every == 0;
       const double heldout = eval_now ? heldout_loss() : 0.0;
-      if (!o.ckpt_dir.empty() && ((o.save_every > 0 && (step + 1) % o.save_every == 0) || step + 1 == o.steps))
+      if (!o.ckpt_dir.empty() && ((o.save_every > 0 && (step + 1) % o.save_every == 0) || step + 1 == last))
         save_checkpoint(s, o.ckpt_dir, config, model.params(), opt, step + 1, o);
       if (!lead) continue;
       result.losses.push_back(loss);

@@ -25,6 +25,7 @@ struct TrainOptions {
   std::string ckpt_dir;  // empty: no checkpoints
   bool resume = false;
   std::int64_t save_every = 0;  // 0: only at the end
+  std::int64_t stop_after = 0;  // stop (and checkpoint) after this step, as if interrupted; 0: run all
   std::int64_t eval_every = 50;
   std::int64_t eval_batches = 4;
   std::string metrics;  // JSON lines
