@@ -118,6 +118,20 @@ int run_train(int argc, char** argv) {
   return 0;
 }
 
+int run_logits(int argc, char** argv) {
+  gptj::SampleOptions o;
+  parse_flags(argc, argv, 2,
+              {{"--ckpt", [&](const std::string& v) { o.ckpt_dir = v; }},
+               {"--mesh", [&](const std::string& v) { o.mesh = v; }},
+               {"--prompt", [&](const std::string& v) { o.prompt = v; }}},
+              [] { fmt::print("usage: gptj logits --ckpt DIR --prompt TEXT [--mesh SPEC]\nPrints the logits of every prompt position as JSON.\n"); });
+  const auto rows = gptj::prompt_logits(o);
+  std::vector<std::string> lines;
+  for (const auto& row : rows) lines.push_back(fmt::format("[{}]", fmt::join(row, ",")));
+  fmt::print("[{}]\n", fmt::join(lines, ",\n"));
+  return 0;
+}
+
 int run_sample(int argc, char** argv) {
   gptj::SampleOptions o;
   parse_flags(argc, argv, 2,
@@ -140,8 +154,9 @@ int main(int argc, char** argv) {
     const std::string command = argc > 1 ? argv[1] : "--help";
     if (command == "train") return run_train(argc, argv);
     if (command == "sample") return run_sample(argc, argv);
+    if (command == "logits") return run_logits(argc, argv);
     if (command == "--help" || command == "-h" || command == "help") {
-      fmt::print("usage: gptj <train|sample> [flags]   (gptj <command> --help for the flags)\n");
+      fmt::print("usage: gptj <train|sample|logits> [flags]   (gptj <command> --help for the flags)\n");
       return argc > 1 ? 0 : 2;
     }
     nax::fail("gptj", "unknown command '{}' (expected train or sample)", command);

@@ -32,36 +32,71 @@ std::int32_t choose(const std::vector<double>& logits, const SampleOptions& o, s
   return order[k - 1];
 }
 
-}  // namespace
 
-std::string sample(const SampleOptions& o) {
-  if (o.ckpt_dir.empty()) fail("sample", "--ckpt DIR is required");
-  if (o.tokens < 0) fail("sample", "--tokens must be at least 0, got {}", o.tokens);
-  const Config config = config_from_json(read_file(o.ckpt_dir + "/config.json"));
-  const Mesh mesh = Mesh::parse(o.mesh);
-  check_fits(config, mesh, mesh.has("dp") ? mesh.axis_size("dp") : 1);
-  const auto specs = parameter_specs(config);
-  const auto file = load_safetensors(o.ckpt_dir + "/model.safetensors");
+// A checkpoint's model, ready to be cut over a mesh.
+struct Loaded {
+  Config config;
+  std::vector<nn::ParamSpec> specs;
   std::vector<Tensor> globals;
-  for (const auto& spec : specs) {
+  Mesh mesh;
+  AxisRules rules;
+};
+
+Loaded load_for_inference(const SampleOptions& o) {
+  if (o.ckpt_dir.empty()) fail("sample", "--ckpt DIR is required");
+  Loaded m{config_from_json(read_file(o.ckpt_dir + "/config.json")), {}, {}, Mesh::parse(o.mesh), {}};
+  check_fits(m.config, m.mesh, m.mesh.has("dp") ? m.mesh.axis_size("dp") : 1);
+  m.specs = parameter_specs(m.config);
+  const auto file = load_safetensors(o.ckpt_dir + "/model.safetensors");
+  for (const auto& spec : m.specs) {
     auto it = file.find(spec.name);
     if (it == file.end()) fail("sample", "'{}/model.safetensors' has no tensor '{}'", o.ckpt_dir, spec.name);
     if (it->second.numel() != spec.global.numel())
       fail("sample", "tensor '{}' has {} elements, the config expects {}", spec.name, it->second.numel(), spec.global.numel());
-    globals.push_back(cast(it->second.with_shape(spec.global), DType::f32));
+    m.globals.push_back(cast(it->second.with_shape(spec.global), DType::f32));
   }
-  std::vector<std::int32_t> tokens = encode(o.prompt.empty() ? std::string("\n") : o.prompt);
-  if (static_cast<std::int64_t>(tokens.size()) + o.tokens > config.max_seq)
-    fail("sample", "prompt ({} tokens) plus --tokens {} exceeds the context of {}", tokens.size(), o.tokens, config.max_seq);
+  m.rules = axis_rules(m.mesh);
+  m.rules.set("batch", {});  // one sequence, the same on every data-parallel replica
+  return m;
+}
 
-  AxisRules rules = axis_rules(mesh);
-  rules.set("batch", {});  // one sequence, the same on every data-parallel replica
-  Runtime rt = Runtime::local(mesh);
+Model model_on(Shard& s, const Loaded& m) {
+  std::vector<Tensor> values;
+  for (const auto& g : m.globals) values.push_back(s.shard(g, m.rules));
+  return Model(m.config, nn::Parameters::from_values(m.specs, std::move(values)));
+}
+
+std::vector<std::int32_t> prompt_tokens(const SampleOptions& o) { return encode(o.prompt.empty() ? std::string("\n") : o.prompt); }
+
+}  // namespace
+
+std::vector<std::vector<double>> prompt_logits(const SampleOptions& o) {
+  const Loaded m = load_for_inference(o);
+  const auto tokens = prompt_tokens(o);
+  Runtime rt = Runtime::local(m.mesh);
   return rt.run([&](Shard& s) {
     NoGrad no_grad;
-    std::vector<Tensor> values;
-    for (const auto& g : globals) values.push_back(s.shard(g, rules));
-    Model model(config, nn::Parameters::from_values(specs, std::move(values)));
+    Model model = model_on(s, m);
+    Tensor ids = s.shard(from_vector(Shape{{"batch", 1}, {"seq", static_cast<std::int64_t>(tokens.size())}}, tokens), m.rules);
+    auto values = s.gather(all_gather_invariant(model.logits(ids), "mp", "vocab")).to_vector<double>();
+    std::vector<std::vector<double>> rows;
+    const auto vocab = static_cast<std::size_t>(m.config.vocab);
+    for (std::size_t i = 0; i < tokens.size(); ++i) rows.emplace_back(values.begin() + static_cast<std::ptrdiff_t>(i * vocab), values.begin() + static_cast<std::ptrdiff_t>((i + 1) * vocab));
+    return rows;
+  })[0];
+}
+
+std::string sample(const SampleOptions& o) {
+  if (o.tokens < 0) fail("sample", "--tokens must be at least 0, got {}", o.tokens);
+  const Loaded m = load_for_inference(o);
+  const auto tokens = prompt_tokens(o);
+  if (static_cast<std::int64_t>(tokens.size()) + o.tokens > m.config.max_seq)
+    fail("sample", "prompt ({} tokens) plus --tokens {} exceeds the context of {}", tokens.size(), o.tokens, m.config.max_seq);
+  const AxisRules& rules = m.rules;
+  Runtime rt = Runtime::local(m.mesh);
+  return rt.run([&](Shard& s) {
+    NoGrad no_grad;
+    Model model = model_on(s, m);
     std::vector<KVCache> caches;
     Tensor input = from_vector(Shape{{"batch", 1}, {"seq", static_cast<std::int64_t>(tokens.size())}}, tokens);
     std::vector<std::int32_t> generated;

@@ -55,4 +55,8 @@ struct SampleOptions {
 // The prompt's continuation (without the prompt).
 std::string sample(const SampleOptions& options);
 
+// The model's logits for every position of the prompt, [seq][vocab] (for comparisons with other
+// implementations, e.g. Hugging Face's GPTJForCausalLM).
+std::vector<std::vector<double>> prompt_logits(const SampleOptions& options);
+
 }  // namespace gptj

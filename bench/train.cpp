@@ -1,0 +1,71 @@
+// Training throughput of the GPT-J example: tokens/s and MFU (PaLM's 6N + 12 L H Q T FLOPs per
+// token) of one config on several meshes of simulated devices, with the machine's sgemm peak
+// measured in the same run. Goals on 2 cores: 1x2 and 2x1 reach >= 1.6x the tokens/s of 1x1, and
+// MFU at 1x1 is >= 50% of the measured sgemm rate.
+//
+//   build/bin/bench_train [--config small] [--meshes dp=1,mp=1;dp=1,mp=2;...] [--steps N] [--json FILE]
+#include <fmt/format.h>
+
+#include <thread>
+
+#include "bench_util.h"
+#include "train.h"
+
+int main(int argc, char** argv) {
+  try {
+    std::string config = "small", json_path;
+    std::vector<std::string> meshes = {"dp=1,mp=1", "dp=1,mp=2", "dp=2,mp=1", "dp=2,mp=2"};
+    std::int64_t steps = 8, batch = 8, seq = 128;
+    for (int i = 1; i < argc; ++i) {
+      std::string arg = argv[i];
+      if (arg == "--help" || arg == "-h") {
+        fmt::print("usage: bench_train [--config small] [--meshes 'dp=1,mp=1;dp=2,mp=2'] [--steps N] [--batch B] [--seq T] [--json FILE]\n");
+        return 0;
+      }
+      if (arg == "--config") config = bench::flag_value(argc, argv, i);
+      else if (arg == "--meshes") {
+        meshes.clear();
+        std::string list = bench::flag_value(argc, argv, i);
+        for (std::size_t b = 0; b <= list.size();) {
+          std::size_t e = std::min(list.find(';', b), list.size());
+          meshes.push_back(list.substr(b, e - b));
+          b = e + 1;
+        }
+      } else if (arg == "--steps") steps = bench::parse_integer(bench::flag_value(argc, argv, i), "--steps");
+      else if (arg == "--batch") batch = bench::parse_integer(bench::flag_value(argc, argv, i), "--batch");
+      else if (arg == "--seq") seq = bench::parse_integer(bench::flag_value(argc, argv, i), "--seq");
+      else if (arg == "--json") json_path = bench::flag_value(argc, argv, i);
+      else nax::fail("bench_train", "unknown argument '{}' (try --help)", arg);
+    }
+    std::string text;
+    for (int i = 0; i < 2000; ++i) text += fmt::format("sentence {} of the benchmark text, with some words to learn.\n", i);
+    const auto data = gptj::TextData::from_text(text);
+
+    fmt::print("{:<12} {:>10} {:>8} {:>10} {:>8} {:>12}\n", "mesh", "tokens/s", "vs 1x1", "MFU", "loss", "peak GF/s");
+    std::vector<bench::JsonObject> rows;
+    double base = 0;
+    for (const auto& mesh : meshes) {
+      gptj::TrainOptions o;
+      o.config = config, o.mesh = mesh, o.steps = steps, o.batch = batch, o.seq = seq, o.eval_every = 0, o.eval_batches = 1, o.quiet = true;
+      auto r = gptj::train(o, data);
+      if (base == 0) base = r.tokens_per_s;
+      fmt::print("{:<12} {:>10.0f} {:>7.2f}x {:>9.1f}% {:>8.4f} {:>12.0f}\n", mesh, r.tokens_per_s, r.tokens_per_s / base, 100 * r.mfu,
+                 r.losses.back(), r.peak_gflops);
+      rows.push_back(bench::JsonObject()
+                         .add("mesh", mesh)
+                         .add("config", config)
+                         .add("tokens_per_s", r.tokens_per_s)
+                         .add("speedup_vs_first", r.tokens_per_s / base)
+                         .add("mfu", r.mfu)
+                         .add("peak_gflops", r.peak_gflops)
+                         .add("final_loss", r.losses.back()));
+    }
+    fmt::print("MFU is against {} cores x the one-thread sgemm rate; goals: 1x2 and 2x1 >= 1.6x of 1x1, MFU at 1x1 >= 50%\n",
+               std::max(1u, std::thread::hardware_concurrency()));
+    if (!json_path.empty()) bench::write_text_file(json_path, bench::json_array(rows) + "\n");
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
+}
