@@ -22,6 +22,14 @@ Config config_by_name(const std::string& name) {
   nax::fail("config", "unknown config '{}' (known: {})", name, fmt::join(config_names(), ", "));
 }
 
+Config padded_for(Config c, const nax::Mesh& mesh) {
+  if (c.vocab == 256 && mesh.has("mp")) {
+    const std::int64_t mp = mesh.axis_size("mp");
+    c.vocab = (c.vocab + mp - 1) / mp * mp;
+  }
+  return c;
+}
+
 void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch) {
   for (const char* axis : {"dp", "mp"})
     if (!mesh.has(axis)) nax::fail("mesh", "the mesh {} has no '{}' axis (use e.g. --mesh dp=2,mp=2)", mesh.str(), axis);

@@ -24,6 +24,10 @@ struct Config {
 Config config_by_name(const std::string& name);
 std::vector<std::string> config_names();
 
+// The byte-level vocabulary (256) padded up to a multiple of the mesh's mp size, so that any mp
+// can cut it; other vocabularies are returned as they are.
+Config padded_for(Config c, const nax::Mesh& mesh);
+
 // Checks that the mesh divides the model (heads, d_ff and vocab over mp) and the batch (over dp),
 // with one clear message per failure.
 void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch);

@@ -128,8 +128,8 @@ class Progress {
 }  // namespace
 
 TrainResult train(const TrainOptions& o, const TextData& data) {
-  const Config config = config_by_name(o.config);
   const Mesh mesh = Mesh::parse(o.mesh);
+  const Config config = padded_for(config_by_name(o.config), mesh);
   check_fits(config, mesh, o.batch);
   if (o.micro_batches < 1 || (o.batch / mesh.axis_size("dp")) % o.micro_batches != 0)
     fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, o.batch / mesh.axis_size("dp"));
