@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstring>
 
 #include "kernels/cpu/kernels.h"
 #include "nax/core/error.h"
