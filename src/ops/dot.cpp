@@ -180,17 +180,41 @@ Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract
   return out;
 }
 
+namespace {
+
+// The axis order dot(x, y, contract) produces: batch axes (x's order), x's free axes, y's free axes.
+std::vector<std::string> dot_result_order(const Tensor& x, const Tensor& y, const std::vector<std::string>& contract) {
+  std::vector<std::string> batch, x_free, y_free;
+  auto contracted = [&](const std::string& n) { return std::find(contract.begin(), contract.end(), n) != contract.end(); };
+  for (const auto& a : x.shape().axes())
+    if (!contracted(a.name)) (y.shape().has(a.name) ? batch : x_free).push_back(a.name);
+  for (const auto& a : y.shape().axes())
+    if (!contracted(a.name) && !x.shape().has(a.name)) y_free.push_back(a.name);
+  return concat_names({&batch, &x_free, &y_free});
+}
+
+// dot(x, y, contract) or dot(y, x, contract), whichever comes out in `target`'s axis order (the
+// same values either way; the right order spares the autodiff a transpose).
+Tensor dot_in_order_of(const Tensor& target, const Tensor& x, const Tensor& y, const std::vector<std::string>& contract) {
+  if (dot_result_order(x, y, contract) != target.shape().names() && dot_result_order(y, x, contract) == target.shape().names())
+    return dot(y, x, contract);
+  return dot(x, y, contract);
+}
+
+}  // namespace
+
 // d/da = g . b over b's free axes; d/db = a . g over a's free axes (batch axes stay batch axes).
 Tensor dot(const Tensor& a, const Tensor& b, const Names& contract) {
   Tensor out = dot_forward(a, b, contract);
   if (!autodiff::any_requires_grad({&a, &b})) return out;
-  return autodiff::record("dot", out, {a, b}, [a, b, contract](const Tensor& g) {
+  return autodiff::record("dot", out, {a, b}, [a, b](const Tensor& g) {
     std::vector<std::string> a_free, b_free;
     for (const auto& axis : a.shape().axes())
       if (!b.shape().has(axis.name)) a_free.push_back(axis.name);
     for (const auto& axis : b.shape().axes())
       if (!a.shape().has(axis.name)) b_free.push_back(axis.name);
-    return std::vector<Tensor>{a.requires_grad() ? dot(g, b, b_free) : Tensor(), b.requires_grad() ? dot(a, g, a_free) : Tensor()};
+    return std::vector<Tensor>{a.requires_grad() ? dot_in_order_of(a, g, b, b_free) : Tensor(),
+                               b.requires_grad() ? dot_in_order_of(b, a, g, a_free) : Tensor()};
   });
 }
 
