@@ -1,0 +1,42 @@
+#pragma once
+// CPU kernels of the vocabulary lookups: embedding rows and picked logits. The caller's block of
+// the vocabulary is [start, start + local); ids outside it read as zero and scatter nothing (the
+// vocab-parallel form: another device holds those rows). Ids are checked by the op layer.
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/strided.h"
+#include "nax/core/dtype.h"
+
+namespace nax::cpu {
+
+struct VocabRange {
+  std::int64_t start = 0, local = 0;
+  bool holds(std::int64_t id) const { return id >= start && id < start + local; }
+};
+
+// out row i (row_bytes bytes) = table row ids[i] - start, or zeros; any element type.
+void gather_rows(const std::int32_t* ids, std::int64_t count, VocabRange range, const void* table, std::size_t row_bytes,
+                 void* out);
+
+// table_grad (local x row elements) = 0, then table_grad row ids[i] - start += grad row i.
+void scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, VocabRange range, const void* grad,
+                      std::int64_t row, void* table_grad);
+
+// Where the picked elements sit: the layout iterates the targets' axes; strides[0] are the
+// targets' (and the picked values'), strides[1] the logits'; vocab_stride steps along the vocab.
+struct PickLayout {
+  Layout<2> layout;
+  std::int64_t vocab_stride = 0;
+};
+
+// out[j] = logits[at target j], or zero for a target outside the range; any element type.
+void pick_forward(const std::int32_t* targets, VocabRange range, const PickLayout& where, const void* logits,
+                  std::size_t element_size, void* out);
+
+// logits_grad (logits_count elements) = 0, then logits_grad[at target j] += grad[j] for targets
+// in the range.
+void pick_backward(DType dtype, const std::int32_t* targets, VocabRange range, const PickLayout& where, const void* grad,
+                   void* logits_grad, std::int64_t logits_count);
+
+}  // namespace nax::cpu

@@ -1,0 +1,96 @@
+// pick (the logit of each target, vocab-parallel like embedding) and the vocab-parallel
+// cross-entropy composed of primitives as mesh-transformer-jax does it (DESIGN.md §8): pmax of the
+// local max, psum of the local sums of exponentials and of the picked logits. Logits are never
+// gathered; the max is a stop_gradient value, so the gradient is the usual softmax - one_hot.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "autodiff/node.h"
+#include "nax/collectives.h"
+#include "nax/transformer_ops.h"
+#include "ops/row_ops.h"
+#include "ops/vocab_parallel.h"
+
+namespace nax {
+
+namespace {
+
+// targets must have exactly the logits' axes other than `vocab`, of equal sizes (in any order).
+void check_targets(std::string_view op, const Tensor& logits, const Tensor& targets, const std::string& vocab) {
+  detail::check_operands(op, {&logits, &targets});
+  detail::check_floating(op, logits);
+  logits.shape().require(vocab, op);
+  const Shape expected = detail::shape_without(logits.shape(), vocab);
+  bool same_axes = targets.rank() == expected.rank();
+  for (const auto& a : targets.shape().axes())
+    same_axes = same_axes && expected.has(a.name) && expected.size(a.name) == a.size;
+  if (!same_axes)
+    fail(op, "targets {} must have exactly the axes of the logits {} other than '{}', i.e. {} in any order", targets.str(),
+         logits.str(), vocab, expected.str());
+}
+
+cpu::PickLayout pick_layout(const Shape& logits, const Shape& targets, const std::string& vocab) {
+  cpu::PickLayout where;
+  where.layout.rank = targets.rank();
+  where.layout.sizes = detail::sizes_of(targets.axes());
+  where.layout.strides[0] = detail::strides_in_order(targets, targets.axes());
+  where.layout.strides[1] = detail::strides_in_order(logits, targets.axes());
+  where.vocab_stride = logits.strides()[static_cast<std::size_t>(logits.index_of(vocab))];
+  return where;
+}
+
+Tensor pick_backward(const Tensor& g, const Tensor& logits, const Tensor& targets, const cpu::PickLayout& where,
+                     const cpu::VocabRange& range) {
+  const Tensor dy = detail::widen(g);
+  Tensor grad = detail::make_result(logits.shape(), dy.dtype(), detail::scattered_gradient_vary(logits, g), logits.device_ptr());
+  cpu::pick_backward(dy.dtype(), targets.data<std::int32_t>(), range, where, dy.raw(), grad.raw_mutable(), grad.numel());
+  return grad;
+}
+
+void check_mesh_axes(const Tensor& logits, const std::string& vocab, const std::vector<std::string>& mesh_axes) {
+  auto cuts = logits.vary().split_mesh_axes(vocab);
+  auto given = mesh_axes;
+  std::sort(cuts.begin(), cuts.end());
+  std::sort(given.begin(), given.end());
+  if (cuts != given)
+    fail("cross_entropy", "mesh_axes ({}) must be the mesh axes that cut the vocab axis '{}' of the logits {}, which are ({}){}",
+         fmt::join(mesh_axes, ", "), vocab, logits.str(), fmt::join(logits.vary().split_mesh_axes(vocab), ", "),
+         cuts.empty() ? ": the vocab is whole on every device, pass no mesh axes" : "");
+}
+
+}  // namespace
+
+Tensor pick(const Tensor& logits, const Tensor& targets, const std::string& vocab) {
+  check_targets("pick", logits, targets, vocab);
+  const detail::VocabBlock block = detail::vocab_block("pick", logits, vocab);
+  detail::check_ids("pick", "target", targets, block, logits, vocab);
+  const VaryType vary = detail::merge_vary("pick", {&logits, &targets}, {vocab});
+  const cpu::PickLayout where = pick_layout(logits.shape(), targets.shape(), vocab);
+  Tensor out = detail::make_result(targets.shape(), logits.dtype(), vary, logits.device_ptr());
+  cpu::pick_forward(targets.data<std::int32_t>(), block.range, where, logits.raw(), dtype_size(logits.dtype()), out.raw_mutable());
+  if (!autodiff::any_requires_grad({&logits})) return out;
+  return autodiff::record("pick", out, {logits},
+                          [logits = stop_gradient(logits), targets, where, range = block.range](const Tensor& g) {
+                            return std::vector<Tensor>{pick_backward(g, logits, targets, where, range)};
+                          });
+}
+
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets, const std::string& vocab,
+                     const std::vector<std::string>& mesh_axes) {
+  check_targets("cross_entropy", logits_in, targets, vocab);
+  check_mesh_axes(logits_in, vocab, mesh_axes);
+  const Tensor logits = detail::widen(logits_in);  // bf16 computes in f32 (the cast is differentiable)
+  Tensor m = max(stop_gradient(logits), vocab);
+  Tensor picked = pick(logits, targets, vocab);
+  if (!mesh_axes.empty()) m = pmax(m, mesh_axes);
+  Tensor sum_exp = sum(exp(logits - m), vocab);
+  if (!mesh_axes.empty()) {
+    sum_exp = psum(sum_exp, mesh_axes);
+    picked = psum(picked, mesh_axes);
+  }
+  const Tensor losses = log(sum_exp) + m - picked;
+  return targets.rank() == 0 ? losses : mean(losses, targets.shape().names());
+}
+
+}  // namespace nax

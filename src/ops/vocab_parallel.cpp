@@ -1,0 +1,54 @@
+// The vocab block of this device, id checks and gradient vary types for embedding and pick.
+#include "ops/vocab_parallel.h"
+
+#include <fmt/format.h>
+
+#include "nax/runtime.h"
+
+namespace nax::detail {
+
+namespace {
+
+std::string named_index(const Shape& shape, std::int64_t flat) {
+  std::vector<std::string> parts(static_cast<std::size_t>(shape.rank()));
+  for (int d = shape.rank() - 1; d >= 0; --d) {
+    parts[static_cast<std::size_t>(d)] = fmt::format("{}={}", shape[d].name, flat % shape[d].size);
+    flat /= shape[d].size;
+  }
+  return fmt::format("[{}]", fmt::join(parts, ", "));
+}
+
+}  // namespace
+
+VocabBlock vocab_block(std::string_view op, const Tensor& t, const std::string& vocab) {
+  VocabBlock block;
+  block.mesh_axes = t.vary().split_mesh_axes(vocab);
+  block.range.local = t.size(vocab);
+  block.total = block.range.local;
+  if (block.mesh_axes.empty()) return block;
+  const Shard* shard = Shard::current();
+  if (shard == nullptr) fail(op, "{} has its vocab '{}' cut over mesh axes, but no device runs this code", t.str(), vocab);
+  const Mesh& mesh = shard->mesh();
+  block.range.start = mesh.rank_in_group(shard->device(), block.mesh_axes) * block.range.local;
+  block.total = mesh.group_size(block.mesh_axes) * block.range.local;
+  return block;
+}
+
+void check_ids(std::string_view op, std::string_view what, const Tensor& ids, const VocabBlock& block, const Tensor& t,
+               const std::string& vocab) {
+  if (ids.dtype() != DType::i32) fail(op, "{}s must be i32, got {} (with {})", what, ids.str(), t.str());
+  const auto* p = ids.data<std::int32_t>();
+  for (std::int64_t i = 0; i < ids.numel(); ++i)
+    if (p[i] < 0 || p[i] >= block.total)
+      fail(op, "{} {} at {} of {} is outside the vocabulary [0, {}) of axis '{}' in {}", what, p[i], named_index(ids.shape(), i),
+           ids.str(), block.total, vocab, t.str());
+}
+
+VaryType scattered_gradient_vary(const Tensor& input, const Tensor& g) {
+  VaryType vary = input.vary();
+  for (const auto& e : g.vary().entries())
+    if (input.vary().kind(e.mesh_axis) != Vary::Split) vary.set_varying(e.mesh_axis);
+  return vary;
+}
+
+}  // namespace nax::detail

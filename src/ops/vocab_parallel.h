@@ -1,0 +1,33 @@
+#pragma once
+// Shared by embedding and pick: which block of a vocabulary cut over mesh axes this device holds,
+// the check of integer ids against the whole vocabulary, and the vary type of a gradient scattered
+// into the vocab-indexed input.
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/cpu/lookup.h"
+#include "nax/tensor.h"
+
+namespace nax::detail {
+
+struct VocabBlock {
+  std::vector<std::string> mesh_axes;  // cutting the vocab axis, major first (empty: whole)
+  cpu::VocabRange range;               // this device's ids
+  std::int64_t total = 0;              // the whole vocabulary
+};
+
+// The block of `vocab` that `t` (the table or the logits) holds on the calling device.
+VocabBlock vocab_block(std::string_view op, const Tensor& t, const std::string& vocab);
+
+// Throws naming `op` unless `ids` is i32 and every id lies in [0, block.total) of `t`'s vocab.
+void check_ids(std::string_view op, std::string_view what, const Tensor& ids, const VocabBlock& block, const Tensor& t,
+               const std::string& vocab);
+
+// The vary type of the gradient of `input` (which holds the vocab axis) computed from `g`: input's
+// Split axes stay Split (each device's block gets its own gradient); over any other mesh axis on
+// which g varies the gradient is a per-device partial value (Varying), which the autodiff sums
+// where the input is Invariant.
+VaryType scattered_gradient_vary(const Tensor& input, const Tensor& g);
+
+}  // namespace nax::detail
