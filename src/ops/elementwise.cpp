@@ -45,31 +45,33 @@ Tensor binary_forward(cpu::BinaryOp op, const Tensor& a_in, const Tensor& b_in) 
   return out;
 }
 
-// d out / d a and d out / d b, times g; reduced to each operand's axes by the autodiff.
-std::vector<Tensor> binary_backward(cpu::BinaryOp op, const Tensor& g, const Tensor& a, const Tensor& b, const Tensor& out) {
+// d out / d a (which = 0) or d out / d b (which = 1), times g, summed to that operand's axes.
+Tensor binary_backward(cpu::BinaryOp op, int which, const Tensor& g, const Tensor& a, const Tensor& b, const Tensor& out) {
   using cpu::BinaryOp;
+  const Shape& shape = which == 0 ? a.shape() : b.shape();
   switch (op) {
-    case BinaryOp::add: return {detail::sum_to(g, a.shape()), detail::sum_to(g, b.shape())};
-    case BinaryOp::sub: return {detail::sum_to(g, a.shape()), detail::sum_to(-g, b.shape())};
-    case BinaryOp::mul: return {detail::sum_to(g * b, a.shape()), detail::sum_to(g * a, b.shape())};
-    case BinaryOp::div: return {detail::sum_to(g / b, a.shape()), detail::sum_to(-g * out / b, b.shape())};
+    case BinaryOp::add: return detail::sum_to(g, shape);
+    case BinaryOp::sub: return detail::sum_to(which == 0 ? g : -g, shape);
+    case BinaryOp::mul: return detail::sum_to(g * (which == 0 ? b : a), shape);
+    case BinaryOp::div: return detail::sum_to(which == 0 ? g / b : -g * out / b, shape);
     case BinaryOp::max:
     case BinaryOp::min: {  // ties send the gradient to a
       Tensor pick_a = op == BinaryOp::max ? ge(a, b) : le(a, b);
-      return {detail::sum_to(g * pick_a, a.shape()), detail::sum_to(g * (1.0 - pick_a), b.shape())};
+      return detail::sum_to(g * (which == 0 ? pick_a : 1.0 - pick_a), shape);
     }
-    case BinaryOp::pow:
-      return {detail::sum_to(g * b * pow(a, b - 1.0), a.shape()), detail::sum_to(g * out * log(a), b.shape())};
+    case BinaryOp::pow: return detail::sum_to(which == 0 ? g * b * pow(a, b - 1.0) : g * out * log(a), shape);
     default:  // comparisons are flat
-      return {Tensor(), Tensor()};
+      return Tensor();
   }
 }
 
 Tensor binary(cpu::BinaryOp op, const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward(op, a, b);
   if (!autodiff::any_requires_grad({&a, &b})) return out;
-  return autodiff::record(std::string(binary_name(op)), out, {a, b},
-                          [op, a, b, out = stop_gradient(out)](const Tensor& g) { return binary_backward(op, g, a, b, out); });
+  return autodiff::record(std::string(binary_name(op)), out, {a, b}, [op, a, b, out = stop_gradient(out)](const Tensor& g) {
+    return std::vector<Tensor>{a.requires_grad() ? binary_backward(op, 0, g, a, b, out) : Tensor(),
+                               b.requires_grad() ? binary_backward(op, 1, g, a, b, out) : Tensor()};
+  });
 }
 
 Tensor unary_backward(cpu::UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& out) {
