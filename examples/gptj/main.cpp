@@ -14,13 +14,19 @@ namespace {
 
 using Handler = std::function<void(const std::string&)>;
 
-// Flags of one subcommand: each consumes the following argument; unknown flags are errors.
-void parse_flags(int argc, char** argv, int first, const std::map<std::string, Handler>& flags, const std::function<void()>& help) {
+// Flags of one subcommand: each consumes the following argument, except the switches (which take
+// none and are handed "1"); unknown flags are errors.
+void parse_flags(int argc, char** argv, int first, const std::map<std::string, Handler>& flags, const std::function<void()>& help,
+                 const std::map<std::string, Handler>& switches = {}) {
   for (int i = first; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
       help();
       std::exit(0);
+    }
+    if (auto sw = switches.find(arg); sw != switches.end()) {
+      sw->second("1");
+      continue;
     }
     auto it = flags.find(arg);
     if (it == flags.end()) nax::fail("gptj", "unknown flag '{}' (try --help)", arg);
@@ -70,10 +76,10 @@ void train_help() {
       "  --ckpt-dir DIR     write checkpoints there (at the end, or every --save-every steps)\n"
       "  --save-every N     checkpoint period in steps                    (default 0: at the end)\n"
       "  --stop-after N     stop (and checkpoint) after step N, as if interrupted\n"
-      "  --resume 1         continue from the checkpoint in --ckpt-dir\n"
+      "  --resume           continue from the checkpoint in --ckpt-dir\n"
       "  --eval-every K     held-out loss every K steps                   (default 50)\n"
       "  --metrics FILE     one JSON object per step (step, loss, tokens_per_s, mfu, ...)\n"
-      "  --quiet 1          no progress line\n");
+      "  --quiet            no progress line\n");
 }
 
 void sample_help() {
@@ -105,11 +111,10 @@ int run_train(int argc, char** argv) {
                {"--ckpt-dir", [&](const std::string& v) { o.ckpt_dir = v; }},
                {"--save-every", [&](const std::string& v) { o.save_every = to_int("--save-every", v); }},
                {"--stop-after", [&](const std::string& v) { o.stop_after = to_int("--stop-after", v); }},
-               {"--resume", [&](const std::string& v) { o.resume = to_int("--resume", v) != 0; }},
                {"--eval-every", [&](const std::string& v) { o.eval_every = to_int("--eval-every", v); }},
-               {"--metrics", [&](const std::string& v) { o.metrics = v; }},
-               {"--quiet", [&](const std::string& v) { o.quiet = to_int("--quiet", v) != 0; }}},
-              train_help);
+               {"--metrics", [&](const std::string& v) { o.metrics = v; }}},
+              train_help,
+              {{"--resume", [&](const std::string&) { o.resume = true; }}, {"--quiet", [&](const std::string&) { o.quiet = true; }}});
   if (o.steps < 1 || o.batch < 1 || o.seq < 1) nax::fail("gptj", "--steps, --batch and --seq must be positive");
   auto result = gptj::train(o, gptj::TextData::load(o.data));
   fmt::print("final: train loss {:.4f}, held-out loss {:.4f}, {:.0f} tokens/s, MFU {:.1f}% of {:.0f} GFLOP/s\n",

@@ -22,7 +22,7 @@ text = "the quick brown fox jumps over the lazy dog\n" * 50
 with open(f"{work}/corpus.txt", "w") as f:
     f.write(text)
 subprocess.run([gptj, "train", "--config", "tiny", "--mesh", "dp=1,mp=2", "--data", f"{work}/corpus.txt", "--steps", "3",
-                "--batch", "4", "--seq", "16", "--eval-every", "0", "--ckpt-dir", ckpt, "--quiet", "1"], check=True)
+                "--batch", "4", "--seq", "16", "--eval-every", "0", "--ckpt-dir", ckpt, "--quiet"], check=True)
 prompt = "the quick brown"
 ours = json.loads(subprocess.run([gptj, "logits", "--ckpt", ckpt, "--prompt", prompt, "--mesh", "dp=1,mp=2"],
                                  check=True, capture_output=True, text=True).stdout)
