@@ -9,61 +9,16 @@
 #include <cmath>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/vector_math.h"
 #include "nax/core/error.h"
 
 namespace nax::cpu {
 
 namespace {
 
-// exp(x) in f32 that the compiler can vectorise: x = n ln2 + r with |r| <= ln2/2, exp(r) by its
-// Taylor series to degree 7 (relative error about 1e-8, below f32's rounding), 2^n written into
-// the exponent bits. Inputs are clamped to [-87, 88], where 2^n stays a normal number; softmax
-// only ever asks for x <= 0, and exp(-87) is negligible next to the row maximum's 1.
-inline float fast_exp(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  constexpr float kRoundingShift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float shifted = x * 1.44269504f + kRoundingShift;
-  const float n = shifted - kRoundingShift;
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;  // ln2 in two parts, exact n * hi
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const std::int32_t exponent = std::bit_cast<std::int32_t>(shifted) - std::bit_cast<std::int32_t>(kRoundingShift);
-  return p * std::bit_cast<float>((exponent + 127) << 23);
-}
-
-inline float exp_of(float x) { return fast_exp(x); }
-inline double exp_of(double x) { return std::exp(x); }
-
-// Reductions with independent partial results, so that they vectorise without reassociation flags.
-constexpr int kLanes = 16;
-
-template <typename T>
-T max_of(const T* x, std::int64_t n) {
-  T lanes[kLanes];
-  std::fill(lanes, lanes + kLanes, -INFINITY);
-  std::int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] = std::max(lanes[l], x[j + l]);
-  for (; j < n; ++j) lanes[0] = std::max(lanes[0], x[j]);
-  return *std::max_element(lanes, lanes + kLanes);
-}
-
 template <typename T>
 T sum_of(const T* x, std::int64_t n) {
-  T lanes[kLanes] = {};
-  std::int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] += x[j + l];
-  for (; j < n; ++j) lanes[0] += x[j];
-  T total = 0;
-  for (T lane : lanes) total += lane;
-  return total;
+  return lane_sum<T>(n, [x](std::int64_t i) { return x[i]; });
 }
 
 template <typename T>
@@ -107,7 +62,7 @@ void gemm_of(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::in
 // log-sum-exp of the scaled scores.
 template <typename T>
 T softmax_row(T* row, std::int64_t visible, std::int64_t width, T scale) {
-  const T shift = max_of(row, visible) * scale;  // scale > 0: the max of the scaled scores
+  const T shift = lane_max(row, visible) * scale;  // scale > 0: the max of the scaled scores
   for (std::int64_t j = 0; j < visible; ++j) row[j] = exp_of(row[j] * scale - shift);
   const T total = sum_of(row, visible);
   const T inverse = T(1) / total;

@@ -7,51 +7,11 @@
 #include <utility>
 
 #include "kernels/cpu/float_dispatch.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace nax::cpu {
 
 namespace {
-
-constexpr int kLanes = 16;
-
-// Sums of first(i) and second(i) over i < n, where term(i) returns the pair.
-template <typename T, typename Term>
-std::pair<T, T> lane_sums(std::int64_t n, Term&& term) {
-  T first[kLanes] = {}, second[kLanes] = {};
-  std::int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const auto [a, b] = term(i + l);
-      first[l] += a;
-      second[l] += b;
-    }
-  T a_total = 0, b_total = 0;
-  for (; i < n; ++i) {
-    const auto [a, b] = term(i);
-    a_total += a;
-    b_total += b;
-  }
-  for (int l = 0; l < kLanes; ++l) a_total += first[l], b_total += second[l];
-  return {a_total, b_total};
-}
-
-template <typename T, typename Term>
-T lane_sum(std::int64_t n, Term&& term) {
-  return lane_sums<T>(n, [&term](std::int64_t i) { return std::pair<T, T>{term(i), T{0}}; }).first;
-}
-
-template <typename T>
-T lane_max(const T* x, std::int64_t n) {
-  T best[kLanes];
-  std::fill(best, best + kLanes, -INFINITY);
-  std::int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) best[l] = std::max(best[l], x[i + l]);
-  T total = -INFINITY;
-  for (; i < n; ++i) total = std::max(total, x[i]);
-  for (int l = 0; l < kLanes; ++l) total = std::max(total, best[l]);
-  return total;
-}
 
 template <typename T>
 void layer_norm_rows(std::int64_t rows, std::int64_t n, const T* x, const T* scale, const T* bias, T eps, T* y, T* mean,
@@ -107,7 +67,7 @@ void softmax_rows(std::int64_t rows, std::int64_t n, const T* x, T* y, bool log)
     const T* xr = x + r * n;
     T* yr = y + r * n;
     const T m = lane_max(xr, n);
-    for (std::int64_t i = 0; i < n; ++i) yr[i] = std::exp(xr[i] - m);
+    for (std::int64_t i = 0; i < n; ++i) yr[i] = exp_of(xr[i] - m);
     const T total = lane_sum<T>(n, [yr](std::int64_t i) { return yr[i]; });
     if (log) {
       const T lse = m + std::log(total);
@@ -127,7 +87,7 @@ void softmax_backward_rows(std::int64_t rows, std::int64_t n, const T* y, const 
     T* dxr = dx + r * n;
     if (log) {
       const T g_sum = lane_sum<T>(n, [gr](std::int64_t i) { return gr[i]; });
-      for (std::int64_t i = 0; i < n; ++i) dxr[i] = gr[i] - std::exp(yr[i]) * g_sum;
+      for (std::int64_t i = 0; i < n; ++i) dxr[i] = gr[i] - exp_of(yr[i]) * g_sum;
     } else {
       const T gy_sum = lane_sum<T>(n, [gr, yr](std::int64_t i) { return gr[i] * yr[i]; });
       for (std::int64_t i = 0; i < n; ++i) dxr[i] = yr[i] * (gr[i] - gy_sum);

@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/float_dispatch.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace nax::cpu {
 
@@ -18,7 +19,7 @@ void gelu_typed(std::int64_t n, const T* x, T* y) {
   const T c = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kCubic);
   for (std::int64_t i = 0; i < n; ++i) {
     const T v = x[i];
-    y[i] = T{0.5} * v * (T{1} + std::tanh(c * (v + k * v * v * v)));
+    y[i] = T{0.5} * v * (T{1} + tanh_of(c * (v + k * v * v * v)));
   }
 }
 
@@ -28,7 +29,7 @@ void gelu_backward_typed(std::int64_t n, const T* x, const T* dy, T* dx) {
   const T c = static_cast<T>(kSqrt2OverPi), k = static_cast<T>(kCubic);
   for (std::int64_t i = 0; i < n; ++i) {
     const T v = x[i];
-    const T t = std::tanh(c * (v + k * v * v * v));
+    const T t = tanh_of(c * (v + k * v * v * v));
     const T slope = T{0.5} * (T{1} + t) + T{0.5} * v * (T{1} - t * t) * c * (T{1} + T{3} * k * v * v);
     dx[i] = dy[i] * slope;
   }
