@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
                          .add("peak_gflops", r.peak_gflops)
                          .add("final_loss", r.losses.back()));
     }
-    fmt::print("MFU is against {} cores x the one-thread sgemm rate; goals: 1x2 and 2x1 >= 1.6x of 1x1, MFU at 1x1 >= 50%\n",
+    fmt::print("MFU is against the one-thread sgemm rate times min(devices, {} cores); goals: 1x2 and 2x1 >= 1.6x of 1x1, MFU at 1x1 >= 50%\n",
                std::max(1u, std::thread::hardware_concurrency()));
     if (!json_path.empty()) bench::write_text_file(json_path, bench::json_array(rows) + "\n");
     return 0;

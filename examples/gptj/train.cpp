@@ -22,8 +22,9 @@ namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// The machine's f32 GEMM peak in GFLOP/s: one thread's sgemm rate on 1024^3 times the cores.
-double measure_peak_gflops() {
+// The mesh's f32 GEMM peak in GFLOP/s: one thread's sgemm rate on 1024^3 (a simulated device is
+// one thread) times the devices that can run at once (at most the cores).
+double measure_peak_gflops(int devices) {
   Runtime rt = Runtime::local(Mesh::parse("x=1"), {.blas_threads = 1});
   double best = 0;
   rt.run([&](Shard&) {
@@ -34,7 +35,7 @@ double measure_peak_gflops() {
       best = std::max(best, 2.0 * 1024 * 1024 * 1024 / seconds_since(t) * 1e-9);
     }
   });
-  return best * static_cast<double>(std::max(1u, std::thread::hardware_concurrency()));
+  return best * static_cast<double>(std::min<unsigned>(static_cast<unsigned>(devices), std::max(1u, std::thread::hardware_concurrency())));
 }
 
 // Hugging Face stores the attention projections as 2-D [heads*head_dim, embed] matrices.
@@ -147,7 +148,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
   }
 
   TrainResult result;
-  result.peak_gflops = measure_peak_gflops();
+  result.peak_gflops = measure_peak_gflops(mesh.size());
   const double flops_per_step = flops_per_token(config, o.seq) * static_cast<double>(o.batch * o.seq);
   Runtime rt = Runtime::local(mesh);
   const AxisRules rules = axis_rules(mesh);

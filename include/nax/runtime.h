@@ -20,8 +20,8 @@ struct RuntimeOptions {
   // A collective whose peers have not all arrived after this long raises an error naming it.
   // Default: $NAX_COLLECTIVE_TIMEOUT_S, else 300 s.
   double collective_timeout_s = 0;
-  // OpenBLAS threads for the whole process; 0: $OPENBLAS_NUM_THREADS if set, else cores / devices
-  // (at least 1), so that simulated devices do not oversubscribe the cores.
+  // OpenBLAS threads for the whole process; 0: $OPENBLAS_NUM_THREADS if set, else 1: a simulated
+  // device is one thread, one core's worth of compute, and devices do not oversubscribe the cores.
   int blas_threads = 0;
 };
 

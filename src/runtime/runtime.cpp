@@ -111,9 +111,8 @@ Runtime Runtime::local(const Mesh& mesh, RuntimeOptions options) {
   state->mesh = mesh;
   const double timeout = options.collective_timeout_s > 0 ? options.collective_timeout_s : default_timeout_s();
   state->world = std::make_shared<local::LocalWorld>(mesh, timeout);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (options.blas_threads > 0) cpu::set_blas_threads(options.blas_threads);
-  else if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) cpu::set_blas_threads(std::max(1, cores / mesh.size()));
+  else if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) cpu::set_blas_threads(1);
   for (int d = 0; d < mesh.size(); ++d) {
     auto dev = std::make_shared<Device>(d, Backend::cpu, make_caching_host_allocator());
     auto world = state->world;
