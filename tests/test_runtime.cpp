@@ -125,6 +125,10 @@ TEST_CASE("communicators count calls and bytes per collective kind", "[mesh][run
     all_gather(x, "mp", "i");
   });
   for (int d = 0; d < 4; ++d) {
+    auto by_axes = rt.comm_stats_by_axes(d);
+    REQUIRE(by_axes.size() == 2);
+    REQUIRE(total_calls(by_axes.at("mp")) == 2);  // a psum and an all_gather
+    REQUIRE(total_bytes(by_axes.at("dp")) == 256 * 4);
     CommStats s = rt.comm_stats(d);
     REQUIRE(s.calls[static_cast<int>(CollectiveKind::all_reduce)] == 2);
     REQUIRE(s.bytes[static_cast<int>(CollectiveKind::all_reduce)] == 2 * 256 * 4);

@@ -120,6 +120,9 @@ int run_train(int argc, char** argv) {
   fmt::print("final: train loss {:.4f}, held-out loss {:.4f}, {:.0f} tokens/s, MFU {:.1f}% of {:.0f} GFLOP/s\n",
              result.losses.empty() ? 0.0 : result.losses.back(), result.heldout_loss, result.tokens_per_s, 100 * result.mfu,
              result.peak_gflops);
+  std::vector<std::string> comm;
+  for (const auto& [axes, bytes] : result.bytes_per_step) comm.push_back(fmt::format("{} {:.2f} MB", axes, bytes * 1e-6));
+  fmt::print("communication per step and device: {} collectives; {}\n", result.collectives_per_step, fmt::join(comm, ", "));
   return 0;
 }
 

@@ -184,6 +184,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
     const std::int64_t last = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
     for (std::int64_t step = first; step < last; ++step) {
       const auto t0 = Clock::now();
+      const auto comm_before = s.comm_stats();
       const double lr = nn::warmup_cosine(step, o.warmup, o.steps, o.lr);
       auto [inputs, targets] = data.batch(TextData::Split::train, step, o.batch, o.seq, o.seed);
       Tensor x = s.shard(inputs, rules), y = s.shard(targets, rules);
@@ -199,6 +200,14 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       const double norm = nn::clip_by_global_norm(grads, o.clip);
       model.params().assign(opt.step(model.params().values(), grads, lr));
       const double step_s = seconds_since(t0);
+      nlohmann::json comm_bytes = nlohmann::json::object();
+      std::size_t calls = 0;
+      for (const auto& [axes, stats] : s.comm_stats()) {
+        auto it = comm_before.find(axes);
+        const CommStats step_stats = it == comm_before.end() ? stats : stats - it->second;
+        comm_bytes[axes] = total_bytes(step_stats);
+        calls += total_calls(step_stats);
+      }
       const double tokens_per_s = static_cast<double>(o.batch * o.seq) / step_s;
       const double mfu = flops_per_step / step_s / (result.peak_gflops * 1e9);
       if (step > first) rates.push_back(tokens_per_s);
@@ -209,11 +218,13 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
         save_checkpoint(s, o.ckpt_dir, config, model.params(), opt, step + 1, o);
       if (!lead) continue;
       result.losses.push_back(loss);
+      result.collectives_per_step = static_cast<double>(calls);
+      for (const auto& [axes, bytes] : comm_bytes.items()) result.bytes_per_step[axes] = bytes.get<double>();
       const double eta = seconds_since(start) / static_cast<double>(step - first + 1) * static_cast<double>(o.steps - step - 1);
       progress.update(step, loss, tokens_per_s, mfu, eta);
       if (metrics)
         metrics << nlohmann::json{{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"tokens_per_s", tokens_per_s},
-                                  {"mfu", mfu}, {"step_s", step_s}}.dump()
+                                  {"mfu", mfu}, {"step_s", step_s}, {"comm_bytes", comm_bytes}, {"collectives", calls}}.dump()
                 << "\n";
       if (eval_now) {
         progress.message(fmt::format("step {}: held-out loss {:.4f}", step + 1, heldout));

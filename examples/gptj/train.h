@@ -1,6 +1,7 @@
 #pragma once
 // Training and sampling drivers behind the `gptj` command.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,9 @@ struct TrainResult {
   double tokens_per_s = 0;     // median over steps after the first
   double mfu = 0;
   double peak_gflops = 0;
+  // Communication of one device in the last step: bytes sent per group of mesh axes, and calls.
+  std::map<std::string, double> bytes_per_step;
+  double collectives_per_step = 0;
 };
 
 TrainResult train(const TrainOptions& options, const TextData& data);

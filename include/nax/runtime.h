@@ -2,6 +2,7 @@
 // The SPMD runtime: one worker per mesh device; rt.run(fn) runs fn(Shard&) on every device.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string_view>
 #include <type_traits>
@@ -56,6 +57,9 @@ class Shard {
   // first use and cached.
   virtual Communicator& comm(const Names& mesh_axes) = 0;
   virtual AllocatorStats memory() const = 0;
+  // Calls and bytes sent by this device per collective kind, for each group of mesh axes it has
+  // communicated over (keyed "mp", "dp,mp", ...).
+  virtual std::map<std::string, CommStats> comm_stats() const = 0;
   virtual const std::shared_ptr<Device>& device_ptr() const = 0;
 
   // The shard the calling thread is running, or nullptr outside Runtime::run.
@@ -88,8 +92,10 @@ class Runtime {
   }
 
   AllocatorStats memory(int device) const;
-  // Calls and bytes per collective kind summed over `device`'s communicators.
+  // Calls and bytes per collective kind summed over `device`'s communicators, and per group of
+  // mesh axes.
   CommStats comm_stats(int device) const;
+  std::map<std::string, CommStats> comm_stats_by_axes(int device) const;
 
   struct State;
 

@@ -8,7 +8,6 @@
 #include <algorithm>
 
 #include "autodiff/node.h"
-#include "comm/local/local_communicator.h"
 #include "kernels/cpu/kernels.h"
 #include "ops/internal.h"
 
@@ -22,15 +21,21 @@ struct Context {
   int n;
 };
 
-Context enter(std::string_view op, const Tensor* x, const Names& mesh_axes) {
+// The running shard, after checking the operand and the mesh axes.
+Shard& checked_shard(std::string_view op, const Tensor* x, const Names& mesh_axes) {
   Shard* shard = Shard::current();
   if (shard == nullptr) fail(op, "collectives run inside Runtime::run (over mesh axes {})", mesh_axes.str());
   if (x != nullptr) detail::check_operands(op, {x});
   shard->mesh().check_axes(mesh_axes.list(), op);
-  local::LocalCommunicator::set_origin(
-      x != nullptr ? fmt::format("{}({}, {})", op, x->str(), mesh_axes.str()) : fmt::format("{}({})", op, mesh_axes.str()));
-  Communicator& comm = shard->comm(mesh_axes);
-  return {*shard, comm, comm.size()};
+  return *shard;
+}
+
+// The checked shard and the communicator of the group, told which named collective calls it.
+Context enter(std::string_view op, const Tensor* x, const Names& mesh_axes) {
+  Shard& shard = checked_shard(op, x, mesh_axes);
+  Communicator& comm = shard.comm(mesh_axes);
+  comm.set_origin(x != nullptr ? fmt::format("{}({}, {})", op, x->str(), mesh_axes.str()) : fmt::format("{}({})", op, mesh_axes.str()));
+  return {shard, comm, comm.size()};
 }
 
 // Copies x viewed as [outer, n, chunk] into out viewed as [n, outer, chunk] (or back: `inverse`).
@@ -112,7 +117,7 @@ Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh
 }
 
 Tensor pvary_forward(const Tensor& x, const Names& mesh_axes) {
-  enter("pvary", &x, mesh_axes);
+  checked_shard("pvary", &x, mesh_axes);  // no data moves: no communicator
   VaryType vary = x.vary();
   for (const auto& m : mesh_axes.list()) {
     if (x.vary().kind(m) != Vary::Invariant)
@@ -310,11 +315,11 @@ Tensor all_to_all(const Tensor& x, const Names& mesh_axes, const std::string& sp
 }
 
 Tensor axis_index(const Names& mesh_axes) {
-  Context c = enter("axis_index", nullptr, mesh_axes);
+  Shard& shard = checked_shard("axis_index", nullptr, mesh_axes);
   VaryType vary;
   for (const auto& m : mesh_axes.list()) vary.set_varying(m);
-  Tensor out = detail::make_result(Shape{}, DType::i32, vary, c.shard.device_ptr());
-  *out.mutable_data<std::int32_t>() = c.comm.rank();
+  Tensor out = detail::make_result(Shape{}, DType::i32, vary, shard.device_ptr());
+  *out.mutable_data<std::int32_t>() = shard.mesh().rank_in_group(shard.device(), mesh_axes.list());
   return out;
 }
 

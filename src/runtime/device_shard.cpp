@@ -91,12 +91,18 @@ Communicator& DeviceShard::comm(const Names& mesh_axes) {
   return *slot;
 }
 
-CommStats DeviceShard::comm_stats() const {
+std::map<std::string, CommStats> DeviceShard::comm_stats() const {
+  std::map<std::string, CommStats> out;
+  for (const auto& [axes, c] : comms_) out[fmt::format("{}", fmt::join(axes, ","))] = c->stats();
+  return out;
+}
+
+CommStats DeviceShard::comm_totals() const {
   CommStats total;
   for (const auto& [axes, c] : comms_)
-    for (int k = 0; k < kCollectiveKinds; ++k) {
-      total.calls[static_cast<std::size_t>(k)] += c->stats().calls[static_cast<std::size_t>(k)];
-      total.bytes[static_cast<std::size_t>(k)] += c->stats().bytes[static_cast<std::size_t>(k)];
+    for (std::size_t k = 0; k < total.calls.size(); ++k) {
+      total.calls[k] += c->stats().calls[k];
+      total.bytes[k] += c->stats().bytes[k];
     }
   return total;
 }

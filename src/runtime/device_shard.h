@@ -29,7 +29,8 @@ class DeviceShard final : public Shard {
   AllocatorStats memory() const override { return dev_->allocator().stats(); }
   const std::shared_ptr<Device>& device_ptr() const override { return dev_; }
 
-  CommStats comm_stats() const;
+  std::map<std::string, CommStats> comm_stats() const override;
+  CommStats comm_totals() const;
 
  private:
   struct Block {

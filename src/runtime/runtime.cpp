@@ -154,6 +154,11 @@ AllocatorStats Runtime::memory(int device) const {
 
 CommStats Runtime::comm_stats(int device) const {
   if (device < 0 || device >= size()) fail("Runtime::comm_stats", "device {} out of range for mesh {}", device, mesh().str());
+  return state_->shards[static_cast<std::size_t>(device)]->comm_totals();
+}
+
+std::map<std::string, CommStats> Runtime::comm_stats_by_axes(int device) const {
+  if (device < 0 || device >= size()) fail("Runtime::comm_stats_by_axes", "device {} out of range for mesh {}", device, mesh().str());
   return state_->shards[static_cast<std::size_t>(device)]->comm_stats();
 }
 

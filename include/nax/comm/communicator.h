@@ -27,6 +27,11 @@ struct CommStats {
   std::array<std::size_t, kCollectiveKinds> bytes{};
 };
 
+// Totals over all kinds.
+std::size_t total_calls(const CommStats& s);
+std::size_t total_bytes(const CommStats& s);
+CommStats operator-(const CommStats& a, const CommStats& b);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -51,6 +56,11 @@ class Communicator {
 
   const CommStats& stats() const { return stats_; }
 
+  // Names the collective that the next calls come from (e.g. "psum(f32[i=4] varying{mp}, mp)"),
+  // so that a backend's errors can say which user call disagreed or timed out.
+  void set_origin(std::string origin) { origin_ = std::move(origin); }
+  const std::string& origin() const { return origin_; }
+
  protected:
   void record(CollectiveKind kind, std::size_t bytes) {
     stats_.calls[static_cast<int>(kind)] += 1;
@@ -59,6 +69,7 @@ class Communicator {
 
  private:
   CommStats stats_;
+  std::string origin_;
 };
 
 }  // namespace nax

@@ -10,7 +10,6 @@
 namespace nax::local {
 
 namespace {
-thread_local std::string g_origin;
 
 const char* at(const void* base, std::size_t elements, DType dtype) {
   return static_cast<const char*>(base) + elements * dtype_size(dtype);
@@ -37,10 +36,8 @@ void check_pairs(const std::vector<std::pair<int, int>>& pairs, int n, std::stri
 }
 }  // namespace
 
-void LocalCommunicator::set_origin(std::string origin) { g_origin = std::move(origin); }
-
 Signature LocalCommunicator::signature(CollectiveKind kind, DType dtype, std::size_t count, int detail, std::uint64_t pairs_hash) const {
-  return Signature{kind, dtype, count, detail, pairs_hash, g_origin};
+  return Signature{kind, dtype, count, detail, pairs_hash, origin()};
 }
 
 void LocalCommunicator::reduce_block(const std::vector<void*>& dsts, std::size_t offset, std::size_t count, DType dtype,

@@ -26,9 +26,6 @@ class LocalCommunicator final : public Communicator {
   void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) override;
   void barrier() override;
 
-  // Names the collective that the next calls on this thread come from, for mismatch messages.
-  static void set_origin(std::string origin);
-
  private:
   Signature signature(CollectiveKind kind, DType dtype, std::size_t count, int detail = 0, std::uint64_t pairs_hash = 0) const;
   // Reduces the ranks' elements [offset, offset + count) of the send buffers into each of dsts.
