@@ -82,7 +82,7 @@ class LocalGroup {
   std::atomic<int> stepped_{0};
   std::atomic<std::uint64_t> generation_{0};
   std::atomic<std::uint64_t> step_generation_{0};
-  bool spin_;  // ranks <= cores: a short spin beats sleeping on the condition variable
+  bool spin_;  // every device has a core: a short spin beats sleeping on the condition variable
   std::string error_;  // set for the current generation when the signatures disagree
 };
 
