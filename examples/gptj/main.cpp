@@ -47,6 +47,13 @@ std::int64_t to_int(const std::string& flag, const std::string& v) {
   return x;
 }
 
+// --backend: only the CPU backend exists so far.
+void check_backend(const std::string& v) {
+  if (v == "cpu") return;
+  if (v == "cuda") nax::fail("gptj", "--backend cuda: the CUDA backend is not built yet (only cpu is available)");
+  nax::fail("gptj", "--backend expects cpu or cuda, got '{}'", v);
+}
+
 double to_double(const std::string& flag, const std::string& v) {
   std::size_t used = 0;
   double x = 0;
@@ -65,6 +72,7 @@ void train_help() {
       "Trains a GPT-J-style model written per shard on a simulated device mesh (threads).\n\n"
       "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
       "  --mesh SPEC        mesh axes dp and mp, e.g. dp=2,mp=2           (default dp=2,mp=2)\n"
+      "  --backend cpu      the only backend built so far                 (default cpu)\n"
       "  --data FILE        a text file to train on (repeat for several)  (required)\n"
       "  --steps N          optimizer steps                               (default 200)\n"
       "  --batch B          global batch, cut over dp                     (default 8)\n"
@@ -99,6 +107,7 @@ int run_train(int argc, char** argv) {
   gptj::TrainOptions o;
   parse_flags(argc, argv, 2,
               {{"--config", [&](const std::string& v) { o.config = v; }},
+               {"--backend", check_backend},
                {"--mesh", [&](const std::string& v) { o.mesh = v; }},
                {"--data", [&](const std::string& v) { o.data.push_back(v); }},
                {"--steps", [&](const std::string& v) { o.steps = to_int("--steps", v); }},
@@ -144,6 +153,7 @@ int run_sample(int argc, char** argv) {
   gptj::SampleOptions o;
   parse_flags(argc, argv, 2,
               {{"--ckpt", [&](const std::string& v) { o.ckpt_dir = v; }},
+               {"--backend", check_backend},
                {"--mesh", [&](const std::string& v) { o.mesh = v; }},
                {"--prompt", [&](const std::string& v) { o.prompt = v; }},
                {"--tokens", [&](const std::string& v) { o.tokens = to_int("--tokens", v); }},
