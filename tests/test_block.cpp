@@ -72,3 +72,24 @@ TEST_CASE("the Megatron-style block agrees with its serial reference", "[grad][b
     }
   }
 }
+
+TEST_CASE("the GPT-J block all-reduces once forward and once backward", "[grad][block][mesh]") {
+  // mesh-transformer-jax's count: the block's psum, and in the backward one psum of the gradient
+  // of ln(x), which feeds q, k, v and the MLP (the implicit pvary's transpose, summed once).
+  Runtime rt = Runtime::local(Mesh::parse("dp=1,mp=2"));
+  const AxisRules rules = gptj::block_rules(rt.mesh());
+  auto count = [&] {  // over mp (the dp group of one device sums the weights' gradients, a copy)
+    auto by_axes = rt.comm_stats_by_axes(0);
+    return by_axes.count("mp") ? by_axes.at("mp").calls[static_cast<int>(CollectiveKind::all_reduce)] : 0;
+  };
+  const auto before = count();
+  rt.run([&](Shard& s) {
+    std::vector<Tensor> params;
+    for (const auto& [name, shape] : gptj::block_parameter_shapes(kConfig)) params.push_back(parameter(s.random_normal(shape, rules, 5, name, 0.3)));
+    Tensor x = s.random_normal(kInput, rules, 6, "x");
+    Tensor y = gptj::block(gptj::BlockParams::from(params), x, kConfig, nullptr);
+    grad(sum(y, {"batch", "seq", "embed"}), params);
+  });
+  REQUIRE(count() - before == 2);
+}
+

@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <map>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -53,27 +55,55 @@ Tensor record(std::string op, const Tensor& out, std::vector<Tensor> inputs, Bac
 
 namespace {
 
-// The gradient as the input it belongs to: same axis order and dtype, and the input's vary type.
-// Where the input is Invariant over a mesh axis but its gradient varies (the input met a varying
-// value: an implicit pvary), the gradient is summed over that axis: pvary's transpose is psum.
-Tensor match_input(const Tensor& g_in, const Tensor& input, const std::string& op) {
+// A value's gradient while the contributions of its consumers come in: their sums so far, kept
+// apart by the mesh axes over which a contribution varies while the value is Invariant (those
+// still need a psum; a contribution that is already whole must not be summed again), and the
+// value (shape, dtype, vary type) it is the gradient of.
+struct Pending {
+  std::map<std::vector<std::string>, Tensor> sums;  // by the mesh axes still to psum over
+  Tensor like;
+};
+
+// A contribution in the value's axis order and dtype, with the value's vary type except over the
+// mesh axes where the value is Invariant and the contribution varies (returned, to psum later).
+std::pair<Tensor, std::vector<std::string>> align(const Tensor& g_in, const Tensor& like, const std::string& op) {
   Tensor g = g_in;
-  if (g.shape().rank() != input.shape().rank())
-    fail("grad", "backward of {} gave {} for input {}", op, g.str(), input.str());
-  for (const auto& axis : input.shape().axes())
+  if (g.shape().rank() != like.shape().rank())
+    fail("grad", "backward of {} gave {} for input {}", op, g.str(), like.str());
+  for (const auto& axis : like.shape().axes())
     if (!g.shape().has(axis.name) || g.shape().size(axis.name) != axis.size)
-      fail("grad", "backward of {} gave {} for input {}", op, g.str(), input.str());
-  g = detail::permute_to(g, input.shape().names());
-  if (g.dtype() != input.dtype()) g = cast(g, input.dtype());
-  std::vector<std::string> to_sum;
+      fail("grad", "backward of {} gave {} for input {}", op, g.str(), like.str());
+  g = detail::permute_to(g, like.shape().names());
+  if (g.dtype() != like.dtype()) g = cast(g, like.dtype());
+  VaryType vary = like.vary();
+  std::vector<std::string> pending_axes;
   for (const auto& e : g.vary().entries()) {
-    if (input.vary().kind(e.mesh_axis) != Vary::Invariant) continue;
+    if (like.vary().kind(e.mesh_axis) != Vary::Invariant) continue;
     if (e.kind == Vary::Split)
-      fail("grad", "backward of {} gave {} cut over mesh axis '{}' for the invariant input {}", op, g.str(), e.mesh_axis, input.str());
-    to_sum.push_back(e.mesh_axis);
+      fail("grad", "backward of {} gave {} cut over mesh axis '{}' for the invariant input {}", op, g.str(), e.mesh_axis, like.str());
+    vary.set_varying(e.mesh_axis);
+    pending_axes.push_back(e.mesh_axis);
   }
-  if (!to_sum.empty()) g = psum(g, to_sum);
-  return g.with_vary(input.vary());
+  std::sort(pending_axes.begin(), pending_axes.end());
+  return {g.with_vary(vary), pending_axes};
+}
+
+void accumulate(Pending& p, const Tensor& g_in, const std::string& op) {
+  auto [g, axes] = align(g_in, p.like, op);
+  auto [slot, fresh] = p.sums.try_emplace(axes, g);
+  if (!fresh) slot->second = add(slot->second, g);
+}
+
+// The finished gradient. Where the value is Invariant over a mesh axis but a contribution varies
+// (the value met a varying one: an implicit pvary), that contribution is summed over the axis,
+// once for all the consumers that vary alike: pvary's transpose is psum.
+Tensor finish(const Pending& p) {
+  Tensor total;
+  for (const auto& [axes, sum] : p.sums) {
+    Tensor whole = (axes.empty() ? sum : psum(sum, axes)).with_vary(p.like.vary());
+    total = total.defined() ? add(total, whole) : whole;
+  }
+  return total;
 }
 
 // Nodes reachable from `root`, each after every node that consumes it. The list owns them: the
@@ -114,28 +144,28 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params) 
   }
 
   NoGrad no_grad;  // backward computations are not recorded
-  std::unordered_map<autodiff::Node*, Tensor> grads;
-  autodiff::Node* root = loss.grad_node().get();
-  const auto order = autodiff::reverse_topological(loss.grad_node());
-  grads[root] = full(Shape{}, 1.0, loss.dtype()).with_vary(loss.vary());
   if (loss.device().index() >= 0 && Shard::current() == nullptr)
     fail("grad", "the loss lives on {}: call grad inside Runtime::run", loss.device().str());
+  std::unordered_map<autodiff::Node*, autodiff::Pending> grads;
+  const auto order = autodiff::reverse_topological(loss.grad_node());
+  grads[loss.grad_node().get()] = {{{{}, full(Shape{}, 1.0, loss.dtype()).with_vary(loss.vary())}}, loss};
 
   for (const auto& owned : order) {
     autodiff::Node* node = owned.get();
     auto it = grads.find(node);
     if (node->leaf || it == grads.end()) continue;
-    Tensor g = it->second;
-    if (!wanted.count(node)) grads.erase(it);
+    const Tensor g = autodiff::finish(it->second);
+    if (wanted.count(node)) it->second.sums = {{{}, g}};
+    else grads.erase(it);
     std::vector<Tensor> input_grads = node->backward(g);
     if (input_grads.size() != node->inputs.size())
       fail("grad", "backward of {} gave {} gradients for {} inputs", node->op, input_grads.size(), node->inputs.size());
     for (std::size_t i = 0; i < node->inputs.size(); ++i) {
       const Tensor& input = node->inputs[i];
       if (!input.defined() || !input_grads[i].defined()) continue;
-      Tensor gi = autodiff::match_input(input_grads[i], input, node->op);
-      auto [slot, fresh] = grads.try_emplace(input.grad_node().get(), gi);
-      if (!fresh) slot->second = add(slot->second, gi).with_vary(gi.vary());
+      auto& pending = grads[input.grad_node().get()];
+      if (!pending.like.defined()) pending.like = input;
+      autodiff::accumulate(pending, input_grads[i], node->op);
     }
     node->backward = nullptr;  // free what the op saved
     node->inputs.clear();
@@ -145,7 +175,7 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params) 
   std::vector<Tensor> out;
   for (const auto& p : params) {
     auto it = grads.find(p.grad_node().get());
-    out.push_back(it != grads.end() ? it->second : zeros(p.shape(), p.dtype()).with_vary(p.vary()));
+    out.push_back(it != grads.end() ? autodiff::finish(it->second) : zeros(p.shape(), p.dtype()).with_vary(p.vary()));
   }
   return out;
 }
