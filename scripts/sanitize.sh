@@ -9,7 +9,7 @@ bash scripts/setup.sh
 which="${1:-all}"
 export OPENBLAS_NUM_THREADS=1
 if [ "$which" = all ] || [ "$which" = asan ]; then
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DNAX_SANITIZE=address,undefined -DNAX_BUILD_BENCH=OFF
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DNAX_SANITIZE=address,undefined -DNAX_BUILD_BENCH=OFF -DNAX_BUILD_EXAMPLES=ON
   cmake --build build-asan -j "$(nproc)"
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
     ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -L "unit|mesh|grad|e2e" -E "^hf\."
