@@ -25,17 +25,16 @@ std::string describe(const std::vector<const Tensor*>& operands) {
 }
 
 void check_operands(std::string_view op, std::initializer_list<const Tensor*> operands) {
-  const std::vector<const Tensor*> list(operands);
   const Device* first = nullptr;
   for (const Tensor* t : operands) {
     if (!t->defined()) fail(op, "an operand is undefined (a default-constructed Tensor)");
     if (first == nullptr) first = &t->device();
     else if (&t->device() != first)
-      fail(op, "operands live on different devices ({} and {}): {}", first->str(), t->device().str(), describe(list));
+      fail(op, "operands live on different devices ({} and {}): {}", first->str(), t->device().str(), describe(operands));
   }
   if (Shard* s = Shard::current(); s != nullptr && first != nullptr && !first->is_host() && first != s->device_ptr().get())
     fail(op, "operand lives on {} but this code runs on cpu:{}: pass tensors between devices with collectives: {}", first->str(),
-         s->device(), describe(list));
+         s->device(), describe(operands));
 }
 
 void check_same_dtype(std::string_view op, const Tensor& a, const Tensor& b) {

@@ -37,7 +37,7 @@ void check_pairs(const std::vector<std::pair<int, int>>& pairs, int n, std::stri
 }  // namespace
 
 Signature LocalCommunicator::signature(CollectiveKind kind, DType dtype, std::size_t count, int detail, std::uint64_t pairs_hash) const {
-  return Signature{kind, dtype, count, detail, pairs_hash, origin()};
+  return Signature{kind, dtype, count, detail, pairs_hash, &origin()};
 }
 
 void LocalCommunicator::reduce_block(const std::vector<void*>& dsts, std::size_t offset, std::size_t count, DType dtype,

@@ -24,7 +24,7 @@ std::string Signature::str() const {
     default:
       what = fmt::format("{}({} x {})", collective_name(kind), dtype_name(dtype), count);
   }
-  return origin.empty() ? what : fmt::format("{} [{}]", origin, what);
+  return origin == nullptr || origin->empty() ? what : fmt::format("{} [{}]", *origin, what);
 }
 
 LocalGroup::LocalGroup(LocalWorld& world, std::vector<int> members, std::string axes_label)
@@ -45,15 +45,24 @@ std::string LocalGroup::mismatch_message() const {
 }
 
 void LocalGroup::fail_waiting(std::unique_lock<std::mutex>& lock, int rank, const std::string& why) {
-  const Slot& mine = slots_[static_cast<std::size_t>(rank)];
-  std::vector<std::string> missing;
+  const std::string mine = slots_[static_cast<std::size_t>(rank)].sig.str();
+  std::vector<int> missing_devices;
   for (std::size_t r = 0; r < slots_.size(); ++r)
-    if (!slots_[r].arrived) missing.push_back(fmt::format("device {} ({})", members_[r], world_.status(members_[r])));
-  std::string message = fmt::format("{} on device {} in {} {}; not arrived: {}", mine.sig.str(), members_[static_cast<std::size_t>(rank)],
-                                    label_, why, fmt::join(missing, ", "));
-  lock.unlock();  // abort() wakes every group, this one included
+    if (!slots_[r].arrived) missing_devices.push_back(members_[r]);
+  lock.unlock();  // the statuses take other groups' locks, and abort() wakes every group
+  std::vector<std::string> missing;
+  for (int d : missing_devices) missing.push_back(fmt::format("device {} ({})", d, world_.status(d)));
+  std::string message = fmt::format("{} on device {} in {} {}; not arrived: {}", mine, members_[static_cast<std::size_t>(rank)], label_,
+                                    why, fmt::join(missing, ", "));
   world_.abort(message);
   throw Error(message);
+}
+
+std::string LocalGroup::waiting_status(int device) {
+  std::lock_guard lock(mutex_);
+  for (std::size_t r = 0; r < members_.size(); ++r)
+    if (members_[r] == device && slots_[r].arrived) return fmt::format("waiting in {} in {}", slots_[r].sig.str(), label_);
+  return fmt::format("about to wait in {}", label_);
 }
 
 bool LocalGroup::spin_until_changed(const std::atomic<std::uint64_t>& counter, std::uint64_t value) const {
@@ -70,7 +79,7 @@ bool LocalGroup::spin_until_changed(const std::atomic<std::uint64_t>& counter, s
 void LocalGroup::arrive(int rank, const Signature& sig, const void* send, void* recv) {
   if (world_.aborted()) throw Aborted(fmt::format("{}: not started, the run is aborting: {}", sig.str(), world_.abort_reason()));
   const int me = members_[static_cast<std::size_t>(rank)];
-  world_.set_waiting(me, fmt::format("waiting in {} in {}", sig.str(), label_));
+  world_.set_waiting(me, this);
   std::unique_lock lock(mutex_);
   Slot& slot = slots_[static_cast<std::size_t>(rank)];
   slot.send = send, slot.recv = recv, slot.sig = sig, slot.arrived = true;
@@ -133,8 +142,8 @@ void LocalGroup::reset() {
 }
 
 LocalWorld::LocalWorld(Mesh mesh, double timeout_s)
-    : mesh_(std::move(mesh)), timeout_s_(timeout_s), status_(static_cast<std::size_t>(mesh_.size()), "running"),
-      finished_(static_cast<std::size_t>(mesh_.size()), 0) {}
+    : mesh_(std::move(mesh)), timeout_s_(timeout_s), waiting_in_(static_cast<std::size_t>(mesh_.size())),
+      finished_(static_cast<std::size_t>(mesh_.size())) {}
 
 std::shared_ptr<LocalGroup> LocalWorld::group(int device, const std::vector<std::string>& axes) {
   std::vector<int> members = mesh_.group(device, axes);
@@ -144,35 +153,20 @@ std::shared_ptr<LocalGroup> LocalWorld::group(int device, const std::vector<std:
   return g;
 }
 
-void LocalWorld::set_waiting(int device, std::string what) {
-  std::lock_guard lock(mutex_);
-  status_[static_cast<std::size_t>(device)] = std::move(what);
-}
-
-void LocalWorld::set_running(int device) {
-  std::lock_guard lock(mutex_);
-  status_[static_cast<std::size_t>(device)] = "running";
-}
-
 void LocalWorld::set_finished(int device) {
+  finished_[static_cast<std::size_t>(device)].store(true);
   std::vector<std::shared_ptr<LocalGroup>> groups;
   {
     std::lock_guard lock(mutex_);
-    finished_[static_cast<std::size_t>(device)] = 1;
-    status_[static_cast<std::size_t>(device)] = "finished its program";
     for (auto& [key, g] : groups_) groups.push_back(g);
   }
   for (auto& g : groups) g->wake();
 }
 
-bool LocalWorld::finished(int device) const {
-  std::lock_guard lock(mutex_);
-  return finished_[static_cast<std::size_t>(device)] != 0;
-}
-
 std::string LocalWorld::status(int device) const {
-  std::lock_guard lock(mutex_);
-  return status_[static_cast<std::size_t>(device)];
+  if (finished(device)) return "finished its program";
+  LocalGroup* group = waiting_in_[static_cast<std::size_t>(device)].load();
+  return group != nullptr ? group->waiting_status(device) : "running";
 }
 
 void LocalWorld::abort(const std::string& reason) {
@@ -197,8 +191,8 @@ void LocalWorld::reset() {
   {
     std::lock_guard lock(mutex_);
     for (auto& [key, g] : groups_) groups.push_back(g);
-    for (auto& s : status_) s = "running";
-    for (auto& f : finished_) f = 0;
+    for (auto& w : waiting_in_) w.store(nullptr);
+    for (auto& f : finished_) f.store(false);
     aborted_.store(false);
     abort_reason_.clear();
   }

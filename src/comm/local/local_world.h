@@ -24,7 +24,9 @@ struct Signature {
   std::size_t count = 0;
   int detail = 0;               // ReduceOp or broadcast root
   std::uint64_t pairs_hash = 0;  // permute pairs
-  std::string origin;           // the named collective that issued it, for messages
+  // The named collective that issued it (the calling communicator's origin, stable while its
+  // rank waits in the rendezvous): read only to build messages, so the hot path copies no string.
+  const std::string* origin = nullptr;
   bool operator==(const Signature& o) const {
     return kind == o.kind && dtype == o.dtype && count == o.count && detail == o.detail && pairs_hash == o.pairs_hash;
   }
@@ -58,6 +60,9 @@ class LocalGroup {
 
   // Spins briefly until `counter` leaves `value`; true when it did.
   bool spin_until_changed(const std::atomic<std::uint64_t>& counter, std::uint64_t value) const;
+
+  // What `device` (a member) is doing here, for messages; takes this group's lock.
+  std::string waiting_status(int device);
 
   void wake();   // wakes waiters to look at the world's state
   void reset();  // after a run: forget any half-finished rendezvous
@@ -94,12 +99,13 @@ class LocalWorld {
   double timeout_s() const { return timeout_s_; }
   std::shared_ptr<LocalGroup> group(int device, const std::vector<std::string>& axes);
 
-  // Device status, for messages and to release waiters early.
-  void set_waiting(int device, std::string what);
-  void set_running(int device);
+  // Device status, for messages and to release waiters early. Setting it is lock-free: it
+  // happens on every collective; the text is only built when a message needs it.
+  void set_waiting(int device, LocalGroup* group) { waiting_in_[static_cast<std::size_t>(device)].store(group); }
+  void set_running(int device) { waiting_in_[static_cast<std::size_t>(device)].store(nullptr); }
   void set_finished(int device);
-  bool finished(int device) const;
-  std::string status(int device) const;
+  bool finished(int device) const { return finished_[static_cast<std::size_t>(device)].load(); }
+  std::string status(int device) const;  // call without holding any group's lock
 
   void abort(const std::string& reason);  // releases every waiting rank
   bool aborted() const { return aborted_.load(); }
@@ -111,8 +117,8 @@ class LocalWorld {
   double timeout_s_;
   mutable std::mutex mutex_;
   std::map<std::pair<std::vector<std::string>, int>, std::shared_ptr<LocalGroup>> groups_;
-  std::vector<std::string> status_;
-  std::vector<char> finished_;
+  std::vector<std::atomic<LocalGroup*>> waiting_in_;
+  std::vector<std::atomic<bool>> finished_;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;
 };
