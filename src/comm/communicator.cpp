@@ -1,5 +1,9 @@
 #include "nax/comm/communicator.h"
 
+#include <fmt/format.h>
+
+#include "nax/core/error.h"
+
 namespace nax {
 
 std::string_view reduce_op_name(ReduceOp op) {
@@ -9,6 +13,18 @@ std::string_view reduce_op_name(ReduceOp op) {
     case ReduceOp::min: return "min";
   }
   return "?";
+}
+
+void check_permute_pairs(const std::vector<std::pair<int, int>>& pairs, int n, std::string_view op, std::string_view group,
+                         const std::function<std::string()>& detail) {
+  auto suffix = [&] { return detail ? ": " + detail() : std::string(); };
+  std::vector<char> src_seen(static_cast<std::size_t>(n)), dst_seen(static_cast<std::size_t>(n));
+  for (auto [src, dst] : pairs) {
+    if (src < 0 || src >= n || dst < 0 || dst >= n)
+      fail(op, "pair ({}, {}) is out of range for the {} ranks of {}{}", src, dst, n, group, suffix());
+    if (src_seen[static_cast<std::size_t>(src)]++) fail(op, "rank {} of {} is the source of two pairs{}", src, group, suffix());
+    if (dst_seen[static_cast<std::size_t>(dst)]++) fail(op, "rank {} of {} is the destination of two pairs{}", dst, group, suffix());
+  }
 }
 
 std::size_t total_calls(const CommStats& s) {

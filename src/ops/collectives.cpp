@@ -164,15 +164,7 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
 
 Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs) {
   Context c = enter("ppermute", &x, mesh_axes);
-  std::vector<char> src_seen(static_cast<std::size_t>(c.n)), dst_seen(static_cast<std::size_t>(c.n));
-  for (auto [src, dst] : pairs) {
-    if (src < 0 || src >= c.n || dst < 0 || dst >= c.n)
-      fail("ppermute", "pair ({}, {}) is out of range for the {} ranks of the group over {}: {}", src, dst, c.n, mesh_axes.str(), x.str());
-    if (src_seen[static_cast<std::size_t>(src)]++)
-      fail("ppermute", "rank {} of the group over {} is the source of two pairs: {}", src, mesh_axes.str(), x.str());
-    if (dst_seen[static_cast<std::size_t>(dst)]++)
-      fail("ppermute", "rank {} of the group over {} is the destination of two pairs: {}", dst, mesh_axes.str(), x.str());
-  }
+  check_permute_pairs(pairs, c.n, "ppermute", "the group over " + mesh_axes.str(), [&] { return x.str(); });
   VaryType vary = x.vary();
   for (const auto& m : mesh_axes.list()) vary.set_varying(m);
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());

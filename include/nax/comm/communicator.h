@@ -6,6 +6,7 @@
 // (send == recv); the other collectives need distinct buffers.
 #include <array>
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +32,12 @@ struct CommStats {
 std::size_t total_calls(const CommStats& s);
 std::size_t total_bytes(const CommStats& s);
 CommStats operator-(const CommStats& a, const CommStats& b);
+
+// Checks that `pairs` (src, dst) is a partial permutation of the ranks 0..n-1: in range, no rank
+// the source or the destination twice. Errors name `op`, `group` ("the group over mp") and what
+// `detail` returns (e.g. the tensor), built only on failure.
+void check_permute_pairs(const std::vector<std::pair<int, int>>& pairs, int n, std::string_view op, std::string_view group,
+                         const std::function<std::string()>& detail = {});
 
 class Communicator {
  public:

@@ -25,15 +25,6 @@ void copy_out(void* dst, const void* src, std::size_t bytes, bool large) {
   else std::memcpy(dst, src, bytes);
 }
 
-void check_pairs(const std::vector<std::pair<int, int>>& pairs, int n, std::string_view who) {
-  std::vector<char> src_seen(static_cast<std::size_t>(n)), dst_seen(static_cast<std::size_t>(n));
-  for (auto [src, dst] : pairs) {
-    if (src < 0 || src >= n || dst < 0 || dst >= n)
-      fail(who, "pair ({}, {}) is out of range for a group of {} ranks", src, dst, n);
-    if (src_seen[static_cast<std::size_t>(src)]++) fail(who, "rank {} is the source of two pairs", src);
-    if (dst_seen[static_cast<std::size_t>(dst)]++) fail(who, "rank {} is the destination of two pairs", dst);
-  }
-}
 }  // namespace
 
 Signature LocalCommunicator::signature(CollectiveKind kind, DType dtype, std::size_t count, int detail, std::uint64_t pairs_hash) const {
@@ -95,7 +86,7 @@ void LocalCommunicator::all_to_all(const void* send, void* recv, std::size_t cou
 
 void LocalCommunicator::permute(const void* send, void* recv, std::size_t count, DType dtype,
                                 const std::vector<std::pair<int, int>>& pairs) {
-  check_pairs(pairs, size(), "permute");
+  check_permute_pairs(pairs, size(), "permute", group_->label());
   std::uint64_t hash = 1469598103934665603ull;
   for (auto [s, d] : pairs) hash = (hash ^ static_cast<std::uint64_t>(s * 65536 + d + 1)) * 1099511628211ull;
   record(CollectiveKind::permute, count * dtype_size(dtype));
