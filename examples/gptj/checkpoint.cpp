@@ -127,6 +127,36 @@ std::map<std::string, nax::Tensor> load_safetensors(const std::string& path, std
   return out;
 }
 
+namespace {
+// Hugging Face stores the attention projections as 2-D [heads*head_dim, embed] matrices.
+std::vector<std::int64_t> hf_dims(const nax::Shape& s) {
+  std::vector<std::int64_t> dims;
+  for (int i = 0; i < s.rank(); ++i) {
+    if (s[i].name == "head_dim" && i > 0 && s[i - 1].name == "heads") dims.back() *= s[i].size;
+    else dims.push_back(s[i].size);
+  }
+  return dims;
+}
+}  // namespace
+
+nax::Tensor to_hf_layout(const nax::Tensor& t) {
+  std::vector<nax::Axis> axes;
+  for (auto d : hf_dims(t.shape())) axes.push_back({fmt::format("d{}", axes.size()), d});
+  return t.with_shape(nax::Shape(axes));
+}
+
+nax::Tensor from_hf_layout(const std::map<std::string, nax::Tensor>& tensors, const std::string& name, const nax::Shape& shape,
+                           const std::string& path) {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) nax::fail("checkpoint", "'{}' has no tensor '{}'", path, name);
+  std::vector<std::int64_t> dims;
+  for (const auto& a : it->second.shape().axes()) dims.push_back(a.size);
+  if (dims != hf_dims(shape))
+    nax::fail("checkpoint", "'{}': tensor '{}' has shape [{}], the model expects [{}]", path, name, fmt::join(dims, ", "),
+              fmt::join(hf_dims(shape), ", "));
+  return nax::cast(it->second.with_shape(shape), nax::DType::f32);
+}
+
 std::string hf_config_json(const Config& c) {
   json j = {{"architectures", {"GPTJForCausalLM"}},
             {"model_type", "gptj"},

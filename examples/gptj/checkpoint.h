@@ -16,11 +16,16 @@ namespace gptj {
 
 using NamedTensors = std::vector<std::pair<std::string, nax::Tensor>>;
 
-// Host tensors in f32/f64/bf16/i32. `shapes` (optional) gives the 2-D shape to record for a tensor
-// whose named shape has more axes (Hugging Face stores [heads*head_dim, embed]).
+// Host tensors in f32/f64/bf16/i32, with their dimensions as they are (see to_hf_layout).
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
 // Tensors keyed by name, as 1-D-or-more host tensors with axes "d0", "d1", ...
 std::map<std::string, nax::Tensor> load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+
+// A model tensor as Hugging Face lays it out (heads and head_dim merged into one dimension), and
+// back: tensor `name` of a loaded file in the model's named `shape`, checked, as f32.
+nax::Tensor to_hf_layout(const nax::Tensor& t);
+nax::Tensor from_hf_layout(const std::map<std::string, nax::Tensor>& tensors, const std::string& name, const nax::Shape& shape,
+                           const std::string& path);
 
 // Writes `text` to `path` atomically (temporary file, fsync, rename).
 void write_file_atomically(const std::string& path, const std::string& text);

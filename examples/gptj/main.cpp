@@ -35,35 +35,31 @@ void parse_flags(int argc, char** argv, int first, const std::map<std::string, H
   }
 }
 
-std::int64_t to_int(const std::string& flag, const std::string& v) {
+// `v` as a whole number (std::stoll) or number (std::stod), or an error naming the flag.
+template <typename T>
+T parse_value(const std::string& flag, const std::string& v, const char* what, T (*parse)(const std::string&, std::size_t*)) {
   std::size_t used = 0;
-  long long x = 0;
+  T x{};
   try {
-    x = std::stoll(v, &used);
+    x = parse(v, &used);
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used == 0 || used != v.size()) nax::fail("gptj", "{} expects an integer, got '{}'", flag, v);
+  if (used == 0 || used != v.size()) nax::fail("gptj", "{} expects {}, got '{}'", flag, what, v);
   return x;
 }
+
+long long stoll_base10(const std::string& v, std::size_t* used) { return std::stoll(v, used); }
+double stod_plain(const std::string& v, std::size_t* used) { return std::stod(v, used); }
+
+std::int64_t to_int(const std::string& flag, const std::string& v) { return parse_value<long long>(flag, v, "an integer", stoll_base10); }
+double to_double(const std::string& flag, const std::string& v) { return parse_value<double>(flag, v, "a number", stod_plain); }
 
 // --backend: only the CPU backend exists so far.
 void check_backend(const std::string& v) {
   if (v == "cpu") return;
   if (v == "cuda") nax::fail("gptj", "--backend cuda: the CUDA backend is not built yet (only cpu is available)");
   nax::fail("gptj", "--backend expects cpu or cuda, got '{}'", v);
-}
-
-double to_double(const std::string& flag, const std::string& v) {
-  std::size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size()) nax::fail("gptj", "{} expects a number, got '{}'", flag, v);
-  return x;
 }
 
 void train_help() {

@@ -47,14 +47,9 @@ Loaded load_for_inference(const SampleOptions& o) {
   Loaded m{config_from_json(read_file(o.ckpt_dir + "/config.json")), {}, {}, Mesh::parse(o.mesh), {}};
   check_fits(m.config, m.mesh, m.mesh.has("dp") ? m.mesh.axis_size("dp") : 1);
   m.specs = parameter_specs(m.config);
-  const auto file = load_safetensors(o.ckpt_dir + "/model.safetensors");
-  for (const auto& spec : m.specs) {
-    auto it = file.find(spec.name);
-    if (it == file.end()) fail("sample", "'{}/model.safetensors' has no tensor '{}'", o.ckpt_dir, spec.name);
-    if (it->second.numel() != spec.global.numel())
-      fail("sample", "tensor '{}' has {} elements, the config expects {}", spec.name, it->second.numel(), spec.global.numel());
-    m.globals.push_back(cast(it->second.with_shape(spec.global), DType::f32));
-  }
+  const std::string path = o.ckpt_dir + "/model.safetensors";
+  const auto file = load_safetensors(path);
+  for (const auto& spec : m.specs) m.globals.push_back(from_hf_layout(file, spec.name, spec.global, path));
   m.rules = axis_rules(m.mesh);
   m.rules.set("batch", {});  // one sequence, the same on every data-parallel replica
   return m;

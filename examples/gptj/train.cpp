@@ -38,33 +38,6 @@ double measure_peak_gflops(int devices) {
   return best * static_cast<double>(std::min<unsigned>(static_cast<unsigned>(devices), std::max(1u, std::thread::hardware_concurrency())));
 }
 
-// Hugging Face stores the attention projections as 2-D [heads*head_dim, embed] matrices.
-std::vector<std::int64_t> hf_dims(const Shape& s) {
-  std::vector<std::int64_t> dims;
-  for (int i = 0; i < s.rank(); ++i) {
-    if (s[i].name == "head_dim" && i > 0 && s[i - 1].name == "heads") dims.back() *= s[i].size;
-    else dims.push_back(s[i].size);
-  }
-  return dims;
-}
-
-Tensor as_hf(const Tensor& t) {
-  std::vector<Axis> axes;
-  for (auto d : hf_dims(t.shape())) axes.push_back({fmt::format("d{}", axes.size()), d});
-  return t.with_shape(Shape(axes));
-}
-
-Tensor from_file(const std::map<std::string, Tensor>& tensors, const std::string& name, const Shape& shape, DType dtype,
-                 const std::string& path) {
-  auto it = tensors.find(name);
-  if (it == tensors.end()) fail("checkpoint", "'{}' has no tensor '{}'", path, name);
-  std::vector<std::int64_t> dims;
-  for (const auto& a : it->second.shape().axes()) dims.push_back(a.size);
-  if (dims != hf_dims(shape))
-    fail("checkpoint", "'{}': tensor '{}' has shape [{}], the model expects [{}]", path, name, fmt::join(dims, ", "), fmt::join(hf_dims(shape), ", "));
-  return cast(it->second.with_shape(shape), dtype);
-}
-
 struct Checkpoint {
   std::vector<Tensor> params, adam;  // global host tensors
   std::int64_t step = 0, adam_steps = 0;
@@ -74,10 +47,10 @@ void save_checkpoint(Shard& s, const std::string& dir, const Config& c, const nn
                      std::int64_t step, const TrainOptions& o) {
   NamedTensors model, state;
   const auto& specs = params.specs();
-  for (std::size_t i = 0; i < specs.size(); ++i) model.push_back({specs[i].name, as_hf(s.gather(stop_gradient(params[i])))});
+  for (std::size_t i = 0; i < specs.size(); ++i) model.push_back({specs[i].name, to_hf_layout(s.gather(stop_gradient(params[i])))});
   auto moments = opt.state();
   for (std::size_t i = 0; i < moments.size(); ++i)
-    state.push_back({fmt::format("{}.{}", i < specs.size() ? "m" : "v", specs[i % specs.size()].name), as_hf(s.gather(moments[i]))});
+    state.push_back({fmt::format("{}.{}", i < specs.size() ? "m" : "v", specs[i % specs.size()].name), to_hf_layout(s.gather(moments[i]))});
   if (s.device() != 0) return;
   std::filesystem::create_directories(dir);
   save_safetensors(dir + "/model.safetensors", model, {{"format", "pt"}});
@@ -98,10 +71,10 @@ Checkpoint load_checkpoint(const std::string& dir, const Config& c, const std::v
   std::map<std::string, std::string> meta;
   const auto state = load_safetensors(dir + "/optimizer.safetensors", &meta);
   ck.adam_steps = std::stoll(meta.at("adam_steps"));
-  for (const auto& spec : specs) ck.params.push_back(from_file(model, spec.name, spec.global, DType::f32, dir + "/model.safetensors"));
+  for (const auto& spec : specs) ck.params.push_back(from_hf_layout(model, spec.name, spec.global, dir + "/model.safetensors"));
   for (const char* kind : {"m", "v"})
     for (const auto& spec : specs)
-      ck.adam.push_back(from_file(state, fmt::format("{}.{}", kind, spec.name), spec.global, DType::f32, dir + "/optimizer.safetensors"));
+      ck.adam.push_back(from_hf_layout(state, fmt::format("{}.{}", kind, spec.name), spec.global, dir + "/optimizer.safetensors"));
   return ck;
 }
 
