@@ -53,24 +53,23 @@ void require_same(const Result& got, const Result& want, double tol) {
 
 }  // namespace
 
-TEST_CASE("the GPT-J block gives the same output and gradients on every mesh", "[grad][block][mesh]") {
+// Both block layouts, f64 and f32: every mesh against the 1x1 mesh.
+void require_mesh_independent(BlockFn fn) {
   for (auto [dtype, tol] : {std::pair{DType::f64, 1e-6}, std::pair{DType::f32, 1e-4}}) {
-    Result serial = run_block("dp=1,mp=1", dtype, gptj::block);
+    Result serial = run_block("dp=1,mp=1", dtype, fn);
     for (const std::string spec : {"dp=1,mp=2", "dp=1,mp=4", "dp=2,mp=2"}) {
       INFO("mesh " << spec << " dtype " << dtype_name(dtype));
-      require_same(run_block(spec, dtype, gptj::block), serial, tol);
+      require_same(run_block(spec, dtype, fn), serial, tol);
     }
   }
 }
 
+TEST_CASE("the GPT-J block gives the same output and gradients on every mesh", "[grad][block][mesh]") {
+  require_mesh_independent(gptj::block);
+}
+
 TEST_CASE("the Megatron-style block agrees with its serial reference", "[grad][block][mesh]") {
-  for (auto [dtype, tol] : {std::pair{DType::f64, 1e-6}, std::pair{DType::f32, 1e-4}}) {
-    Result serial = run_block("dp=1,mp=1", dtype, gptj::megatron_block);
-    for (const std::string spec : {"dp=1,mp=2", "dp=1,mp=4", "dp=2,mp=2"}) {
-      INFO("mesh " << spec << " dtype " << dtype_name(dtype));
-      require_same(run_block(spec, dtype, gptj::megatron_block), serial, tol);
-    }
-  }
+  require_mesh_independent(gptj::megatron_block);
 }
 
 TEST_CASE("the GPT-J block all-reduces once forward and once backward", "[grad][block][mesh]") {

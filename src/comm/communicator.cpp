@@ -48,6 +48,14 @@ CommStats operator-(const CommStats& a, const CommStats& b) {
   return d;
 }
 
+CommStats& operator+=(CommStats& a, const CommStats& b) {
+  for (std::size_t k = 0; k < a.calls.size(); ++k) {
+    a.calls[k] += b.calls[k];
+    a.bytes[k] += b.bytes[k];
+  }
+  return a;
+}
+
 std::string_view collective_name(CollectiveKind kind) {
   switch (kind) {
     case CollectiveKind::all_reduce: return "all_reduce";

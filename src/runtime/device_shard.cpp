@@ -99,11 +99,7 @@ std::map<std::string, CommStats> DeviceShard::comm_stats() const {
 
 CommStats DeviceShard::comm_totals() const {
   CommStats total;
-  for (const auto& [axes, c] : comms_)
-    for (std::size_t k = 0; k < total.calls.size(); ++k) {
-      total.calls[k] += c->stats().calls[k];
-      total.bytes[k] += c->stats().bytes[k];
-    }
+  for (const auto& [axes, c] : comms_) total += c->stats();
   return total;
 }
 

@@ -32,6 +32,7 @@ struct CommStats {
 std::size_t total_calls(const CommStats& s);
 std::size_t total_bytes(const CommStats& s);
 CommStats operator-(const CommStats& a, const CommStats& b);
+CommStats& operator+=(CommStats& a, const CommStats& b);
 
 // Checks that `pairs` (src, dst) is a partial permutation of the ranks 0..n-1: in range, no rank
 // the source or the destination twice. Errors name `op`, `group` ("the group over mp") and what
