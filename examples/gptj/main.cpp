@@ -69,6 +69,8 @@ void train_help() {
       "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
       "  --mesh SPEC        mesh axes dp and mp, e.g. dp=2,mp=2           (default dp=2,mp=2)\n"
       "  --backend cpu      the only backend built so far                 (default cpu)\n"
+      "  --sharding MODE    hand: the model written per shard; auto: the same model in the global\n"
+      "                     view, sharded by propagation from the axis rules (default hand)\n"
       "  --data FILE        a text file to train on (repeat for several)  (required)\n"
       "  --steps N          optimizer steps                               (default 200)\n"
       "  --batch B          global batch, cut over dp                     (default 8)\n"
@@ -117,7 +119,8 @@ int run_train(int argc, char** argv) {
                {"--save-every", [&](const std::string& v) { o.save_every = to_int("--save-every", v); }},
                {"--stop-after", [&](const std::string& v) { o.stop_after = to_int("--stop-after", v); }},
                {"--eval-every", [&](const std::string& v) { o.eval_every = to_int("--eval-every", v); }},
-               {"--metrics", [&](const std::string& v) { o.metrics = v; }}},
+               {"--metrics", [&](const std::string& v) { o.metrics = v; }},
+               {"--sharding", [&](const std::string& v) { o.sharding = v; }}},
               train_help,
               {{"--resume", [&](const std::string&) { o.resume = true; }}, {"--quiet", [&](const std::string&) { o.quiet = true; }}});
   if (o.steps < 1 || o.batch < 1 || o.seq < 1) nax::fail("gptj", "--steps, --batch and --seq must be positive");

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "checkpoint.h"
+#include "global_model.h"
 
 namespace gptj {
 
@@ -78,6 +79,14 @@ Checkpoint load_checkpoint(const std::string& dir, const Config& c, const std::v
   return ck;
 }
 
+// Micro-batch m of this device's block of the batch: the devices' micro-batches m together are one
+// global micro-batch, cut over dp like the batch.
+Tensor micro_batch(const Tensor& t, std::int64_t m, std::int64_t count) {
+  if (count == 1) return t;
+  const std::int64_t n = t.size("batch") / count;
+  return slice(t, "batch", m * n, (m + 1) * n).with_vary(t.vary());
+}
+
 class Progress {
  public:
   Progress(bool quiet, std::int64_t total) : quiet_(quiet), tty_(::isatty(STDERR_FILENO) != 0), total_(total) {}
@@ -104,6 +113,7 @@ class Progress {
 TrainResult train(const TrainOptions& o, const TextData& data) {
   const Mesh mesh = Mesh::parse(o.mesh);
   const Config config = padded_for(config_by_name(o.config), mesh);
+  if (o.sharding != "hand" && o.sharding != "auto") fail("train", "--sharding expects hand or auto, got '{}'", o.sharding);
   check_fits(config, mesh, o.batch);
   if (o.micro_batches < 1 || (o.batch / mesh.axis_size("dp")) % o.micro_batches != 0)
     fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, o.batch / mesh.axis_size("dp"));
@@ -133,6 +143,10 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
   rt.run([&](Shard& s) {
     const bool lead = s.device() == 0;
     Model model(config, nn::Parameters::init(s, specs, rules, o.seed));
+    const GlobalModel global_model(config, model.params());
+    auto loss_of = [&](const Tensor& ids, const Tensor& targets) {
+      return o.sharding == "auto" ? global_model.loss(ids, targets) : model.loss(ids, targets);
+    };
     nn::AdamW opt({.weight_decay = o.weight_decay});
     std::int64_t first = 0;
     if (o.resume) {
@@ -148,7 +162,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       double total = 0;
       for (std::int64_t i = 0; i < o.eval_batches; ++i) {
         auto [x, y] = data.batch(TextData::Split::heldout, i, o.batch, o.seq, o.seed);
-        total += model.loss(s.shard(x, rules), s.shard(y, rules)).item();
+        total += loss_of(s.shard(x, rules), s.shard(y, rules)).item();
       }
       return total / static_cast<double>(o.eval_batches);
     };
@@ -161,11 +175,10 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       const double lr = nn::warmup_cosine(step, o.warmup, o.steps, o.lr);
       auto [inputs, targets] = data.batch(TextData::Split::train, step, o.batch, o.seq, o.seed);
       Tensor x = s.shard(inputs, rules), y = s.shard(targets, rules);
-      const std::int64_t micro = x.shape().size("batch") / o.micro_batches;
       nn::GradAccumulator acc;
       double loss = 0;
       for (std::int64_t m = 0; m < o.micro_batches; ++m) {
-        Tensor l = model.loss(slice(x, "batch", m * micro, (m + 1) * micro), slice(y, "batch", m * micro, (m + 1) * micro));
+        Tensor l = loss_of(micro_batch(x, m, o.micro_batches), micro_batch(y, m, o.micro_batches));
         acc.add(grad(l, model.params().values()));
         loss += l.item() / static_cast<double>(o.micro_batches);
       }
@@ -208,6 +221,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
     const double final_heldout = heldout_loss();
     if (!lead) return;
     result.heldout_loss = final_heldout;
+    result.peak_bytes = s.memory().peak_bytes_in_use;
     if (!rates.empty()) {
       std::nth_element(rates.begin(), rates.begin() + static_cast<std::ptrdiff_t>(rates.size() / 2), rates.end());
       result.tokens_per_s = rates[rates.size() / 2];

@@ -31,6 +31,7 @@ struct TrainOptions {
   std::int64_t eval_batches = 4;
   std::string metrics;  // JSON lines
   bool quiet = false;
+  std::string sharding = "hand";  // hand: the per-shard model (model.h); auto: the global view (global_model.h)
 };
 
 struct TrainResult {
@@ -42,6 +43,7 @@ struct TrainResult {
   // Communication of one device in the last step: bytes sent per group of mesh axes, and calls.
   std::map<std::string, double> bytes_per_step;
   double collectives_per_step = 0;
+  std::size_t peak_bytes = 0;  // device 0's allocator high-water mark over the run
 };
 
 TrainResult train(const TrainOptions& options, const TextData& data);

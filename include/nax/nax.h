@@ -19,3 +19,7 @@
 #include "nax/transformer_ops.h"
 #include "nax/nn/optim.h"
 #include "nax/nn/parameters.h"
+#include "nax/global/cost_model.h"
+#include "nax/global/global_tensor.h"
+#include "nax/global/ops.h"
+#include "nax/global/placement.h"

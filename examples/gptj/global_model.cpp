@@ -1,0 +1,38 @@
+#include "global_model.h"
+
+#include <fmt/format.h>
+
+namespace gptj {
+
+using namespace nax;
+
+// GPTJBlock.forward: h = ln_1(x); attn_output + feed_forward_output + residual.
+GlobalTensor GlobalModel::block(std::int64_t layer, const GlobalTensor& x) const {
+  auto p = [&](const char* name) { return param(fmt::format("transformer.h.{}.{}", layer, name)); };
+  const std::int64_t rot = config_.rotary_dims;
+  GlobalTensor h = layer_norm(x, "embed", p("ln_1.weight"), p("ln_1.bias"));
+  GlobalTensor q = rotary(dot(h, p("attn.q_proj.weight"), "embed"), "seq", "head_dim", rot);
+  GlobalTensor k = rotary(dot(h, p("attn.k_proj.weight"), "embed"), "seq", "head_dim", rot);
+  GlobalTensor v = dot(h, p("attn.v_proj.weight"), "embed");
+  GlobalTensor attn = dot(causal_attention(q, k, v, "seq", "head_dim"), p("attn.out_proj.weight"), {"heads", "head_dim"});
+  GlobalTensor ff = dot(gelu(dot(h, p("mlp.fc_in.weight"), "embed") + p("mlp.fc_in.bias")), p("mlp.fc_out.weight"), "mlp") +
+                    p("mlp.fc_out.bias");
+  return attn + ff + x;
+}
+
+GlobalTensor GlobalModel::logits(const GlobalTensor& ids) const {
+  GlobalTensor x = embedding(param("transformer.wte.weight"), ids, "vocab");
+  for (std::int64_t i = 0; i < config_.n_layers; ++i) x = block(i, x);
+  GlobalTensor h = layer_norm(x, "embed", param("transformer.ln_f.weight"), param("transformer.ln_f.bias"));
+  return dot(h, param("lm_head.weight"), "embed") + param("lm_head.bias");
+}
+
+GlobalTensor GlobalModel::loss(const GlobalTensor& ids, const GlobalTensor& targets) const {
+  return cross_entropy(logits(ids), targets, "vocab");
+}
+
+Tensor GlobalModel::loss(const Tensor& ids, const Tensor& targets) const {
+  return loss(GlobalTensor::from_local(ids), GlobalTensor::from_local(targets)).local();
+}
+
+}  // namespace gptj

@@ -1,0 +1,33 @@
+#pragma once
+// The same GPT-J-style model in nax's global view (DESIGN.md §5): written as if on one device, in
+// Hugging Face GPTJForCausalLM's order of operations, with the same parameter names, global shapes
+// and init as the per-shard model (model.h). Sharding comes only from the axis rules that cut the
+// parameters and the inputs; sharding propagation decides the communication.
+#include <nax/nax.h>
+
+#include "config.h"
+
+namespace gptj {
+
+class GlobalModel {
+ public:
+  // Reads the per-shard parameter blocks (nn::Parameters cut by axis_rules) as global tensors; they
+  // may be replaced (by the optimizer) between calls.
+  GlobalModel(Config config, const nax::nn::Parameters& params) : config_(std::move(config)), params_(params) {}
+
+  // ids: i32 [batch, seq]. Result: [batch, seq, vocab], placed wherever propagation put it.
+  nax::GlobalTensor logits(const nax::GlobalTensor& ids) const;
+  // Mean next-token cross-entropy over the global batch, replicated.
+  nax::GlobalTensor loss(const nax::GlobalTensor& ids, const nax::GlobalTensor& targets) const;
+  // The same from per-shard blocks, as the trainer holds them: an Invariant scalar.
+  nax::Tensor loss(const nax::Tensor& ids, const nax::Tensor& targets) const;
+
+ private:
+  nax::GlobalTensor param(const std::string& name) const { return nax::GlobalTensor::from_local(params_[name]); }
+  nax::GlobalTensor block(std::int64_t layer, const nax::GlobalTensor& x) const;
+
+  Config config_;
+  const nax::nn::Parameters& params_;
+};
+
+}  // namespace gptj

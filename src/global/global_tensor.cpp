@@ -1,0 +1,80 @@
+#include "nax/global/global_tensor.h"
+
+#include <fmt/format.h>
+
+#include <ostream>
+
+#include "nax/global/ops.h"
+#include "nax/runtime.h"
+
+namespace nax {
+
+namespace {
+
+const Mesh& current_mesh(std::string_view op) {
+  Shard* s = Shard::current();
+  if (s == nullptr) fail(op, "global tensors live inside Runtime::run");
+  return s->mesh();
+}
+
+// The global shape: each sharded axis times the sizes of the mesh axes cutting it.
+Shape global_shape(const Tensor& local, const Mesh& mesh) {
+  std::vector<Axis> axes = local.shape().axes();
+  for (auto& axis : axes)
+    for (const auto& m : local.vary().split_mesh_axes(axis.name)) axis.size *= mesh.axis_size(m);
+  return Shape(std::move(axes));
+}
+
+}  // namespace
+
+GlobalTensor GlobalTensor::from_local(const Tensor& local, const std::map<std::string, PartialOp>& partial_ops) {
+  if (!local.defined()) fail("GlobalTensor::from_local", "the tensor is undefined");
+  const Mesh& mesh = current_mesh("GlobalTensor::from_local");
+  Placements placements;
+  for (const auto& m : mesh.axis_names()) {
+    switch (local.vary().kind(m)) {
+      case Vary::Invariant: break;
+      case Vary::Split: placements.set(m, Placement::shard(local.vary().split_axis(m))); break;
+      case Vary::Varying: {
+        auto it = partial_ops.find(m);
+        placements.set(m, Placement::partial(it == partial_ops.end() ? PartialOp::sum : it->second));
+      }
+    }
+  }
+  for (const auto& axis : local.shape().names()) {
+    auto cuts = local.vary().split_mesh_axes(axis);
+    for (std::size_t i = 1; i < cuts.size(); ++i)
+      if (mesh.axis_position(cuts[i - 1]) > mesh.axis_position(cuts[i]))
+        fail("GlobalTensor::from_local", "{}: axis '{}' is cut over mesh axes ({}) out of the mesh's order; the global view cuts "
+             "an axis over several mesh axes major first in mesh order ({})", local.str(), axis, fmt::join(cuts, ", "), mesh.str());
+  }
+  return GlobalTensor(local, std::move(placements), global_shape(local, mesh));
+}
+
+GlobalTensor GlobalTensor::from_host(const Tensor& host, const AxisRules& rules) {
+  Shard* s = Shard::current();
+  if (s == nullptr) fail("GlobalTensor::from_host", "global tensors live inside Runtime::run");
+  return from_local(s->shard(host, rules));
+}
+
+Tensor GlobalTensor::to_host() const {
+  if (!defined()) fail("GlobalTensor::to_host", "the tensor is undefined");
+  Placements whole;
+  for (const auto& [m, p] : placements_.entries())
+    if (p.is_shard()) whole.set(m, p);
+  return Shard::current()->gather(redistribute(*this, whole).local());
+}
+
+double GlobalTensor::item() const {
+  if (!defined() || shape().numel() != 1) fail("GlobalTensor::item", "needs a one-element tensor, got {}", str());
+  return redistribute(*this, Placements{}).local().item();
+}
+
+std::string GlobalTensor::str() const {
+  if (!defined()) return "undefined";
+  return fmt::format("{}{} {}", dtype_name(local_.dtype()), shape_.str(), placements_.str());
+}
+
+std::ostream& operator<<(std::ostream& os, const GlobalTensor& t) { return os << t.str(); }
+
+}  // namespace nax
