@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the tests under sanitizers: ASan+UBSan on every test but the install and Hugging Face ones
-# (build-asan/), TSan on the runtime, communicator, error, gradient and nn tests (build-tsan/). OpenBLAS runs one thread so that TSan sees
+# (build-asan/), TSan on the runtime, communicator, error, gradient, nn and global-view tests (build-tsan/). OpenBLAS runs one thread so that TSan sees
 # only our own threads.
 #   scripts/sanitize.sh [asan|tsan]   (both when no argument)
 set -euo pipefail
@@ -16,8 +16,8 @@ if [ "$which" = all ] || [ "$which" = asan ]; then
 fi
 if [ "$which" = all ] || [ "$which" = tsan ]; then
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DNAX_SANITIZE=thread -DNAX_BUILD_BENCH=OFF -DNAX_BUILD_EXAMPLES=OFF
-  cmake --build build-tsan -j "$(nproc)" --target test_mesh test_errors test_grad test_nn
-  for t in test_mesh test_errors test_grad test_nn; do
+  cmake --build build-tsan -j "$(nproc)" --target test_mesh test_errors test_grad test_nn test_global
+  for t in test_mesh test_errors test_grad test_nn test_global; do
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "build-tsan/bin/$t"
   done
 fi

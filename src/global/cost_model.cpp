@@ -17,7 +17,8 @@ CostModel::CostModel() {
 
 CostModel CostModel::parse(std::string_view text) {
   auto json = nlohmann::json::parse(text, nullptr, false);
-  if (json.is_discarded() || !json.is_object()) fail("CostModel::parse", "not a JSON object: '{}'", text);
+  const std::string_view start = text.substr(0, 60);
+  if (json.is_discarded() || !json.is_object()) fail("CostModel::parse", "not a JSON object (it starts '{}')", start);
   CostModel model;
   try {
     const auto links = json.value("links", nlohmann::json::object()), axes = json.value("mesh_axes", nlohmann::json::object());
@@ -31,7 +32,7 @@ CostModel CostModel::parse(std::string_view text) {
     if (json.contains("memory_GBps")) model.memory_Bps_ = json["memory_GBps"].get<double>() * 1e9;
     for (const auto& [axis, link] : axes.items()) model.assign(axis, link.get<std::string>());
   } catch (const nlohmann::json::exception& e) {
-    fail("CostModel::parse", "malformed cost model '{}': {}", text, e.what());
+    fail("CostModel::parse", "malformed cost model (it starts '{}'): {}", start, e.what());
   }
   if (!model.links_.count(model.default_link_)) fail("CostModel::parse", "default link '{}' is not defined", model.default_link_);
   return model;

@@ -1,6 +1,7 @@
 // The named collectives: vary-type rules (DESIGN.md §3) and the data movement on top of the
 // device's Communicator. Blocks along a non-leading tensor axis are packed into contiguous
-// per-rank chunks before the call and unpacked after it.
+// per-rank chunks before the call and unpacked after it. Over a group of one device (a mesh axis
+// of size 1) only the vary type changes: no data moves and the communicator is not called.
 #include "nax/collectives.h"
 
 #include <fmt/format.h>
@@ -80,6 +81,7 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
            "partial values (use all_gather or psum_scatter)", x_in.str(), x_in.vary().split_axis(m), m);
     vary.set_invariant(m);
   }
+  if (c.n == 1) return x_in.with_vary(vary);  // a group of one: nothing to reduce, nothing sent
   Tensor x = reduce == ReduceOp::sum ? detail::widen(x_in) : x_in;  // sum bf16 in f32
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
   c.comm.all_reduce(x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), reduce);
@@ -104,6 +106,7 @@ Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh
   const int i = stack ? 0 : x.shape().index_of(axis);
   axes[static_cast<std::size_t>(i)].size *= c.n;
   Shape shape(axes);
+  if (c.n == 1) return x.with_shape(shape).with_vary(vary);
   Tensor out = detail::make_result(shape, x.dtype(), vary, x.device_ptr());
   const std::int64_t outer = stack ? 1 : outer_size(x.shape(), axis);
   if (outer == 1) {
@@ -145,6 +148,7 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
            x_in.str(), x_in.vary().split_axis(m), m);
   }
   for (const auto& m : mesh_axes.list()) vary.set_split(m, axis);  // most minor cuts of `axis`
+  if (c.n == 1) return x_in.with_vary(vary);
 
   Tensor x = detail::widen(x_in);
   std::vector<Axis> axes = x.shape().axes();
@@ -167,6 +171,7 @@ Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vect
   check_permute_pairs(pairs, c.n, "ppermute", "the group over " + mesh_axes.str(), [&] { return x.str(); });
   VaryType vary = x.vary();
   for (const auto& m : mesh_axes.list()) vary.set_varying(m);
+  if (c.n == 1 && !pairs.empty()) return x.with_vary(vary);  // (0, 0): the block stays
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
   c.comm.permute(x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), pairs);
   return out;
@@ -190,6 +195,7 @@ Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::st
     }
   }
   join_cuts(vary, x, concat_axis, mesh_axes.list());
+  if (c.n == 1) return x.with_vary(vary);
 
   // Send block j of split_axis to rank j: pack x as [n, block...].
   std::vector<Axis> block_axes = x.shape().axes();
