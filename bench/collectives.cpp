@@ -10,15 +10,23 @@
 // Note that the buffers are reused, so sizes that fit in the caches can beat the memcpy figure,
 // which is measured on 256 MiB (DRAM).
 //
+// Under mpirun (or with --backend mpi) the MPI communicator is timed too, one process per rank on
+// a mesh x=<processes>: each size gets a threads row (process 0 running that many threads) and an
+// mpi row beside it, in the same layout; a trial's time is still its slowest rank's. Process 0
+// alone prints and writes the JSON.
+//
 //   build-bench/bin/bench_collectives [--ranks 2,4,8] [--min-bytes 1024] [--max-bytes 67108864]
 //                                     [--iters N] [--json FILE]
+//   mpirun --bind-to none -np 2 build-bench/bin/bench_collectives [--no-signature-check] [...]
 #include <nax/nax.h>
 
 #include <fmt/format.h>
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "bench_util.h"
@@ -43,6 +51,8 @@ struct Options {
   std::int64_t max_bytes = 64 * kMiB;
   int iters = 100;
   std::string json_path;
+  bool mpi = false;              // also time the MPI communicator (one process per rank)
+  bool signature_check = true;   // MPI: the group agrees on each call's signature first
 };
 
 // The element counts one call of a collective uses for a result of about `bytes` bytes.
@@ -172,6 +182,7 @@ std::vector<Sample> time_collective(nax::Shard& shard, CollectiveKind kind, cons
 
 struct Row {
   CollectiveKind kind = CollectiveKind::all_reduce;
+  std::string_view backend = "threads";
   int ranks = 0;
   std::int64_t bytes = 0;
   std::size_t count = 0;
@@ -194,13 +205,14 @@ double median_trial_seconds(const std::vector<std::vector<Sample>>& per_rank, st
   return bench::median(std::move(trials));
 }
 
-// Combines the ranks' samples of each size; a size is correct only if it was on every rank.
-std::vector<Row> combine_ranks(CollectiveKind kind, const std::vector<std::vector<Sample>>& per_rank, double ceiling_gbps) {
-  const int n = static_cast<int>(per_rank.size());
+// Combines the ranks' samples of each size on `n` ranks; a size is correct only if it was on every
+// rank. (Under MPI, one process's samples already hold every trial's slowest rank.)
+std::vector<Row> combine_ranks(CollectiveKind kind, std::string_view backend, int n, const std::vector<std::vector<Sample>>& per_rank,
+                               double ceiling_gbps) {
   std::vector<Row> rows;
   for (std::size_t i = 0; i < per_rank[0].size(); ++i) {
     const Sample& first = per_rank[0][i];
-    Row row{kind, n, first.layout.bytes(), first.layout.count, first.iters};
+    Row row{kind, backend, n, first.layout.bytes(), first.layout.count, first.iters};
     row.seconds = median_trial_seconds(per_rank, i);
     row.correct = std::all_of(per_rank.begin(), per_rank.end(), [i](const auto& samples) { return samples[i].correct; });
     row.algbw_gbps = static_cast<double>(row.bytes) / row.seconds / 1e9;
@@ -221,13 +233,13 @@ double measure_memcpy_gbps() {
 }
 
 void print_header() {
-  fmt::print("{:<15}{:>6}{:>12}{:>8}{:>13}{:>12}{:>12}{:>11}\n", "collective", "ranks", "bytes", "iters", "time_us",
+  fmt::print("{:<15}{:>8}{:>6}{:>12}{:>8}{:>13}{:>12}{:>12}{:>11}\n", "collective", "backend", "ranks", "bytes", "iters", "time_us",
              "algbw GB/s", "busbw GB/s", "% memcpy");
 }
 
 void print_row(const Row& row) {
-  fmt::print("{:<15}{:>6}{:>12}{:>8}{:>13.2f}{:>12.3f}{:>12.3f}{:>10.1f}%{}\n", nax::collective_name(row.kind), row.ranks,
-             row.bytes, row.iters, row.seconds * 1e6, row.algbw_gbps, row.busbw_gbps, row.pct_of_memcpy,
+  fmt::print("{:<15}{:>8}{:>6}{:>12}{:>8}{:>13.2f}{:>12.3f}{:>12.3f}{:>10.1f}%{}\n", nax::collective_name(row.kind), row.backend,
+             row.ranks, row.bytes, row.iters, row.seconds * 1e6, row.algbw_gbps, row.busbw_gbps, row.pct_of_memcpy,
              row.correct ? "" : "  WRONG RESULT");
   std::fflush(stdout);
 }
@@ -243,7 +255,7 @@ struct GoalCheck {
 GoalCheck check_goal(const std::vector<Row>& rows, double memcpy_ceiling) {
   GoalCheck goal;
   for (const Row& row : rows) {
-    if (row.kind != CollectiveKind::all_reduce || row.ranks != 2 || row.bytes < 4 * kMiB) continue;
+    if (row.kind != CollectiveKind::all_reduce || row.backend != "threads" || row.ranks != 2 || row.bytes < 4 * kMiB) continue;
     goal.min_busbw_gbps = goal.measured ? std::min(goal.min_busbw_gbps, row.busbw_gbps) : row.busbw_gbps;
     goal.measured = true;
   }
@@ -266,6 +278,7 @@ void write_json(const std::string& path, double memcpy_ceiling, const std::vecto
   for (const Row& row : rows) {
     items.push_back(bench::JsonObject()
                         .add("collective", nax::collective_name(row.kind))
+                        .add("backend", row.backend)
                         .add("ranks", row.ranks)
                         .add("bytes", row.bytes)
                         .add("count", static_cast<std::int64_t>(row.count))
@@ -291,12 +304,29 @@ void print_help() {
       "all_to_all, permute as a ring, broadcast from rank 0) on a mesh x=<ranks> of threads, for\n"
       "sizes doubling from --min-bytes to --max-bytes (the bytes of the full result buffer), and\n"
       "prints time, algbw and busbw (nccl-tests factors) against single-thread memcpy bandwidth.\n"
+      "Under mpirun (mpirun --bind-to none -np N bench_collectives), the MPI communicator is timed\n"
+      "too on N processes, each size beside the threads' row for N ranks; process 0 prints.\n"
       "  --iters N   timed calls per size for small sizes (default 100); large sizes use fewer\n"
-      "  --json FILE also write the results as JSON\n");
+      "  --json FILE also write the results as JSON\n"
+      "  --backend threads|mpi  mpi: time MPI too (the default under mpirun)\n"
+      "  --no-signature-check   MPI: skip the per-call signature agreement (to measure its cost)\n");
+}
+
+bool launched_by_mpirun() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"})
+    if (std::getenv(name) != nullptr) return true;
+  return false;
+}
+
+bool parse_backend(const std::string& value) {
+  if (value == "mpi") return true;
+  if (value == "threads") return false;
+  nax::fail("--backend", "expects threads or mpi, got '{}'", value);
 }
 
 Options parse_options(int argc, char** argv) {
   Options options;
+  options.mpi = launched_by_mpirun();
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--ranks") options.ranks = bench::parse_integer_list(bench::flag_value(argc, argv, i), arg);
@@ -304,6 +334,8 @@ Options parse_options(int argc, char** argv) {
     else if (arg == "--max-bytes") options.max_bytes = bench::parse_integer(bench::flag_value(argc, argv, i), arg);
     else if (arg == "--iters") options.iters = static_cast<int>(bench::parse_integer(bench::flag_value(argc, argv, i), arg));
     else if (arg == "--json") options.json_path = bench::flag_value(argc, argv, i);
+    else if (arg == "--backend") options.mpi = parse_backend(bench::flag_value(argc, argv, i));
+    else if (arg == "--no-signature-check") options.signature_check = false;
     else throw nax::Error(fmt::format("unknown argument '{}' (try --help)", arg));
   }
   for (std::int64_t n : options.ranks)
@@ -311,6 +343,7 @@ Options parse_options(int argc, char** argv) {
   if (options.min_bytes < 4 || options.max_bytes < options.min_bytes)
     throw nax::Error(fmt::format("need 4 <= --min-bytes <= --max-bytes (got {} and {})", options.min_bytes, options.max_bytes));
   if (options.iters < 1) nax::fail("--iters", "needs at least 1 (got {})", options.iters);
+  if (options.mpi) options.ranks = {nax::process_count()};  // one rank per process; threads as many
   return options;
 }
 
@@ -320,10 +353,55 @@ std::vector<Row> run_all(const Options& options, double memcpy_ceiling) {
     nax::Runtime rt = nax::Runtime::local(nax::Mesh::parse(fmt::format("x={}", n)));
     for (CollectiveKind kind : kKinds) {
       auto per_rank = rt.run([&](nax::Shard& s) { return time_collective(s, kind, options); });
-      for (const Row& row : combine_ranks(kind, per_rank, memcpy_ceiling)) {
+      for (const Row& row : combine_ranks(kind, "threads", static_cast<int>(n), per_rank, memcpy_ceiling)) {
         print_row(row);
         rows.push_back(row);
       }
+    }
+  }
+  return rows;
+}
+
+// This process's samples with each trial's time replaced by the slowest process's, and correct
+// only if every process was: what every process then knows.
+std::vector<Sample> slowest_over_processes(std::vector<Sample> samples) {
+  std::vector<double> seconds, correct;
+  for (const Sample& s : samples) {
+    seconds.insert(seconds.end(), s.seconds.begin(), s.seconds.end());
+    correct.push_back(s.correct ? 1 : 0);
+  }
+  const auto n = static_cast<std::int64_t>(samples.size());
+  auto slowest = nax::pmax(nax::pvary(nax::from_vector(nax::Shape{{"size", n}, {"trial", kTrials}}, seconds), "x"), "x").to_vector<double>();
+  auto all_correct = nax::pmin(nax::pvary(nax::from_vector(nax::Shape{{"size", n}}, correct), "x"), "x").to_vector<double>();
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    for (std::size_t t = 0; t < kTrials; ++t) samples[i].seconds[t] = slowest[i * kTrials + t];
+    samples[i].correct = all_correct[i] == 1;
+  }
+  return samples;
+}
+
+// Under mpirun: for each collective, the threads' rows (process 0, as many threads as processes)
+// and the MPI communicator's rows (every process), printed side by side by process 0.
+std::vector<Row> run_mpi(const Options& options, double memcpy_ceiling) {
+  const nax::Mesh mesh = nax::Mesh::parse(fmt::format("x={}", nax::process_count()));
+  nax::Runtime mpi = nax::Runtime::mpi(mesh, {.check_collectives = options.signature_check});
+  const bool lead = nax::process_index() == 0;
+  std::optional<nax::Runtime> threads;
+  if (lead) threads.emplace(nax::Runtime::local(mesh));
+  std::vector<Row> rows;
+  for (CollectiveKind kind : kKinds) {
+    std::vector<Row> by_threads;
+    if (lead)  // the other processes wait (sleeping) in the MPI run's first collective meanwhile
+      by_threads = combine_ranks(kind, "threads", mesh.size(), threads->run([&](nax::Shard& s) { return time_collective(s, kind, options); }),
+                                 memcpy_ceiling);
+    auto mine = mpi.run([&](nax::Shard& s) { return slowest_over_processes(time_collective(s, kind, options)); });
+    const auto by_mpi = combine_ranks(kind, "mpi", mesh.size(), {mine[static_cast<std::size_t>(mpi.local_devices().front())]}, memcpy_ceiling);
+    for (std::size_t i = 0; i < by_mpi.size(); ++i) {
+      if (!lead) continue;
+      print_row(by_threads[i]);
+      print_row(by_mpi[i]);
+      rows.push_back(by_threads[i]);
+      rows.push_back(by_mpi[i]);
     }
   }
   return rows;
@@ -336,10 +414,14 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i)
       if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") return print_help(), 0;
     const Options options = parse_options(argc, argv);
-    const double memcpy_ceiling = measure_memcpy_gbps();
-    fmt::print("single-thread memcpy of 256 MiB: {:.2f} GB/s (the ceiling; % memcpy = busbw / this)\n\n", memcpy_ceiling);
-    print_header();
-    const std::vector<Row> rows = run_all(options, memcpy_ceiling);
+    const bool lead = nax::process_index() == 0;  // under mpirun, process 0 measures memcpy and prints
+    const double memcpy_ceiling = lead ? measure_memcpy_gbps() : 1.0;
+    if (lead) {
+      fmt::print("single-thread memcpy of 256 MiB: {:.2f} GB/s (the ceiling; % memcpy = busbw / this)\n\n", memcpy_ceiling);
+      print_header();
+    }
+    const std::vector<Row> rows = options.mpi ? run_mpi(options, memcpy_ceiling) : run_all(options, memcpy_ceiling);
+    if (!lead) return 0;
     const GoalCheck goal = check_goal(rows, memcpy_ceiling);
     fmt::print("\n");
     print_goal(goal);

@@ -24,6 +24,11 @@ struct RuntimeOptions {
   // OpenBLAS threads for the whole process; 0: $OPENBLAS_NUM_THREADS if set, else 1: a simulated
   // device is one thread, one core's worth of compute, and devices do not oversubscribe the cores.
   int blas_threads = 0;
+  // MPI: before each collective the group agrees on its signature (op, dtype, count, ...), one
+  // small all-reduce, so that ranks calling different collectives get an error naming both calls
+  // instead of a hang or a wrong result. Off saves that round trip (a few microseconds). The
+  // local runtime always checks (it costs nothing there).
+  bool check_collectives = true;
 };
 
 // This device's view of the program: its coordinates, its communicators, and the bridge between
@@ -70,6 +75,15 @@ class Runtime {
  public:
   // One worker thread per device in this process, communicating through shared memory.
   static Runtime local(const Mesh& mesh, RuntimeOptions options = {});
+  // One process per device under mpirun (device = rank in MPI_COMM_WORLD); per-shard code runs on
+  // the thread that calls run. MPI is initialised on first use and finalised at exit. Collective
+  // over all processes: each must call it, with the same mesh. The world size must equal the
+  // mesh's device count, else every process raises the same error. Raises an error when nax was
+  // built without MPI (NAX_WITH_MPI=OFF).
+  static Runtime mpi(const Mesh& mesh, RuntimeOptions options = {});
+  // Runtime::mpi when this process was started by mpirun (OMPI_COMM_WORLD_SIZE, PMIX_RANK or
+  // PMI_SIZE set), else Runtime::local. $NAX_RUNTIME=threads or mpi overrides the choice.
+  static Runtime from_env(const Mesh& mesh, RuntimeOptions options = {});
 
   Runtime(Runtime&&) noexcept;
   Runtime& operator=(Runtime&&) noexcept;
@@ -78,11 +92,20 @@ class Runtime {
   const Mesh& mesh() const;
   int size() const { return mesh().size(); }
 
+  // The devices whose per-shard code runs in this process: all of them under threads, this
+  // process's one under MPI.
+  const std::vector<int>& local_devices() const;
+
   // Runs fn on every device and waits. If any device throws, the others are released from the
-  // collectives they wait in, and the first error is rethrown here.
+  // collectives they wait in, and the first error is rethrown here. Under MPI, every process
+  // runs fn on its device and returns when all have ended the run; each rethrows its own error,
+  // or, if it succeeded, the first failure it heard of. A run that left MPI operations pending
+  // (a timeout, a device released mid-collective) makes later runs of this runtime fail (MPI
+  // cannot cancel them); a new runtime works.
   void run(const std::function<void(Shard&)>& fn);
 
-  // The same, collecting each device's return value (indexed by device).
+  // The same, collecting each device's return value (indexed by device). Under MPI only this
+  // process's slot (local_devices()) is filled; the others hold default values.
   template <typename F, typename R = std::invoke_result_t<F, Shard&>>
     requires(!std::is_void_v<R>)
   std::vector<R> run(F&& fn) {
@@ -91,6 +114,8 @@ class Runtime {
     return results;
   }
 
+  // These three answer for the devices of this process (local_devices()); under MPI, asking for
+  // another process's device is an error.
   AllocatorStats memory(int device) const;
   // Calls and bytes per collective kind summed over `device`'s communicators, and per group of
   // mesh axes.
@@ -103,5 +128,11 @@ class Runtime {
   explicit Runtime(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };
+
+// This process among the program's processes (jax.process_index / process_count): its rank in
+// MPI_COMM_WORLD and the world's size when started by mpirun or once MPI is initialised
+// (initialising it if needed), else 0 and 1. Process 0 is the one that prints and writes files.
+int process_index();
+int process_count();
 
 }  // namespace nax

@@ -86,9 +86,8 @@ Communicator& DeviceShard::comm(const Names& mesh_axes) {
   auto it = comms_.find(mesh_axes.list());
   if (it != comms_.end()) return *it->second;
   mesh_.check_axes(mesh_axes.list(), "comm");
-  auto& slot = comms_[mesh_axes.list()];
-  slot = make_comm_(mesh_axes.list());
-  return *slot;
+  auto comm = make_comm_(mesh_axes.list());  // may fail (MPI: a member never came): then nothing is cached
+  return *(comms_[mesh_axes.list()] = std::move(comm));
 }
 
 std::map<std::string, CommStats> DeviceShard::comm_stats() const {

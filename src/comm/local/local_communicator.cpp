@@ -87,10 +87,8 @@ void LocalCommunicator::all_to_all(const void* send, void* recv, std::size_t cou
 void LocalCommunicator::permute(const void* send, void* recv, std::size_t count, DType dtype,
                                 const std::vector<std::pair<int, int>>& pairs) {
   check_permute_pairs(pairs, size(), "permute", group_->label());
-  std::uint64_t hash = 1469598103934665603ull;
-  for (auto [s, d] : pairs) hash = (hash ^ static_cast<std::uint64_t>(s * 65536 + d + 1)) * 1099511628211ull;
   record(CollectiveKind::permute, count * dtype_size(dtype));
-  group_->arrive(rank_, signature(CollectiveKind::permute, dtype, count, 0, hash), send, recv);
+  group_->arrive(rank_, signature(CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)), send, recv);
   auto source = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.second == rank_; });
   if (source == pairs.end()) std::memset(recv, 0, count * dtype_size(dtype));
   else std::memcpy(recv, group_->send(source->first), count * dtype_size(dtype));

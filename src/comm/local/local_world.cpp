@@ -8,25 +8,6 @@ namespace nax::local {
 
 using Clock = std::chrono::steady_clock;
 
-std::string Signature::str() const {
-  std::string what;
-  switch (kind) {
-    case CollectiveKind::all_reduce:
-    case CollectiveKind::reduce_scatter:
-      what = fmt::format("{}({}, {} x {})", collective_name(kind), reduce_op_name(static_cast<ReduceOp>(detail)), dtype_name(dtype), count);
-      break;
-    case CollectiveKind::broadcast:
-      what = fmt::format("broadcast(root {}, {} x {})", detail, dtype_name(dtype), count);
-      break;
-    case CollectiveKind::barrier:
-      what = "barrier()";
-      break;
-    default:
-      what = fmt::format("{}({} x {})", collective_name(kind), dtype_name(dtype), count);
-  }
-  return origin == nullptr || origin->empty() ? what : fmt::format("{} [{}]", *origin, what);
-}
-
 LocalGroup::LocalGroup(LocalWorld& world, std::vector<int> members, std::string axes_label)
     : world_(world), members_(std::move(members)), slots_(members_.size()),
       spin_(world.mesh().size() <= static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {

@@ -11,27 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "comm/signature.h"
 #include "nax/comm/communicator.h"
 #include "nax/core/error.h"
 #include "nax/core/mesh.h"
 
 namespace nax::local {
 
-// What a rank asked for; every rank of a group must ask for the same thing.
-struct Signature {
-  CollectiveKind kind = CollectiveKind::barrier;
-  DType dtype = DType::f32;
-  std::size_t count = 0;
-  int detail = 0;               // ReduceOp or broadcast root
-  std::uint64_t pairs_hash = 0;  // permute pairs
-  // The named collective that issued it (the calling communicator's origin, stable while its
-  // rank waits in the rendezvous): read only to build messages, so the hot path copies no string.
-  const std::string* origin = nullptr;
-  bool operator==(const Signature& o) const {
-    return kind == o.kind && dtype == o.dtype && count == o.count && detail == o.detail && pairs_hash == o.pairs_hash;
-  }
-  std::string str() const;
-};
+using Signature = CollectiveSignature;
 
 // Raised on the ranks released because another device failed.
 class Aborted : public Error {

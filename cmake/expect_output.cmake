@@ -1,0 +1,20 @@
+# Runs COMMAND (a ;-list) and checks how it ends, for commands run under mpirun where every
+# process may print: EXIT is "zero" or "nonzero"; PATTERN (a regex) must match exactly TIMES times
+# in the command's STREAM (stdout or stderr). TIMEOUT (seconds, default 300) bounds the command.
+if(NOT DEFINED TIMEOUT)
+  set(TIMEOUT 300)
+endif()
+execute_process(COMMAND ${COMMAND} RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr TIMEOUT ${TIMEOUT})
+set(report "exit status: ${rc}\n--- stdout ---\n${stdout}\n--- stderr ---\n${stderr}")
+if(EXIT STREQUAL "zero" AND NOT rc EQUAL 0)
+  message(FATAL_ERROR "expected success:\n${report}")
+endif()
+if(EXIT STREQUAL "nonzero" AND (rc EQUAL 0 OR rc MATCHES "timeout"))
+  message(FATAL_ERROR "expected a failure (non-zero exit, no timeout):\n${report}")
+endif()
+string(REGEX MATCHALL "${PATTERN}" matches "${${STREAM}}")
+list(LENGTH matches count)
+if(NOT count EQUAL TIMES)
+  message(FATAL_ERROR "expected '${PATTERN}' ${TIMES} times on ${STREAM}, found it ${count} times:\n${report}")
+endif()
+message(STATUS "${report}")

@@ -1,0 +1,175 @@
+#include "comm/mpi/mpi_communicator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <functional>
+
+#include "comm/mpi/mpi_types.h"
+
+namespace nax::mpi {
+
+namespace {
+
+// A signature as it travels when the group compares them after a mismatch.
+struct WireSignature {
+  std::int64_t kind, dtype, count, detail;
+  std::uint64_t pairs_hash;
+};
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(std::shared_ptr<MpiWorld> world, const std::vector<std::string>& mesh_axes)
+    : world_(std::move(world)), key_(fmt::format("{}", fmt::join(mesh_axes, ","))),
+      members_(world_->mesh().group(world_->device(), mesh_axes)),
+      rank_(world_->mesh().rank_in_group(world_->device(), mesh_axes)) {
+  label_ = fmt::format("group ({}) of devices [{}]", key_, fmt::join(members_, ","));
+  comm_ = CommHandle(world_->create_group_comm(members_, key_, label_));
+  check(MPI_Comm_set_errhandler(comm_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (!world_->left_pending()) return;
+  comm_.abandon();
+  static_cast<void>(agreement_.release());  // a pending check may still write it
+}
+
+CollectiveSignature MpiCommunicator::signature(CollectiveKind kind, DType dtype, std::size_t count, int detail,
+                                               std::uint64_t pairs_hash) const {
+  return CollectiveSignature{kind, dtype, count, detail, pairs_hash, &origin()};
+}
+
+void MpiCommunicator::wait(std::span<MPI_Request> requests, const CollectiveSignature& sig, bool agreed) {
+  const std::function<std::string()> describe = [&] { return fmt::format("{} on device {} in {}", sig.str(), world_->device(), label_); };
+  world_->wait(requests, Pending{key_, members_, total_calls(stats()), describe}, agreed);
+}
+
+void MpiCommunicator::begin(CollectiveKind kind, std::size_t bytes, const CollectiveSignature& sig) {
+  record(kind, bytes);
+  const std::function<std::string()> describe = [&] { return fmt::format("{} on device {} in {}", sig.str(), world_->device(), label_); };
+  world_->check_not_aborting(Pending{key_, members_, total_calls(stats()), describe});
+  if (!world_->check_collectives()) return;
+  // Equal signatures give equal hashes: the group agrees when max(h) == min(h) (the second half
+  // carries -h, so one MAX reduction gives both).
+  const auto h = static_cast<std::int64_t>(sig.hash() >> 1);
+  std::array<std::int64_t, 4>& buffers = *agreement_;
+  buffers = {h, -h, 0, 0};
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Iallreduce(buffers.data(), buffers.data() + 2, 2, MPI_INT64_T, MPI_MAX, comm_.get(), &request), "MPI_Iallreduce");
+  wait({&request, 1}, sig, false);
+  if (buffers[2] != h || buffers[3] != -h) throw Error(mismatch_message(sig));
+}
+
+std::string MpiCommunicator::mismatch_message(const CollectiveSignature& sig) {
+  // Every rank of the group is here (they all saw the same extremes): gather what each called.
+  const WireSignature wire{static_cast<std::int64_t>(sig.kind), static_cast<std::int64_t>(sig.dtype), static_cast<std::int64_t>(sig.count),
+                           sig.detail, sig.pairs_hash};
+  std::vector<WireSignature> all(members_.size());
+  check(MPI_Allgather(&wire, sizeof wire, MPI_BYTE, all.data(), sizeof wire, MPI_BYTE, comm_.get()), "MPI_Allgather");
+  const int length = static_cast<int>(origin().size());
+  std::vector<int> lengths(members_.size()), offsets(members_.size());
+  check(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm_.get()), "MPI_Allgather");
+  int total = 0;
+  for (std::size_t r = 0; r < lengths.size(); ++r) offsets[r] = std::exchange(total, total + lengths[r]);
+  std::string origins(static_cast<std::size_t>(total), '\0');
+  check(MPI_Allgatherv(origin().data(), length, MPI_CHAR, origins.data(), lengths.data(), offsets.data(), MPI_CHAR, comm_.get()),
+        "MPI_Allgatherv");
+  auto rank_signature = [&](std::size_t r, std::string& origin_text) {
+    origin_text = origins.substr(static_cast<std::size_t>(offsets[r]), static_cast<std::size_t>(lengths[r]));
+    return CollectiveSignature{static_cast<CollectiveKind>(all[r].kind), static_cast<DType>(all[r].dtype), static_cast<std::size_t>(all[r].count),
+                               static_cast<int>(all[r].detail), all[r].pairs_hash, &origin_text};
+  };
+  std::string first_origin, other_origin;
+  const CollectiveSignature first = rank_signature(0, first_origin);
+  for (std::size_t r = 1; r < members_.size(); ++r) {
+    const CollectiveSignature other = rank_signature(r, other_origin);
+    if (!(other == first))
+      return fmt::format("collective mismatch in {}: device {} called {} but device {} called {}", label_, members_[0], first.str(),
+                         members_[r], other.str());
+  }
+  return fmt::format("collective mismatch in {}: the signatures' hashes differ but not the signatures", label_);
+}
+
+void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  const auto sig = signature(CollectiveKind::all_reduce, dtype, count, static_cast<int>(op));
+  begin(CollectiveKind::all_reduce, count * dtype_size(dtype), sig);
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, count_of(count, "all_reduce"), datatype(dtype), reduce_op(op, dtype),
+                       comm_.get(), &request),
+        "MPI_Iallreduce");
+  wait({&request, 1}, sig, world_->check_collectives());
+}
+
+void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+  const auto sig = signature(CollectiveKind::all_gather, dtype, count);
+  begin(CollectiveKind::all_gather, count * dtype_size(dtype), sig);
+  const int n = count_of(count, "all_gather");
+  count_of(count * members_.size(), "all_gather");
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Iallgather(send, n, datatype(dtype), recv, n, datatype(dtype), comm_.get(), &request), "MPI_Iallgather");
+  wait({&request, 1}, sig, world_->check_collectives());
+}
+
+void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  const auto sig = signature(CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op));
+  begin(CollectiveKind::reduce_scatter, count * members_.size() * dtype_size(dtype), sig);
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Ireduce_scatter_block(send, recv, count_of(count, "reduce_scatter"), datatype(dtype), reduce_op(op, dtype), comm_.get(), &request),
+        "MPI_Ireduce_scatter_block");
+  wait({&request, 1}, sig, world_->check_collectives());
+}
+
+void MpiCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype) {
+  const auto sig = signature(CollectiveKind::all_to_all, dtype, count);
+  begin(CollectiveKind::all_to_all, count * members_.size() * dtype_size(dtype), sig);
+  const int n = count_of(count, "all_to_all");
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Ialltoall(send, n, datatype(dtype), recv, n, datatype(dtype), comm_.get(), &request), "MPI_Ialltoall");
+  wait({&request, 1}, sig, world_->check_collectives());
+}
+
+void MpiCommunicator::permute(const void* send, void* recv, std::size_t count, DType dtype,
+                              const std::vector<std::pair<int, int>>& pairs) {
+  check_permute_pairs(pairs, size(), "permute", label_);
+  const auto sig = signature(CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs));
+  begin(CollectiveKind::permute, count * dtype_size(dtype), sig);
+  const int n = count_of(count, "permute");
+  const std::size_t bytes = count * dtype_size(dtype);
+  std::vector<MPI_Request> requests;
+  bool received = false;
+  for (auto [src, dst] : pairs) {
+    if (src == rank_ && dst == rank_) {
+      std::memcpy(recv, send, bytes);
+      received = true;
+    } else if (src == rank_) {
+      check(MPI_Isend(send, n, datatype(dtype), dst, 0, comm_.get(), &requests.emplace_back()), "MPI_Isend");
+    } else if (dst == rank_) {
+      check(MPI_Irecv(recv, n, datatype(dtype), src, 0, comm_.get(), &requests.emplace_back()), "MPI_Irecv");
+      received = true;
+    }
+  }
+  if (!received) std::memset(recv, 0, bytes);
+  wait(requests, sig, world_->check_collectives());
+}
+
+void MpiCommunicator::broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) {
+  if (root < 0 || root >= size()) fail("broadcast", "root {} is out of range for a group of {} ranks", root, size());
+  const auto sig = signature(CollectiveKind::broadcast, dtype, count, root);
+  begin(CollectiveKind::broadcast, count * dtype_size(dtype), sig);
+  if (rank_ == root && send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Ibcast(recv, count_of(count, "broadcast"), datatype(dtype), root, comm_.get(), &request), "MPI_Ibcast");
+  wait({&request, 1}, sig, world_->check_collectives());
+}
+
+void MpiCommunicator::barrier() {
+  const auto sig = signature(CollectiveKind::barrier, DType::f32, 0);
+  begin(CollectiveKind::barrier, 0, sig);
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Ibarrier(comm_.get(), &request), "MPI_Ibarrier");
+  wait({&request, 1}, sig, world_->check_collectives());
+}
+
+}  // namespace nax::mpi

@@ -1,0 +1,35 @@
+#pragma once
+// What a rank asks a group for in one collective call; every rank of the group must ask for the
+// same thing. Shared by the backends that check it (local, mpi) so that their messages read alike.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nax/comm/communicator.h"
+
+namespace nax {
+
+struct CollectiveSignature {
+  CollectiveKind kind = CollectiveKind::barrier;
+  DType dtype = DType::f32;
+  std::size_t count = 0;
+  int detail = 0;                // ReduceOp or broadcast root
+  std::uint64_t pairs_hash = 0;  // permute pairs
+  // The named collective that issued it (the calling communicator's origin, stable while its
+  // rank waits): read only to build messages, so the hot path copies no string.
+  const std::string* origin = nullptr;
+
+  bool operator==(const CollectiveSignature& o) const {
+    return kind == o.kind && dtype == o.dtype && count == o.count && detail == o.detail && pairs_hash == o.pairs_hash;
+  }
+  // "psum(f32[i=4] varying{mp}, mp) [all_reduce(sum, f32 x 4)]"
+  std::string str() const;
+  // Equal signatures hash alike (the origin is not part of it).
+  std::uint64_t hash() const;
+};
+
+// A hash of permute pairs, order-sensitive.
+std::uint64_t hash_pairs(const std::vector<std::pair<int, int>>& pairs);
+
+}  // namespace nax

@@ -1,0 +1,141 @@
+// Runtime::mpi: one process per device under mpirun; per-shard code runs on the calling thread.
+// A run ends with every process telling the others how it ended (the control channel), so that
+// all of them return from run together, each with an error if any device failed.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <thread>
+
+#include "comm/mpi/mpi_communicator.h"
+#include "comm/mpi/mpi_session.h"
+#include "comm/mpi/mpi_world.h"
+#include "runtime/runtime_state.h"
+
+namespace nax {
+
+namespace {
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+class MpiState final : public Runtime::State {
+ public:
+  MpiState(const Mesh& mesh, double timeout_s, bool check_collectives);
+
+  const Mesh& mesh() const override { return mesh_; }
+  const std::vector<int>& local_devices() const override { return devices_; }
+  void run(const std::function<void(Shard&)>& fn) override;
+  const detail::DeviceShard& shard(int device, std::string_view op) const override;
+
+ private:
+  // Runs fn here; on failure tells the other processes at once. How this device ended.
+  mpi::RunEnd run_here(const std::function<void(Shard&)>& fn, std::exception_ptr& error);
+  // Tells the others how this device ended and waits until every one has told the same.
+  void end_run(mpi::RunEnd end);
+  std::map<std::string, std::size_t> calls_per_group() const;
+
+  Mesh mesh_;
+  std::vector<int> devices_;
+  std::shared_ptr<mpi::MpiWorld> world_;
+  std::unique_ptr<detail::DeviceShard> shard_;
+  std::string unusable_;  // why runs are refused (an earlier run left MPI operations pending)
+};
+
+MpiState::MpiState(const Mesh& mesh, double timeout_s, bool check_collectives)
+    : mesh_(mesh), world_(std::make_shared<mpi::MpiWorld>(mesh, timeout_s, check_collectives)) {
+  const int d = world_->device();
+  devices_ = {d};
+  auto world = world_;
+  auto make_comm = [world](const std::vector<std::string>& axes) -> std::unique_ptr<Communicator> {
+    return std::make_unique<mpi::MpiCommunicator>(world, axes);
+  };
+  shard_ = std::make_unique<detail::DeviceShard>(d, mesh_, std::make_shared<Device>(d, Backend::cpu, make_caching_host_allocator()),
+                                                 make_comm);
+}
+
+const detail::DeviceShard& MpiState::shard(int device, std::string_view op) const {
+  if (device < 0 || device >= mesh_.size()) fail(op, "device {} out of range for mesh {}", device, mesh_.str());
+  if (device != devices_[0])
+    fail(op, "device {} runs in another MPI process (this process runs device {} of mesh {}); ask that process", device, devices_[0],
+         mesh_.str());
+  return *shard_;
+}
+
+std::map<std::string, std::size_t> MpiState::calls_per_group() const {
+  std::map<std::string, std::size_t> calls;
+  for (const auto& [key, stats] : shard_->comm_stats()) calls[key] = total_calls(stats);
+  return calls;
+}
+
+mpi::RunEnd MpiState::run_here(const std::function<void(Shard&)>& fn, std::exception_ptr& error) {
+  detail::set_current_shard(shard_.get());
+  mpi::RunEnd end = mpi::RunEnd::ok;
+  try {
+    fn(*shard_);
+  } catch (const mpi::Aborted&) {
+    error = std::current_exception();
+    end = mpi::RunEnd::released;
+  } catch (...) {
+    error = std::current_exception();
+    end = mpi::RunEnd::failed;
+  }
+  detail::set_current_shard(nullptr);
+  if (end == mpi::RunEnd::failed) world_->control().send_abort(fmt::format("device {} failed: {}", devices_[0], what_of(error)));
+  return end;
+}
+
+void MpiState::end_run(mpi::RunEnd end) {
+  mpi::Control& control = world_->control();
+  control.send_ended({end, world_->left_pending(), calls_per_group()});
+  // No timeout here, as in the local runtime: a device still computing will end its run, or
+  // fail in its next collective (released by the abort) and then end it.
+  for (int sleep_us = 1;; sleep_us = std::min(2 * sleep_us, 1000)) {
+    control.poll();
+    if (static_cast<int>(control.ended().size()) == mesh_.size() - 1) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+  }
+  if (world_->left_pending()) unusable_ = fmt::format("device {} (this process)", devices_[0]);
+  for (const auto& [device, ended] : control.ended())
+    if (ended.left_pending && unusable_.empty()) unusable_ = fmt::format("device {}", device);
+}
+
+void MpiState::run(const std::function<void(Shard&)>& fn) {
+  if (!unusable_.empty())
+    fail("Runtime::run", "an earlier run on mesh {} failed with MPI operations left pending on {}, which MPI cannot cancel: make a new "
+         "Runtime::mpi to run again", mesh_.str(), unusable_);
+  world_->control().begin_run(world_->control().epoch() + 1);
+  std::exception_ptr error;
+  const mpi::RunEnd end = run_here(fn, error);
+  end_run(end);
+  if (error) std::rethrow_exception(error);
+  if (world_->control().aborting()) throw Error(world_->control().abort_reason());
+}
+
+}  // namespace
+
+Runtime Runtime::mpi(const Mesh& mesh, RuntimeOptions options) {
+  const double timeout = detail::collective_timeout_s(options);
+  mpi::Session& session = mpi::Session::get();
+  if (session.world_size() != mesh.size())
+    fail("Runtime::mpi", "mesh {} has {} devices but mpirun started {} processes: start one process per device (mpirun -np {})",
+         mesh.str(), mesh.size(), session.world_size(), mesh.size());
+  session.set_exit_timeout(timeout);
+  detail::configure_blas_threads(options);
+  return Runtime(std::make_unique<MpiState>(mesh, timeout, options.check_collectives));
+}
+
+namespace {
+bool in_mpi_job() { return mpi::active() || detail::launched_by_mpirun(); }
+}  // namespace
+
+int process_index() { return in_mpi_job() ? mpi::Session::get().world_rank() : 0; }
+int process_count() { return in_mpi_job() ? mpi::Session::get().world_size() : 1; }
+
+}  // namespace nax

@@ -1,0 +1,37 @@
+#pragma once
+// What a Runtime is underneath: one implementation per backend (threads in local_runtime.cpp,
+// processes in mpi_runtime.cpp), and the helpers they share.
+#include <functional>
+#include <string_view>
+#include <vector>
+
+#include "nax/runtime.h"
+#include "runtime/device_shard.h"
+
+namespace nax {
+
+struct Runtime::State {
+  virtual ~State() = default;
+  virtual const Mesh& mesh() const = 0;
+  virtual const std::vector<int>& local_devices() const = 0;
+  virtual void run(const std::function<void(Shard&)>& fn) = 0;
+  // The shard of `device`, which must run in this process (else an error naming `op`).
+  virtual const detail::DeviceShard& shard(int device, std::string_view op) const = 0;
+};
+
+namespace detail {
+
+// Makes `shard` the one Shard::current() returns on the calling thread (nullptr: none).
+void set_current_shard(Shard* shard);
+
+// True when a launcher started this process (mpirun / mpiexec of Open MPI, MPICH or any PMIx one).
+bool launched_by_mpirun();
+
+// options.collective_timeout_s, else $NAX_COLLECTIVE_TIMEOUT_S, else 300 s.
+double collective_timeout_s(const RuntimeOptions& options);
+
+// One BLAS thread per device unless the options or $OPENBLAS_NUM_THREADS say otherwise.
+void configure_blas_threads(const RuntimeOptions& options);
+
+}  // namespace detail
+}  // namespace nax

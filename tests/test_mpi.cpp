@@ -1,0 +1,304 @@
+// The MPI runtime under mpirun -np 2 and -np 4: every collective gives what the thread runtime
+// gives on the same mesh (1-D and 2-D meshes, groups over one and two mesh axes, inner tensor
+// axes, partial permutations, f64/f32/bf16/i32), stats are recorded alike, gather works across
+// processes, and misuse (mismatched collectives, a device that skips one, a timeout, a failing
+// device) raises an error on every process instead of hanging. Every check runs on all processes;
+// expectations are checked inside the run (NAX_EXPECT), so that a failure on one device fails the
+// run, and so the test, on every process.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <thread>
+
+#include "helpers.h"
+
+using namespace nax;
+using Catch::Matchers::Contains;
+
+namespace {
+
+int world_size() { return process_count(); }
+
+// Meshes with one device per process: 1-D and 2-D, axes of size 1 included.
+std::vector<std::string> meshes() {
+  switch (world_size()) {
+    case 2: return {"mp=2", "dp=1,mp=2", "dp=2,mp=1"};
+    case 4: return {"mp=4", "dp=2,mp=2", "mp=2,dp=2", "dp=4,mp=1"};
+    default: return {fmt::format("mp={}", world_size())};
+  }
+}
+
+// Each axis alone, all axes, and all axes reversed (the group's ranks in the other order).
+std::vector<std::vector<std::string>> groups_of(const Mesh& mesh) {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& a : mesh.axis_names()) out.push_back({a});
+  if (mesh.axes().size() > 1) {
+    out.push_back(mesh.axis_names());
+    auto reversed = mesh.axis_names();
+    std::reverse(reversed.begin(), reversed.end());
+    out.push_back(reversed);
+  }
+  return out;
+}
+
+Tensor input_of(int device, const Shape& shape, DType dtype) {
+  Tensor x = random_normal(shape, 17, fmt::format("x{}", device), 1.0, DType::f64);
+  return dtype == DType::i32 ? cast(x * 10.0, DType::i32) : cast(x, dtype);
+}
+
+// The device's own value, Varying over every mesh axis.
+Tensor varying_input(Shard& s, const Shape& shape, DType dtype = DType::f64) {
+  return pvary(s.shard(input_of(s.device(), shape, dtype), {}), s.mesh().axis_names());
+}
+
+double relative_error(const std::vector<double>& got, const std::vector<double>& want) {
+  if (got.size() != want.size()) return INFINITY;
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / std::max(1.0, std::abs(want[i])));
+  return std::isnan(worst) ? INFINITY : worst;
+}
+
+// The thread runtime and the MPI runtime on one mesh.
+struct Both {
+  explicit Both(const std::string& spec) : mesh(Mesh::parse(spec)), threads(Runtime::local(mesh)), mpi(Runtime::mpi(mesh)) {}
+  Mesh mesh;
+  Runtime threads, mpi;
+
+  // Runs `collective` on both; this process's device must get what the same device gets on threads.
+  template <typename F>
+  void check(const std::string& what, F collective, double tol) {
+    auto want = threads.run([&](Shard& s) { return collective(s).template to_vector<double>(); });
+    REQUIRE_NOTHROW(mpi.run([&](Shard& s) {
+      const double error = relative_error(collective(s).template to_vector<double>(), want[static_cast<std::size_t>(s.device())]);
+      if (!(error <= tol))
+        throw std::runtime_error(fmt::format("{} on mesh {}: device {} differs from the thread runtime by {:g} (tolerance {:g})", what,
+                                             mesh.str(), s.device(), error, tol));
+    }));
+  }
+};
+
+double tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::f64: return 1e-12;
+    case DType::f32: return 1e-6;
+    case DType::bf16: return 1e-2;  // pairwise bf16 rounding, possibly in another order
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mpi: reductions match the thread runtime", "[mpi][collectives]") {
+  for (const auto& spec : meshes()) {
+    Both both(spec);
+    for (const auto& axes : groups_of(both.mesh)) {
+      const std::string group = Names(axes).str();
+      for (DType dtype : {DType::f64, DType::f32, DType::bf16, DType::i32}) {
+        const std::string where = fmt::format("over {} in {}", group, dtype_name(dtype));
+        const Shape shape{{"a", 3}, {"b", 5}};
+        both.check("psum " + where, [&](Shard& s) { return psum(varying_input(s, shape, dtype), axes); }, tolerance(dtype));
+        both.check("pmax " + where, [&](Shard& s) { return pmax(varying_input(s, shape, dtype), axes); }, 0);
+        both.check("pmin " + where, [&](Shard& s) { return pmin(varying_input(s, shape, dtype), axes); }, 0);
+      }
+      both.check("pmean over " + group, [&](Shard& s) { return pmean(varying_input(s, Shape{{"i", 7}}), axes); }, 1e-12);
+      both.check("psum of 100k f32 over " + group, [&](Shard& s) { return psum(varying_input(s, Shape{{"i", 100000}}, DType::f32), axes); },
+                 1e-6);
+    }
+  }
+}
+
+TEST_CASE("mpi: all_gather, psum_scatter and all_to_all match the thread runtime on leading and inner axes", "[mpi][collectives]") {
+  for (const auto& spec : meshes()) {
+    Both both(spec);
+    for (const auto& axes : groups_of(both.mesh)) {
+      const int n = both.mesh.group_size(axes);
+      const std::string group = Names(axes).str();
+      const Shape shape{{"a", 2 * n}, {"b", 3 * n}, {"c", 2}};
+      for (DType dtype : {DType::f64, DType::bf16}) {
+        for (const std::string axis : {"a", "b"}) {
+          const std::string where = fmt::format("over {} along {} in {}", group, axis, dtype_name(dtype));
+          both.check("all_gather " + where, [&](Shard& s) { return all_gather(varying_input(s, shape, dtype), axes, axis); }, 0);
+          both.check("all_gather_invariant " + where,
+                     [&](Shard& s) { return all_gather_invariant(varying_input(s, shape, dtype), axes, axis); }, 0);
+          both.check("psum_scatter " + where, [&](Shard& s) { return psum_scatter(varying_input(s, shape, dtype), axes, axis); },
+                     tolerance(dtype));
+        }
+      }
+      both.check("all_gather onto a new axis over " + group, [&](Shard& s) { return all_gather(varying_input(s, shape), axes, "stack"); }, 0);
+      for (auto [split, concat_axis] : {std::pair<std::string, std::string>{"b", "a"}, {"b", "c"}, {"a", "b"}}) {
+        both.check(fmt::format("all_to_all split {} concat {} over {}", split, concat_axis, group),
+                   [&](Shard& s) { return all_to_all(varying_input(s, shape), axes, split, concat_axis); }, 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("mpi: ppermute rings, shifts and partial permutations match the thread runtime", "[mpi][collectives]") {
+  for (const auto& spec : meshes()) {
+    Both both(spec);
+    for (const auto& axes : groups_of(both.mesh)) {
+      const int n = both.mesh.group_size(axes);
+      std::vector<std::vector<std::pair<int, int>>> perms(5);
+      for (int r = 0; r < n; ++r) perms[0].push_back({r, (r + 1) % n});      // ring forward
+      for (int r = 0; r < n; ++r) perms[1].push_back({r, (r + n - 1) % n});  // ring backward
+      for (int r = 0; r + 1 < n; r += 2) perms[2].push_back({r + 1, r});     // partial: odd ranks to even
+      perms[3].push_back({0, n - 1});                                        // one pair (a self-pair when n = 1)
+      for (int r = 0; r < n; ++r) perms[4].push_back({r, r});                // identity
+      for (const auto& pairs : perms) {
+        std::vector<std::string> text;
+        for (auto [src, dst] : pairs) text.push_back(fmt::format("{}->{}", src, dst));
+        both.check(fmt::format("ppermute [{}] over {}", fmt::join(text, " "), Names(axes).str()),
+                   [&](Shard& s) { return ppermute(varying_input(s, Shape{{"a", 2}, {"b", 3}}), axes, pairs); }, 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("mpi: broadcast and barrier through the Communicator match the thread runtime", "[mpi][collectives]") {
+  for (const auto& spec : meshes()) {
+    Both both(spec);
+    for (const auto& axes : groups_of(both.mesh)) {
+      const int n = both.mesh.group_size(axes);
+      for (int root : {0, n - 1}) {
+        both.check(fmt::format("broadcast from {} over {}", root, Names(axes).str()), [&](Shard& s) {
+          Communicator& c = s.comm(axes);
+          c.set_origin("test broadcast");
+          c.barrier();
+          std::vector<double> send = input_of(s.device(), Shape{{"i", 9}}, DType::f64).to_vector<double>(), recv(9, -1.0);
+          c.broadcast(send.data(), recv.data(), recv.size(), DType::f64, root);
+          c.broadcast(send.data(), send.data(), send.size(), DType::f64, root);  // in place
+          NAX_EXPECT(send == recv);
+          return from_vector(Shape{{"i", 9}}, recv);
+        }, 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("mpi: communicators record calls and bytes as the thread runtime's do", "[mpi][runtime]") {
+  for (const auto& spec : meshes()) {
+    Both both(spec);
+    auto program = [&](Shard& s) {
+      Tensor x = varying_input(s, Shape{{"i", 4 * s.mesh().size()}});
+      for (const auto& axes : groups_of(s.mesh())) {
+        psum(x, axes);
+        all_gather(x, axes, "i");
+        psum_scatter(x, axes, "i");
+        all_to_all(x, axes, "i", "i");
+        ppermute(x, axes, {{0, axis_size(axes) - 1}});
+        s.comm(axes).barrier();
+      }
+    };
+    both.threads.run(program);
+    REQUIRE_NOTHROW(both.mpi.run(program));
+    const int d = both.mpi.local_devices().front();
+    const auto want = both.threads.comm_stats_by_axes(d), got = both.mpi.comm_stats_by_axes(d);
+    REQUIRE(got.size() == want.size());
+    for (const auto& [axes, stats] : want) {
+      INFO("mesh " << spec << " group " << axes);
+      REQUIRE(got.at(axes).calls == stats.calls);
+      REQUIRE(got.at(axes).bytes == stats.bytes);
+    }
+  }
+}
+
+TEST_CASE("mpi: one device per process; gather rebuilds the global tensor in every process", "[mpi][runtime]") {
+  const Mesh mesh = Mesh::parse(meshes().back());
+  Runtime rt = Runtime::mpi(mesh);
+  REQUIRE(rt.local_devices() == std::vector<int>{process_index()});
+  const Tensor global = random_normal(Shape{{"a", 2 * mesh.size()}, {"b", 3}}, 5, "g");
+  const AxisRules rules{{"a", mesh.axis_names()}};
+  auto results = rt.run([&](Shard& s) {
+    NAX_EXPECT(Shard::current() == &s);
+    NAX_EXPECT(s.device() == process_index());
+    Tensor block = s.shard(global, rules);
+    NAX_EXPECT(block.shape().size("a") == 2);
+    return s.gather(block).to_vector<double>();
+  });
+  REQUIRE(results.size() == static_cast<std::size_t>(mesh.size()));
+  for (int d = 0; d < mesh.size(); ++d) {
+    if (d == process_index()) REQUIRE(results[static_cast<std::size_t>(d)] == global.to_vector<double>());
+    else REQUIRE(results[static_cast<std::size_t>(d)].empty());  // another process's slot
+  }
+  const int other = (process_index() + 1) % mesh.size();
+  REQUIRE_THROWS_WITH(rt.comm_stats(other), Contains("runs in another MPI process"));
+  REQUIRE_THROWS_WITH(rt.memory(other), Contains("runs in another MPI process"));
+}
+
+TEST_CASE("mpi: a world size other than the mesh's is refused", "[mpi][errors]") {
+  REQUIRE_THROWS_WITH(Runtime::mpi(Mesh::parse(fmt::format("x={}", world_size() + 1))),
+                      Contains(fmt::format("has {} devices but mpirun started {} processes", world_size() + 1, world_size())));
+}
+
+TEST_CASE("mpi: mismatched collectives raise the same error on every process, and the runtime goes on", "[mpi][errors]") {
+  Runtime rt = Runtime::mpi(Mesh::parse(meshes().front()));
+  REQUIRE_THROWS_WITH(rt.run([](Shard& s) { psum(pvary(ones(Shape{{"i", 4 + s.device() % 2}}), "mp"), "mp"); }),
+                      Contains("collective mismatch in group (mp) of devices") && Contains("but device 1 called psum(f32[i=5]") &&
+                          Contains("all_reduce(sum, f32 x 5)"));
+  REQUIRE_THROWS_WITH(rt.run([](Shard& s) {
+                        Tensor x = pvary(ones(Shape{{"i", 4}}), "mp");
+                        if (s.device() == 0) psum(x, "mp");
+                        else all_gather(x, "mp", "i");
+                      }),
+                      Contains("collective mismatch") && Contains("all_gather"));
+  // Nothing was left pending: the same runtime runs again.
+  auto sums = rt.run([](Shard&) { return psum(pvary(ones(Shape{{"i", 2}}), "mp"), "mp").to_vector<float>(); });
+  REQUIRE(sums[static_cast<std::size_t>(process_index())] == std::vector<float>(2, static_cast<float>(world_size())));
+}
+
+TEST_CASE("mpi: a device that finishes without calling a collective fails the run on every process", "[mpi][errors]") {
+  const Mesh mesh = Mesh::parse(meshes().front());
+  Runtime rt = Runtime::mpi(mesh);
+  auto skip_on_device_0 = [](Shard& s) {
+    Tensor x = pvary(ones(Shape{{"i", 4}}), "mp");
+    psum(x, "mp");  // the group exists everywhere
+    if (s.device() != 0) psum(x, "mp");
+  };
+  if (process_index() == 0)
+    REQUIRE_THROWS_WITH(rt.run(skip_on_device_0), Contains("failed: psum"));  // a peer's message
+  else
+    REQUIRE_THROWS_WITH(rt.run(skip_on_device_0), Contains("cannot complete: device 0 finished its program without calling it"));
+  // Collectives were left pending: this runtime refuses to run again, a new one works.
+  REQUIRE_THROWS_WITH(rt.run([](Shard&) {}), Contains("make a new Runtime::mpi"));
+  Runtime fresh = Runtime::mpi(mesh);
+  REQUIRE_NOTHROW(fresh.run([](Shard&) { psum(pvary(ones(Shape{{"i", 4}}), "mp"), "mp"); }));
+}
+
+TEST_CASE("mpi: a collective that waits past the timeout fails on every process", "[mpi][errors]") {
+  const Mesh mesh = Mesh::parse(meshes().front());
+  Runtime rt = Runtime::mpi(mesh, {.collective_timeout_s = 0.5});
+  const auto start = std::chrono::steady_clock::now();
+  auto late_device_1 = [](Shard& s) {
+    Tensor x = pvary(ones(Shape{{"i", 4}}), "mp");
+    psum(x, "mp");  // on time
+    if (s.device() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    psum(x, "mp");
+  };
+  if (process_index() == 1)
+    REQUIRE_THROWS_WITH(rt.run(late_device_1), Contains("the run is aborting") && Contains("timed out after 0.5 s"));
+  else if (process_index() == 0)
+    REQUIRE_THROWS_WITH(rt.run(late_device_1), Contains("psum(f32[i=4] varying{mp}, mp)") && Contains("timed out after 0.5 s") &&
+                                                   Contains("NAX_COLLECTIVE_TIMEOUT_S"));
+  else
+    REQUIRE_THROWS_WITH(rt.run(late_device_1), Contains("timed out after 0.5 s"));
+  REQUIRE(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+
+TEST_CASE("mpi: an error on one device releases the others with its message", "[mpi][errors]") {
+  Runtime rt = Runtime::mpi(Mesh::parse(meshes().front()));
+  auto fail_on_last = [](Shard& s) {
+    if (s.device() == s.mesh().size() - 1) fail("test", "device {} gives up", s.device());
+    psum(pvary(ones(Shape{{"i", 4}}), "mp"), "mp");
+  };
+  REQUIRE_THROWS_WITH(rt.run(fail_on_last), Contains(fmt::format("test: device {} gives up", world_size() - 1)));
+}
+
+TEST_CASE("mpi: with the signature check off, matching collectives still work", "[mpi][collectives]") {
+  const Mesh mesh = Mesh::parse(meshes().front());
+  Runtime threads = Runtime::local(mesh);
+  Runtime rt = Runtime::mpi(mesh, {.check_collectives = false});
+  auto program = [](Shard& s) { return psum(varying_input(s, Shape{{"i", 16}}), "mp").to_vector<double>(); };
+  const auto want = threads.run(program);
+  const auto got = rt.run(program);
+  REQUIRE(relative_error(got[static_cast<std::size_t>(process_index())], want[static_cast<std::size_t>(process_index())]) <= 1e-12);
+}
