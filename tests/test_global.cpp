@@ -239,8 +239,16 @@ TEST_CASE("strategy choices are cached per op, placements and shapes", "[global]
   const Tensor a = host_normal(Shape{{"m", 4}, {"k", 6}}, "a");
   rt.run([&](Shard&) {
     GlobalTensor x = GlobalTensor::from_host(a, AxisRules{{"k", "x"}});
+    const auto before = sharding_cache_stats();
     GlobalTensor first = sum(exp(x), "k");
+    const auto between = sharding_cache_stats();
     GlobalTensor second = sum(exp(x), "k");
+    const auto after = sharding_cache_stats();
+    NAX_EXPECT(after.hits - between.hits == 2 && after.misses == between.misses);
+    NAX_EXPECT(between.hits + between.misses - before.hits - before.misses == 2);
+    // Another shape is another entry.
+    sum(exp(GlobalTensor::from_host(slice(a, "m", 0, 2), AxisRules{{"k", "x"}})), "k");
+    NAX_EXPECT(sharding_cache_stats().misses == after.misses + 2);
     NAX_EXPECT(close(first.to_host(), second.to_host()));
   });
 }

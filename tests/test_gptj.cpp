@@ -141,3 +141,65 @@ TEST_CASE("a mesh that does not divide the model is refused with one clear line"
   REQUIRE_THROWS_WITH(gptj::config_by_name("huge"), Contains("unknown config 'huge'") && Contains("tiny"));
   REQUIRE_THROWS_WITH(gptj::TextData::load({"/nonexistent/file.txt"}), Contains("cannot read '/nonexistent/file.txt'"));
 }
+
+// gptj export (for the JAX baseline, bench/jax_baseline.py).
+#include <nlohmann/json.hpp>
+
+#include "export.h"
+
+TEST_CASE("gptj export writes the trainer's initial parameters, batches and settings", "[e2e][gptj]") {
+  const std::string dir = scratch_dir("export");
+  gptj::ExportOptions e;
+  e.train = tiny("dp=1,mp=2", 3);
+  e.out = dir;
+  gptj::export_run(e, corpus());
+  for (const char* file : {"model.safetensors", "config.json", "batches.safetensors", "export.json"})
+    REQUIRE(std::filesystem::exists(dir + "/" + file));
+
+  // The batches are the loader's, step by step.
+  const auto batches = gptj::load_safetensors(dir + "/batches.safetensors");
+  REQUIRE(batches.size() == 6);
+  for (std::int64_t k = 0; k < 3; ++k) {
+    auto [ids, targets] = corpus().batch(gptj::TextData::Split::train, k, 4, 16, 0);
+    REQUIRE(batches.at(fmt::format("ids.{}", k)).dtype() == DType::i32);
+    REQUIRE(batches.at(fmt::format("ids.{}", k)).to_vector<std::int32_t>() == ids.to_vector<std::int32_t>());
+    REQUIRE(batches.at(fmt::format("targets.{}", k)).to_vector<std::int32_t>() == targets.to_vector<std::int32_t>());
+  }
+
+  // The settings are the trainer's.
+  const auto info = nlohmann::json::parse(gptj::read_file(dir + "/export.json"));
+  REQUIRE(info["config"] == "tiny");
+  REQUIRE(info["mesh"] == "dp=1,mp=2");
+  REQUIRE(info["dims"]["vocab"] == 256);
+  REQUIRE(info["steps"] == 3);
+  REQUIRE(info["optimizer"]["lr"] == 1e-2);
+  REQUIRE(info["optimizer"]["weight_decay"] == gptj::TrainOptions{}.weight_decay);
+  REQUIRE(info["lr_per_step"].size() == 3);
+  REQUIRE(info["lr_per_step"][1].get<double>() == nn::warmup_cosine(1, 2, 3, 1e-2));
+
+  // The parameters are the trainer's initial ones: on the first batch they give its first loss.
+  const gptj::Config config = gptj::config_from_json(gptj::read_file(dir + "/config.json"));
+  REQUIRE(config.name == "tiny");
+  const auto specs = gptj::parameter_specs(config);
+  const auto file = gptj::load_safetensors(dir + "/model.safetensors");
+  REQUIRE(file.size() == specs.size());
+  std::vector<Tensor> globals;
+  for (const auto& spec : specs) globals.push_back(gptj::from_hf_layout(file, spec.name, spec.global, "model.safetensors"));
+  const Mesh mesh = Mesh::parse("dp=1,mp=2");
+  const AxisRules rules = gptj::axis_rules(mesh);
+  double first_loss = 0;
+  Runtime rt = Runtime::local(mesh);
+  rt.run([&](Shard& s) {
+    std::vector<Tensor> values;
+    for (const auto& g : globals) values.push_back(s.shard(g, rules));
+    const gptj::Model model(config, nn::Parameters::from_values(specs, values));
+    NoGrad no_grad;
+    const double loss = model.loss(s.shard(batches.at("ids.0").with_shape(Shape{{"batch", 4}, {"seq", 16}}), rules),
+                                   s.shard(batches.at("targets.0").with_shape(Shape{{"batch", 4}, {"seq", 16}}), rules))
+                            .item();
+    if (s.device() == 0) first_loss = loss;
+  });
+  const auto trained = gptj::train(tiny("dp=1,mp=2", 3), corpus()).losses;
+  REQUIRE(nax::testing::max_rel_error({first_loss}, {trained.front()}) <= 1e-6);
+  std::filesystem::remove_all(dir);
+}

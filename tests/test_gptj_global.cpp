@@ -1,6 +1,13 @@
 // Hand = auto (DESIGN.md §7.2): the GPT-J written per shard and the same model in the global view
 // give the same losses and gradients on the same mesh, and the automatic one never gathers the
 // logits or the embedding table.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "compare.h"
 #include "global_model.h"
 #include "helpers.h"
 #include "model.h"
@@ -91,4 +98,40 @@ TEST_CASE("hand and auto sharding give the same gradients, and auto gathers noth
     CHECK(automatic.calls.at(CollectiveKind::all_gather) == 0);
     CHECK(automatic.calls.at(CollectiveKind::all_to_all) == 0);
   }
+}
+
+TEST_CASE("gptj compare: rows for hand and auto, the JSON list and the cluster projections", "[e2e][gptj][global]") {
+  gptj::CompareOptions c;
+  c.train = tiny("dp=2,mp=2", "hand");
+  c.train.steps = 4;
+  c.timing_skip = 1;
+  const auto rows = gptj::compare(c, corpus());
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].sharding == "hand");
+  CHECK(rows[1].sharding == "auto");
+  REQUIRE(nax::testing::max_rel_error(rows[1].losses, rows[0].losses) <= 1e-5);
+  for (const auto& r : rows) {
+    CHECK(r.tokens_per_s > 0);
+    CHECK(r.peak_bytes > 0);
+    CHECK(r.bytes_by_axes.count("mp") == 1);
+    CHECK(r.bytes_by_axes.count("dp") == 1);
+    CHECK(r.collectives_per_step > 0);
+  }
+  // Projections: the same compute for both; the communication priced from the counted calls.
+  for (const auto& cluster : gptj::declared_clusters()) {
+    const auto hand = gptj::project(rows[0], cluster, c), automatic = gptj::project(rows[1], cluster, c);
+    CHECK(hand.compute_s == Approx(automatic.compute_s));
+    CHECK(hand.comm_s > 0);
+    CHECK(hand.step_s == Approx(hand.compute_s + hand.comm_s));
+  }
+  const std::string path = (std::filesystem::temp_directory_path() / fmt::format("nax_compare_{}.json", ::getpid())).string();
+  gptj::write_comparison_json(rows, c, path);
+  std::ifstream in(path);
+  const auto json = nlohmann::json::parse(in);
+  std::filesystem::remove(path);
+  REQUIRE(json.is_array());
+  REQUIRE(json.size() == 2);
+  for (const char* key : {"sharding", "tokens_per_s", "bytes_per_step", "collectives_per_step", "peak_bytes", "final_loss", "projected"})
+    CHECK(json[0].contains(key));
+  CHECK(json[1]["sharding"] == "auto");
 }

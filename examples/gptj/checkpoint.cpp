@@ -197,4 +197,11 @@ Config config_from_json(const std::string& text) {
   }
 }
 
+NamedTensors gather_hf_parameters(nax::Shard& s, const nax::nn::Parameters& params) {
+  NamedTensors out;
+  const auto& specs = params.specs();
+  for (std::size_t i = 0; i < specs.size(); ++i) out.push_back({specs[i].name, to_hf_layout(s.gather(nax::stop_gradient(params[i])))});
+  return out;
+}
+
 }  // namespace gptj

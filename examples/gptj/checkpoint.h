@@ -35,4 +35,8 @@ std::string read_file(const std::string& path);
 std::string hf_config_json(const Config& c);
 Config config_from_json(const std::string& text);
 
+// The model tensors of device `s`'s parameters, gathered to global host tensors in Hugging Face
+// layout (collective: every device calls it; the result is whole on each).
+NamedTensors gather_hf_parameters(nax::Shard& s, const nax::nn::Parameters& params);
+
 }  // namespace gptj

@@ -2,12 +2,15 @@
 //
 //   gptj train --config small --mesh dp=2,mp=2 --data FILE... --steps N [...]
 //   gptj sample --ckpt DIR --prompt TEXT --tokens N [...]
+//   gptj export --config tiny --mesh dp=1,mp=2 --data FILE... --steps K --out DIR [...]
 #include <fmt/format.h>
 
 #include <cstdlib>
 #include <functional>
 #include <map>
 
+#include "compare.h"
+#include "export.h"
 #include "train.h"
 
 namespace {
@@ -65,7 +68,8 @@ void check_backend(const std::string& v) {
 void train_help() {
   fmt::print(
       "usage: gptj train [flags]\n"
-      "Trains a GPT-J-style model written per shard on a simulated device mesh (threads).\n\n"
+      "Trains a GPT-J-style model written per shard on a simulated device mesh (threads), or\n"
+      "under mpirun -np <devices> on one process per device.\n\n"
       "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
       "  --mesh SPEC        mesh axes dp and mp, e.g. dp=2,mp=2           (default dp=2,mp=2)\n"
       "  --backend cpu      the only backend built so far                 (default cpu)\n"
@@ -125,12 +129,107 @@ int run_train(int argc, char** argv) {
               {{"--resume", [&](const std::string&) { o.resume = true; }}, {"--quiet", [&](const std::string&) { o.quiet = true; }}});
   if (o.steps < 1 || o.batch < 1 || o.seq < 1) nax::fail("gptj", "--steps, --batch and --seq must be positive");
   auto result = gptj::train(o, gptj::TextData::load(o.data));
+  if (nax::process_index() != 0) return 0;  // under mpirun, process 0 reports
   fmt::print("final: train loss {:.4f}, held-out loss {:.4f}, {:.0f} tokens/s, MFU {:.1f}% of {:.0f} GFLOP/s\n",
              result.losses.empty() ? 0.0 : result.losses.back(), result.heldout_loss, result.tokens_per_s, 100 * result.mfu,
              result.peak_gflops);
   std::vector<std::string> comm;
   for (const auto& [axes, bytes] : result.bytes_per_step) comm.push_back(fmt::format("{} {:.2f} MB", axes, bytes * 1e-6));
   fmt::print("communication per step and device: {} collectives; {}\n", result.collectives_per_step, fmt::join(comm, ", "));
+  return 0;
+}
+
+void export_help() {
+  fmt::print(
+      "usage: gptj export --out DIR [flags]\n"
+      "Writes what an external baseline (bench/jax_baseline.py) needs to train the same run as gptj train:\n"
+      "DIR/model.safetensors (the initial parameters), config.json, batches.safetensors (i32 ids.K, targets.K\n"
+      "[batch, seq] of steps K = 0..steps-1) and export.json (dims, mesh, seed, optimizer settings).\n\n"
+      "  --out DIR          the folder to write                           (required)\n"
+      "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
+      "  --mesh SPEC        the mesh gptj train will use (pads the vocab) (default dp=2,mp=2)\n"
+      "  --data FILE        a text file to train on (repeat for several)  (required)\n"
+      "  --steps N          batches written; the LR schedule's total     (default 200)\n"
+      "  --batch B          global batch                                  (default 8)\n"
+      "  --seq T            tokens per sequence                           (default 128)\n"
+      "  --lr X             peak learning rate                            (default 3e-3)\n"
+      "  --warmup N         warmup steps                                  (default 20)\n"
+      "  --seed S           init and data seed                            (default 0)\n");
+}
+
+void compare_help() {
+  fmt::print(
+      "usage: gptj compare [flags]\n"
+      "Trains the hand-coded (per-shard) GPT-J and the same model in the global view (automatic sharding) on\n"
+      "the same config, mesh, data and steps, their steps interleaved, and prints tokens/s, bytes and\n"
+      "collectives per step per device and mesh axis, peak memory, losses, and projected step times on\n"
+      "declared GPU clusters.\n\n"
+      "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
+      "  --mesh SPEC        mesh axes dp and mp                           (default dp=2,mp=2)\n"
+      "  --backend cpu      the only backend built so far                 (default cpu)\n"
+      "  --data FILE        a text file to train on (repeat for several)  (required)\n"
+      "  --steps N          optimizer steps of each model                 (default 20)\n"
+      "  --warmup-steps K   steps left out of the tokens/s median         (default 2)\n"
+      "  --batch B, --seq T, --lr X, --warmup N, --seed S                  as for gptj train\n"
+      "  --json FILE        write the rows as a JSON list\n"
+      "  --cost-model FILE  the alpha-beta cost model for sharding propagation (JSON)\n"
+      "  --mfu X            compute efficiency assumed for the projections (default 0.4)\n"
+      "  --with-jax         add JAX's jit/NamedSharding baseline (bench/jax_baseline.py) on the same run\n"
+      "  --install-jax      with --with-jax: install JAX from PyPI into .venv-jax/ when it is missing\n"
+      "  --quiet            no progress line\n");
+}
+
+int run_compare(int argc, char** argv) {
+  gptj::CompareOptions c;
+  gptj::TrainOptions& o = c.train;
+  o.steps = 20;
+  parse_flags(argc, argv, 2,
+              {{"--config", [&](const std::string& v) { o.config = v; }},
+               {"--backend", check_backend},
+               {"--mesh", [&](const std::string& v) { o.mesh = v; }},
+               {"--data", [&](const std::string& v) { o.data.push_back(v); }},
+               {"--steps", [&](const std::string& v) { o.steps = to_int("--steps", v); }},
+               {"--warmup-steps", [&](const std::string& v) { c.timing_skip = to_int("--warmup-steps", v); }},
+               {"--batch", [&](const std::string& v) { o.batch = to_int("--batch", v); }},
+               {"--seq", [&](const std::string& v) { o.seq = to_int("--seq", v); }},
+               {"--lr", [&](const std::string& v) { o.lr = to_double("--lr", v); }},
+               {"--warmup", [&](const std::string& v) { o.warmup = to_int("--warmup", v); }},
+               {"--seed", [&](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }},
+               {"--json", [&](const std::string& v) { c.json = v; }},
+               {"--cost-model", [&](const std::string& v) { c.cost_model = v; }},
+               {"--mfu", [&](const std::string& v) { c.projected_mfu = to_double("--mfu", v); }}},
+              compare_help,
+              {{"--with-jax", [&](const std::string&) { c.with_jax = true; }},
+               {"--install-jax", [&](const std::string&) { c.install_jax = true; }},
+               {"--quiet", [&](const std::string&) { o.quiet = true; }}});
+  if (o.steps < 1 || o.batch < 1 || o.seq < 1) nax::fail("gptj", "--steps, --batch and --seq must be positive");
+  if (c.timing_skip < 0 || c.timing_skip >= o.steps) nax::fail("gptj", "--warmup-steps must be at least 0 and below --steps ({})", o.steps);
+  if (c.projected_mfu <= 0 || c.projected_mfu > 1) nax::fail("gptj", "--mfu must be in (0, 1]");
+  const auto rows = gptj::compare(c, gptj::TextData::load(o.data));
+  if (nax::process_index() != 0) return 0;
+  gptj::print_comparison(rows, c);
+  if (!c.json.empty()) gptj::write_comparison_json(rows, c, c.json);
+  return 0;
+}
+
+int run_export(int argc, char** argv) {
+  gptj::ExportOptions e;
+  gptj::TrainOptions& o = e.train;
+  parse_flags(argc, argv, 2,
+              {{"--out", [&](const std::string& v) { e.out = v; }},
+               {"--config", [&](const std::string& v) { o.config = v; }},
+               {"--mesh", [&](const std::string& v) { o.mesh = v; }},
+               {"--data", [&](const std::string& v) { o.data.push_back(v); }},
+               {"--steps", [&](const std::string& v) { o.steps = to_int("--steps", v); }},
+               {"--batch", [&](const std::string& v) { o.batch = to_int("--batch", v); }},
+               {"--seq", [&](const std::string& v) { o.seq = to_int("--seq", v); }},
+               {"--lr", [&](const std::string& v) { o.lr = to_double("--lr", v); }},
+               {"--warmup", [&](const std::string& v) { o.warmup = to_int("--warmup", v); }},
+               {"--seed", [&](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }}},
+              export_help);
+  if (e.out.empty()) nax::fail("gptj", "export needs --out DIR");
+  gptj::export_run(e, gptj::TextData::load(o.data));
+  fmt::print("exported config {} for mesh {} ({} steps of batch {} x seq {}) to {}\n", o.config, o.mesh, o.steps, o.batch, o.seq, e.out);
   return 0;
 }
 
@@ -142,6 +241,7 @@ int run_logits(int argc, char** argv) {
                {"--prompt", [&](const std::string& v) { o.prompt = v; }}},
               [] { fmt::print("usage: gptj logits --ckpt DIR --prompt TEXT [--mesh SPEC]\nPrints the logits of every prompt position as JSON.\n"); });
   const auto rows = gptj::prompt_logits(o);
+  if (nax::process_index() != 0) return 0;
   std::vector<std::string> lines;
   for (const auto& row : rows) lines.push_back(fmt::format("[{}]", fmt::join(row, ",")));
   fmt::print("[{}]\n", fmt::join(lines, ",\n"));
@@ -160,7 +260,8 @@ int run_sample(int argc, char** argv) {
                {"--top-k", [&](const std::string& v) { o.top_k = to_int("--top-k", v); }},
                {"--seed", [&](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }}},
               sample_help);
-  fmt::print("{}{}\n", o.prompt, gptj::sample(o));
+  const std::string text = gptj::sample(o);
+  if (nax::process_index() == 0) fmt::print("{}{}\n", o.prompt, text);
   return 0;
 }
 
@@ -172,11 +273,13 @@ int main(int argc, char** argv) {
     if (command == "train") return run_train(argc, argv);
     if (command == "sample") return run_sample(argc, argv);
     if (command == "logits") return run_logits(argc, argv);
+    if (command == "export") return run_export(argc, argv);
+    if (command == "compare") return run_compare(argc, argv);
     if (command == "--help" || command == "-h" || command == "help") {
-      fmt::print("usage: gptj <train|sample|logits> [flags]   (gptj <command> --help for the flags)\n");
+      fmt::print("usage: gptj <train|sample|logits|compare|export> [flags]   (gptj <command> --help for the flags)\n");
       return argc > 1 ? 0 : 2;
     }
-    nax::fail("gptj", "unknown command '{}' (expected train or sample)", command);
+    nax::fail("gptj", "unknown command '{}' (expected train, sample, logits, compare or export)", command);
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;

@@ -68,7 +68,7 @@ std::vector<std::int32_t> prompt_tokens(const SampleOptions& o) { return encode(
 std::vector<std::vector<double>> prompt_logits(const SampleOptions& o) {
   const Loaded m = load_for_inference(o);
   const auto tokens = prompt_tokens(o);
-  Runtime rt = Runtime::local(m.mesh);
+  Runtime rt = Runtime::from_env(m.mesh);
   return rt.run([&](Shard& s) {
     NoGrad no_grad;
     Model model = model_on(s, m);
@@ -78,7 +78,7 @@ std::vector<std::vector<double>> prompt_logits(const SampleOptions& o) {
     const auto vocab = static_cast<std::size_t>(m.config.vocab);
     for (std::size_t i = 0; i < tokens.size(); ++i) rows.emplace_back(values.begin() + static_cast<std::ptrdiff_t>(i * vocab), values.begin() + static_cast<std::ptrdiff_t>((i + 1) * vocab));
     return rows;
-  })[0];
+  })[static_cast<std::size_t>(rt.local_devices().front())];  // every device has them; under MPI only ours is here
 }
 
 std::string sample(const SampleOptions& o) {
@@ -88,7 +88,7 @@ std::string sample(const SampleOptions& o) {
   if (static_cast<std::int64_t>(tokens.size()) + o.tokens > m.config.max_seq)
     fail("sample", "prompt ({} tokens) plus --tokens {} exceeds the context of {}", tokens.size(), o.tokens, m.config.max_seq);
   const AxisRules& rules = m.rules;
-  Runtime rt = Runtime::local(m.mesh);
+  Runtime rt = Runtime::from_env(m.mesh);
   return rt.run([&](Shard& s) {
     NoGrad no_grad;
     Model model = model_on(s, m);
@@ -104,7 +104,7 @@ std::string sample(const SampleOptions& o) {
       input = from_vector(Shape{{"batch", 1}, {"seq", 1}}, std::vector<std::int32_t>{token});
     }
     return decode(generated);
-  })[0];
+  })[static_cast<std::size_t>(rt.local_devices().front())];  // the same text on every device
 }
 
 }  // namespace gptj

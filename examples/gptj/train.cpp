@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "checkpoint.h"
-#include "global_model.h"
+#include "learner.h"
 
 namespace gptj {
 
@@ -46,9 +46,9 @@ struct Checkpoint {
 
 void save_checkpoint(Shard& s, const std::string& dir, const Config& c, const nn::Parameters& params, const nn::AdamW& opt,
                      std::int64_t step, const TrainOptions& o) {
-  NamedTensors model, state;
+  const NamedTensors model = gather_hf_parameters(s, params);
+  NamedTensors state;
   const auto& specs = params.specs();
-  for (std::size_t i = 0; i < specs.size(); ++i) model.push_back({specs[i].name, to_hf_layout(s.gather(stop_gradient(params[i])))});
   auto moments = opt.state();
   for (std::size_t i = 0; i < moments.size(); ++i)
     state.push_back({fmt::format("{}.{}", i < specs.size() ? "m" : "v", specs[i % specs.size()].name), to_hf_layout(s.gather(moments[i]))});
@@ -79,14 +79,6 @@ Checkpoint load_checkpoint(const std::string& dir, const Config& c, const std::v
   return ck;
 }
 
-// Micro-batch m of this device's block of the batch: the devices' micro-batches m together are one
-// global micro-batch, cut over dp like the batch.
-Tensor micro_batch(const Tensor& t, std::int64_t m, std::int64_t count) {
-  if (count == 1) return t;
-  const std::int64_t n = t.size("batch") / count;
-  return slice(t, "batch", m * n, (m + 1) * n).with_vary(t.vary());
-}
-
 class Progress {
  public:
   Progress(bool quiet, std::int64_t total) : quiet_(quiet), tty_(::isatty(STDERR_FILENO) != 0), total_(total) {}
@@ -113,8 +105,8 @@ class Progress {
 TrainResult train(const TrainOptions& o, const TextData& data) {
   const Mesh mesh = Mesh::parse(o.mesh);
   const Config config = padded_for(config_by_name(o.config), mesh);
-  if (o.sharding != "hand" && o.sharding != "auto") fail("train", "--sharding expects hand or auto, got '{}'", o.sharding);
   check_fits(config, mesh, o.batch);
+  check_sharding(o.sharding);
   if (o.micro_batches < 1 || (o.batch / mesh.axis_size("dp")) % o.micro_batches != 0)
     fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, o.batch / mesh.axis_size("dp"));
   if (o.seq > config.max_seq) fail("train", "--seq {} exceeds the config's maximum {}", o.seq, config.max_seq);
@@ -125,7 +117,8 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
     resume = load_checkpoint(o.ckpt_dir, config, specs);
   }
   std::ofstream metrics;
-  if (!o.metrics.empty()) {
+  const bool lead_process = process_index() == 0;  // under mpirun, process 0 alone reports and writes
+  if (!o.metrics.empty() && lead_process) {
     metrics.open(o.metrics, o.resume ? std::ios::app : std::ios::trunc);
     if (!metrics) fail("train", "cannot write metrics to '{}'", o.metrics);
   }
@@ -133,21 +126,18 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
   TrainResult result;
   result.peak_gflops = measure_peak_gflops(mesh.size());
   const double flops_per_step = flops_per_token(config, o.seq) * static_cast<double>(o.batch * o.seq);
-  Runtime rt = Runtime::local(mesh);
+  Runtime rt = Runtime::from_env(mesh);  // one process per device under mpirun, threads otherwise
   const AxisRules rules = axis_rules(mesh);
-  Progress progress(o.quiet, o.steps);
+  Progress progress(o.quiet || !lead_process, o.steps);
   progress.message(fmt::format("gptj train: config {} ({:.2f}M parameters), mesh {}, batch {} x seq {}, {} steps, peak {:.0f} GFLOP/s",
                                config.name, static_cast<double>(parameter_count(config)) * 1e-6, mesh.str(), o.batch, o.seq, o.steps,
                                result.peak_gflops));
 
   rt.run([&](Shard& s) {
     const bool lead = s.device() == 0;
-    Model model(config, nn::Parameters::init(s, specs, rules, o.seed));
-    const GlobalModel global_model(config, model.params());
-    auto loss_of = [&](const Tensor& ids, const Tensor& targets) {
-      return o.sharding == "auto" ? global_model.loss(ids, targets) : model.loss(ids, targets);
-    };
-    nn::AdamW opt({.weight_decay = o.weight_decay});
+    Learner learner(s, config, rules, o);
+    Model& model = learner.model();
+    nn::AdamW& opt = learner.optimizer();
     std::int64_t first = 0;
     if (o.resume) {
       std::vector<Tensor> values, moments;
@@ -162,7 +152,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       double total = 0;
       for (std::int64_t i = 0; i < o.eval_batches; ++i) {
         auto [x, y] = data.batch(TextData::Split::heldout, i, o.batch, o.seq, o.seed);
-        total += loss_of(s.shard(x, rules), s.shard(y, rules)).item();
+        total += learner.loss(s.shard(x, rules), s.shard(y, rules)).item();
       }
       return total / static_cast<double>(o.eval_batches);
     };
@@ -175,24 +165,18 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       const double lr = nn::warmup_cosine(step, o.warmup, o.steps, o.lr);
       auto [inputs, targets] = data.batch(TextData::Split::train, step, o.batch, o.seq, o.seed);
       Tensor x = s.shard(inputs, rules), y = s.shard(targets, rules);
-      nn::GradAccumulator acc;
-      double loss = 0;
-      for (std::int64_t m = 0; m < o.micro_batches; ++m) {
-        Tensor l = loss_of(micro_batch(x, m, o.micro_batches), micro_batch(y, m, o.micro_batches));
-        acc.add(grad(l, model.params().values()));
-        loss += l.item() / static_cast<double>(o.micro_batches);
-      }
-      auto grads = acc.mean();
-      const double norm = nn::clip_by_global_norm(grads, o.clip);
-      model.params().assign(opt.step(model.params().values(), grads, lr));
+      const auto [loss, norm] = learner.step(x, y, lr);
       const double step_s = seconds_since(t0);
-      nlohmann::json comm_bytes = nlohmann::json::object();
+      nlohmann::json comm_bytes = nlohmann::json::object(), comm_kinds = nlohmann::json::object();
       std::size_t calls = 0;
       for (const auto& [axes, stats] : s.comm_stats()) {
         auto it = comm_before.find(axes);
         const CommStats step_stats = it == comm_before.end() ? stats : stats - it->second;
         comm_bytes[axes] = total_bytes(step_stats);
         calls += total_calls(step_stats);
+        for (int k = 0; k < kCollectiveKinds; ++k)
+          if (const auto n = step_stats.calls[static_cast<std::size_t>(k)]; n > 0)
+            comm_kinds[axes][collective_name(static_cast<CollectiveKind>(k))] = {{"calls", n}, {"bytes", step_stats.bytes[static_cast<std::size_t>(k)]}};
       }
       const double tokens_per_s = static_cast<double>(o.batch * o.seq) / step_s;
       const double mfu = flops_per_step / step_s / (result.peak_gflops * 1e9);
@@ -210,7 +194,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       progress.update(step, loss, tokens_per_s, mfu, eta);
       if (metrics)
         metrics << nlohmann::json{{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"tokens_per_s", tokens_per_s},
-                                  {"mfu", mfu}, {"step_s", step_s}, {"comm_bytes", comm_bytes}, {"collectives", calls}}.dump()
+                                  {"mfu", mfu}, {"step_s", step_s}, {"comm_bytes", comm_bytes}, {"comm", comm_kinds}, {"collectives", calls}}.dump()
                 << "\n";
       if (eval_now) {
         progress.message(fmt::format("step {}: held-out loss {:.4f}", step + 1, heldout));

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -17,7 +18,7 @@ CostModel::CostModel() {
 
 CostModel CostModel::parse(std::string_view text) {
   auto json = nlohmann::json::parse(text, nullptr, false);
-  const std::string_view start = text.substr(0, 60);
+  const std::string_view start = text.substr(0, std::min(text.find('\n'), std::size_t{60}));  // its first line, for errors
   if (json.is_discarded() || !json.is_object()) fail("CostModel::parse", "not a JSON object (it starts '{}')", start);
   CostModel model;
   try {

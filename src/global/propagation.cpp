@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <unordered_map>
 
@@ -164,10 +165,14 @@ class Chooser {
 struct Cache {
   std::unordered_map<std::string, Strategy> strategies;
   std::uint64_t model_version = 0;
-  CacheStats stats;
+  ShardingCacheStats stats;
 };
 
+}  // namespace
+
 thread_local Cache g_cache;
+
+namespace {
 
 std::string cache_key(const Rule& rule, const std::vector<const GlobalTensor*>& inputs) {
   std::string key = rule.signature;
@@ -178,6 +183,22 @@ std::string cache_key(const Rule& rule, const std::vector<const GlobalTensor*>& 
     key += x->placements().str();
   }
   return key;
+}
+
+bool log_choices() {
+  static const bool on = [] {
+    const char* v = std::getenv("NAX_SHARDING_LOG");
+    return v != nullptr && std::string(v) != "0";
+  }();
+  return on;
+}
+
+void log_choice(const Rule& rule, const std::vector<const GlobalTensor*>& inputs, const Strategy& s) {
+  std::vector<std::string> parts;
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    parts.push_back(inputs[i]->placements() == s.inputs[i] ? inputs[i]->placements().str()
+                                                            : fmt::format("{} -> {}", inputs[i]->placements().str(), s.inputs[i].str()));
+  fmt::print(stderr, "sharding: {}({}) = {}   cost {:.3g} us\n", rule.op, fmt::join(parts, ", "), s.output.str(), s.cost_s * 1e6);
 }
 
 void check_vary(const Rule& rule, const Tensor& out, const Placements& expected, const Mesh& mesh) {
@@ -208,6 +229,7 @@ Strategy choose(const Rule& rule, const std::vector<const GlobalTensor*>& inputs
   }
   ++g_cache.stats.misses;
   Strategy s = Chooser(rule, inputs, mesh).run();
+  if (log_choices() && Shard::current()->device() == 0) log_choice(rule, inputs, s);
   g_cache.strategies.emplace(std::move(key), s);
   return s;
 }
@@ -233,6 +255,8 @@ std::map<std::string, PartialOp> partial_ops(const Placements& placements) {
   return ops;
 }
 
-CacheStats cache_stats() { return g_cache.stats; }
-
 }  // namespace nax::global_detail
+
+namespace nax {
+ShardingCacheStats sharding_cache_stats() { return global_detail::g_cache.stats; }
+}  // namespace nax

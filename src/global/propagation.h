@@ -46,10 +46,4 @@ GlobalTensor apply(const Rule& rule, const std::vector<const GlobalTensor*>& inp
 // The partial reductions of `placements`, by mesh axis (to rewrap a per-shard result).
 std::map<std::string, PartialOp> partial_ops(const Placements& placements);
 
-// Statistics of the strategy cache of this thread (for tests).
-struct CacheStats {
-  std::size_t hits = 0, misses = 0;
-};
-CacheStats cache_stats();
-
 }  // namespace nax::global_detail

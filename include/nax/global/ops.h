@@ -76,4 +76,13 @@ GlobalTensor causal_attention(const GlobalTensor& q, const GlobalTensor& k, cons
 GlobalTensor rotary(const GlobalTensor& x, const std::string& seq, const std::string& head_dim, std::int64_t rotary_dims,
                     std::int64_t position_offset = 0, double base = 10000.0);
 
+// --- debugging ---
+// Strategy choices of this thread's device: found in the cache, or chosen afresh. With the
+// environment variable NAX_SHARDING_LOG=1, device 0 prints every fresh choice (op, input
+// placements, the redistributions chosen, the result's placements and their cost) to stderr.
+struct ShardingCacheStats {
+  std::size_t hits = 0, misses = 0;
+};
+ShardingCacheStats sharding_cache_stats();
+
 }  // namespace nax

@@ -1,0 +1,260 @@
+#include "compare.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "export.h"
+#include "learner.h"
+
+#ifndef NAX_SOURCE_DIR
+#define NAX_SOURCE_DIR "."
+#endif
+
+namespace gptj {
+
+using namespace nax;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+// Bytes held by a learner between steps: parameters and optimizer moments.
+std::size_t resident_bytes(Learner& l) {
+  std::size_t bytes = 0;
+  for (const auto& p : l.model().params().values()) bytes += p.nbytes();
+  for (const auto& m : l.optimizer().state()) bytes += m.nbytes();
+  return bytes;
+}
+
+std::map<std::string, CommStats> comm_since(const std::map<std::string, CommStats>& before, const std::map<std::string, CommStats>& after) {
+  std::map<std::string, CommStats> out;
+  for (const auto& [axes, stats] : after) out[axes] = before.count(axes) ? stats - before.at(axes) : stats;
+  return out;
+}
+
+// What one learner saw: its losses, step times, last step's communication and its peak memory.
+struct Track {
+  std::vector<double> losses, step_s;
+  std::map<std::string, CommStats> last_comm;
+  std::size_t peak = 0;
+};
+
+void step_and_track(Shard& s, Learner& learner, Learner& other, Track& track, const Tensor& x, const Tensor& y, double lr) {
+  const std::size_t others = resident_bytes(other);
+  s.device_ptr()->allocator().reset_peak();
+  const auto comm_before = s.comm_stats();
+  const auto t0 = Clock::now();
+  const auto stats = learner.step(x, y, lr);
+  track.step_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  track.last_comm = comm_since(comm_before, s.comm_stats());
+  track.losses.push_back(stats.loss);
+  const std::size_t peak = s.memory().peak_bytes_in_use;
+  track.peak = std::max(track.peak, peak > others ? peak - others : 0);
+}
+
+CompareRow row_of(const std::string& sharding, const Track& t, const CompareOptions& o) {
+  CompareRow row;
+  row.sharding = sharding;
+  row.losses = t.losses;
+  row.first_loss = t.losses.front();
+  row.final_loss = t.losses.back();
+  std::vector<double> timed(t.step_s.begin() + std::min<std::ptrdiff_t>(o.timing_skip, static_cast<std::ptrdiff_t>(t.step_s.size()) - 1),
+                            t.step_s.end());
+  row.tokens_per_s = static_cast<double>(o.train.batch * o.train.seq) / median(timed);
+  for (const auto& [axes, stats] : t.last_comm) {
+    if (total_calls(stats) == 0) continue;  // a group that did not communicate in that step
+    row.comm_per_step[axes] = stats;
+    row.bytes_by_axes[axes] = static_cast<double>(total_bytes(stats));
+    row.bytes_per_step += static_cast<double>(total_bytes(stats));
+    row.collectives_per_step += static_cast<double>(total_calls(stats));
+  }
+  row.peak_bytes = t.peak;
+  return row;
+}
+
+// bench/jax_baseline.py on the same run, through scripts/jax_baseline.sh; nullopt when JAX is
+// missing (the script says why).
+std::optional<CompareRow> run_jax(const CompareOptions& o, const TextData& data, double expected_first_loss) {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("nax_compare_jax_{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  export_run({o.train, dir.string()}, data);
+  const std::string json = (dir / "jax.json").string();
+  const std::string command =
+      fmt::format("bash '{}/scripts/jax_baseline.sh' {} --export '{}' --mesh '{}' --steps {} --json '{}' --expect-loss {:.17g}", NAX_SOURCE_DIR,
+                  o.install_jax ? "--install" : "", dir.string(), o.train.mesh, o.train.steps, json, expected_first_loss);
+  fmt::print(stderr, "compare: running the JAX baseline: {}\n", command);
+  const int status = std::system(command.c_str());
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (code == 77) {
+    fmt::print(stderr, "compare: no JAX here, its row is left out (add --install-jax to install it from PyPI)\n");
+    return std::nullopt;
+  }
+  if (code != 0) fail("compare", "the JAX baseline failed (exit {}): {}", code, command);
+  auto j = nlohmann::json::parse(read_file(json), nullptr, false);
+  if (j.is_array() && !j.empty()) j = j[0];
+  if (j.is_discarded() || !j.contains("tokens_per_s")) fail("compare", "the JAX baseline wrote no usable row to '{}'", json);
+  CompareRow row;
+  row.sharding = "jax";
+  row.tokens_per_s = j["tokens_per_s"].get<double>();
+  row.first_loss = j.value("first_loss", 0.0);
+  row.final_loss = j.value("final_loss", 0.0);
+  if (j.contains("losses")) row.losses = j["losses"].get<std::vector<double>>();
+  if (j.contains("peak_bytes") && j["peak_bytes"].is_number()) row.peak_bytes = j["peak_bytes"].get<std::size_t>();
+  row.measured_comm = false;
+  std::filesystem::remove_all(dir);
+  return row;
+}
+
+std::string megabytes(double bytes) { return fmt::format("{:.2f}", bytes * 1e-6); }
+
+}  // namespace
+
+std::vector<Cluster> declared_clusters() {
+  const Link nvlink{"nvlink", 5e-6, 350e9}, infiniband{"infiniband", 10e-6, 45e9};
+  return {
+      {"8 GPUs, one node, NVLink", 8, 989e12, {{"mp", nvlink}, {"dp", nvlink}}},
+      {"64 GPUs, 8 nodes, InfiniBand between nodes", 64, 989e12, {{"mp", nvlink}, {"dp", infiniband}}},
+  };
+}
+
+Projection project(const CompareRow& row, const Cluster& cluster, const CompareOptions& o) {
+  const Mesh run = Mesh::parse(o.train.mesh);
+  const Config config = padded_for(config_by_name(o.train.config), run);
+  const int mp = run.has("mp") ? run.axis_size("mp") : 1, dp_run = run.has("dp") ? run.axis_size("dp") : 1;
+  const std::map<std::string, int> sizes{{"mp", mp}, {"dp", std::max(1, cluster.devices / mp)}};
+  const double tokens_per_device = static_cast<double>(o.train.batch * o.train.seq) / dp_run;
+  Projection p{cluster.name, row.sharding};
+  p.compute_s = flops_per_token(config, o.train.seq) * tokens_per_device / mp / (cluster.peak_flops * o.projected_mfu);
+  for (const auto& [group, stats] : row.comm_per_step) {
+    int n = 1;
+    Link link = cluster.links.at("mp");
+    std::stringstream axes(group);
+    for (std::string m; std::getline(axes, m, ',');) {
+      n *= sizes.count(m) ? sizes.at(m) : 1;
+      if (cluster.links.count(m) && cluster.links.at(m).bandwidth_Bps < link.bandwidth_Bps) link = cluster.links.at(m);
+    }
+    for (int k = 0; k < kCollectiveKinds; ++k) {
+      const std::size_t calls = stats.calls[static_cast<std::size_t>(k)], bytes = stats.bytes[static_cast<std::size_t>(k)];
+      if (calls > 0) p.comm_s += static_cast<double>(calls) * CostModel::seconds(static_cast<CollectiveKind>(k), bytes / calls, n, link);
+    }
+  }
+  p.step_s = p.compute_s + p.comm_s;
+  p.tokens_per_s = tokens_per_device * sizes.at("dp") / p.step_s;  // one batch share per mp group
+  return p;
+}
+
+std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
+  const Mesh mesh = Mesh::parse(o.train.mesh);
+  const Config config = padded_for(config_by_name(o.train.config), mesh);
+  check_fits(config, mesh, o.train.batch);
+  if (o.train.steps < 2) fail("compare", "--steps must be at least 2 (the first steps warm up)");
+  if (!o.cost_model.empty()) set_cost_model(CostModel::parse(read_file(o.cost_model)));
+  TrainOptions hand = o.train, automatic = o.train;
+  hand.sharding = "hand", automatic.sharding = "auto";
+  const AxisRules rules = axis_rules(mesh);
+  Runtime rt = Runtime::from_env(mesh);
+  Track hand_track, auto_track;
+  rt.run([&](Shard& s) {
+    Learner h(s, config, rules, hand), a(s, config, rules, automatic);
+    for (std::int64_t step = 0; step < o.train.steps; ++step) {
+      const double lr = nn::warmup_cosine(step, o.train.warmup, o.train.steps, o.train.lr);
+      auto [inputs, targets] = data.batch(TextData::Split::train, step, o.train.batch, o.train.seq, o.train.seed);
+      Tensor x = s.shard(inputs, rules), y = s.shard(targets, rules);
+      Track scratch;
+      Track& ht = s.device() == 0 ? hand_track : scratch;
+      Track& at = s.device() == 0 ? auto_track : scratch;
+      // Alternate which goes first, so that neither always follows the other's cache footprint.
+      if (step % 2 == 0) {
+        step_and_track(s, h, a, ht, x, y, lr);
+        step_and_track(s, a, h, at, x, y, lr);
+      } else {
+        step_and_track(s, a, h, at, x, y, lr);
+        step_and_track(s, h, a, ht, x, y, lr);
+      }
+      if (s.device() == 0 && !o.train.quiet)
+        fmt::print(stderr, "\rcompare: step {}/{} | hand loss {:.4f} {:.0f} ms | auto loss {:.4f} {:.0f} ms   ", step + 1, o.train.steps,
+                   ht.losses.back(), 1e3 * ht.step_s.back(), at.losses.back(), 1e3 * at.step_s.back());
+    }
+  });
+  if (!o.train.quiet) fmt::print(stderr, "\n");
+  std::vector<CompareRow> rows;
+  if (process_index() != 0) return rows;
+  rows.push_back(row_of("hand", hand_track, o));
+  rows.push_back(row_of("auto", auto_track, o));
+  if (o.with_jax)
+    if (auto jax = run_jax(o, data, rows[0].first_loss)) rows.push_back(*jax);
+  return rows;
+}
+
+void print_comparison(const std::vector<CompareRow>& rows, const CompareOptions& o) {
+  if (rows.empty()) return;
+  const double hand_rate = rows[0].tokens_per_s;
+  fmt::print("\nhand-coded vs automatic sharding: config {}, mesh {}, batch {} x seq {}, {} steps (tokens/s: median after {} warm-up steps)\n",
+             o.train.config, o.train.mesh, o.train.batch, o.train.seq, o.train.steps, o.timing_skip);
+  fmt::print("{:<8} {:>10} {:>10} {:>26} {:>12} {:>10} {:>11} {:>11}\n", "sharding", "tokens/s", "hand/this", "MB/step/device by axes",
+             "collectives", "peak MiB", "first loss", "final loss");
+  for (const auto& r : rows) {
+    std::vector<std::string> axes;
+    for (const auto& [a, b] : r.bytes_by_axes) axes.push_back(fmt::format("{} {}", a, megabytes(b)));
+    const std::string comm = r.measured_comm ? fmt::format("{}", fmt::join(axes, ", ")) : "(not counted)";
+    fmt::print("{:<8} {:>10.0f} {:>10.2f} {:>26} {:>12} {:>10.1f} {:>11.5f} {:>11.5f}\n", r.sharding, r.tokens_per_s, hand_rate / r.tokens_per_s,
+               comm, r.measured_comm ? fmt::format("{:.0f}", r.collectives_per_step) : "-", static_cast<double>(r.peak_bytes) / (1 << 20),
+               r.first_loss, r.final_loss);
+  }
+  fmt::print("\nprojected step time on declared clusters (weak scaling: each device keeps its share of the batch; compute at {:.0f}% "
+             "MFU of 989 TFLOP/s; counted collectives priced by the alpha-beta model; no overlap)\n",
+             100 * o.projected_mfu);
+  fmt::print("{:<46} {:<8} {:>11} {:>10} {:>10} {:>12}\n", "cluster", "sharding", "compute ms", "comm ms", "step ms", "tokens/s");
+  for (const auto& cluster : declared_clusters())
+    for (const auto& r : rows) {
+      if (!r.measured_comm) continue;
+      const Projection p = project(r, cluster, o);
+      fmt::print("{:<46} {:<8} {:>11.3f} {:>10.3f} {:>10.3f} {:>12.0f}\n", p.cluster, p.sharding, 1e3 * p.compute_s, 1e3 * p.comm_s, 1e3 * p.step_s,
+                 p.tokens_per_s);
+    }
+}
+
+void write_comparison_json(const std::vector<CompareRow>& rows, const CompareOptions& o, const std::string& path) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& r : rows) {
+    nlohmann::json row{{"sharding", r.sharding}, {"config", o.train.config}, {"mesh", o.train.mesh}, {"batch", o.train.batch},
+                       {"seq", o.train.seq}, {"steps", o.train.steps}, {"tokens_per_s", r.tokens_per_s},
+                       {"first_loss", r.first_loss}, {"final_loss", r.final_loss}, {"losses", r.losses},
+                       {"peak_bytes", r.peak_bytes > 0 ? nlohmann::json(r.peak_bytes) : nlohmann::json()}};
+    if (r.measured_comm) {
+      row["bytes_per_step"] = r.bytes_per_step;
+      row["bytes_per_step_by_axes"] = r.bytes_by_axes;
+      row["collectives_per_step"] = r.collectives_per_step;
+      nlohmann::json projections = nlohmann::json::object();
+      for (const auto& cluster : declared_clusters()) {
+        const Projection p = project(r, cluster, o);
+        projections[cluster.name] = {{"compute_s", p.compute_s}, {"comm_s", p.comm_s}, {"step_s", p.step_s}, {"tokens_per_s", p.tokens_per_s}};
+      }
+      row["projected"] = projections;
+    } else {
+      row["bytes_per_step"] = nullptr;
+      row["bytes_per_step_by_axes"] = nullptr;
+      row["collectives_per_step"] = nullptr;
+    }
+    out.push_back(row);
+  }
+  write_file_atomically(path, out.dump(2) + "\n");
+}
+
+}  // namespace gptj

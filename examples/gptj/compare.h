@@ -1,0 +1,61 @@
+#pragma once
+// `gptj compare`: the hand-coded (per-shard) GPT-J against the same model in the global view with
+// automatic sharding, on the same config, mesh, data and steps, their steps interleaved so that
+// both see the same machine; optionally JAX's jit/NamedSharding baseline on the same run.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "data.h"
+#include "train.h"
+
+namespace gptj {
+
+struct CompareOptions {
+  TrainOptions train;             // config, mesh, data, steps, batch, seq, lr, seed, ...
+  std::int64_t timing_skip = 2;   // first steps left out of the tokens/s median (warm-up)
+  std::string json;               // write the rows there
+  std::string cost_model;         // a cost-model JSON file for sharding propagation (nax/global/cost_model.h)
+  bool with_jax = false;          // also run bench/jax_baseline.py (scripts/jax_baseline.sh)
+  bool install_jax = false;       // let the script install JAX from PyPI when missing
+  double projected_mfu = 0.4;     // compute efficiency assumed for the cluster projections
+};
+
+// One row of the comparison.
+struct CompareRow {
+  std::string sharding;  // hand, auto or jax
+  double tokens_per_s = 0;
+  double bytes_per_step = 0;                       // sent by one device in one step, all mesh axes
+  std::map<std::string, double> bytes_by_axes;     // per group of mesh axes ("mp", "dp", "dp,mp")
+  double collectives_per_step = 0;
+  std::map<std::string, nax::CommStats> comm_per_step;  // calls and bytes per kind, per group
+  std::size_t peak_bytes = 0;
+  double first_loss = 0, final_loss = 0;
+  std::vector<double> losses;
+  bool measured_comm = true;  // false for jax (XLA's collectives are not counted)
+};
+
+// A declared cluster: devices, the mesh it would run (mp as in the run, the rest dp) and the link
+// of each mesh axis.
+struct Cluster {
+  std::string name;
+  int devices = 8;
+  double peak_flops = 989e12;  // per device (H100/H200 dense bf16)
+  std::map<std::string, nax::Link> links;  // by mesh axis
+};
+std::vector<Cluster> declared_clusters();
+
+struct Projection {
+  std::string cluster, sharding;
+  double compute_s = 0, comm_s = 0, step_s = 0, tokens_per_s = 0;
+};
+// Step time on `cluster` under weak scaling (each device keeps its share of the run's batch): the
+// model FLOPs at `mfu` of the cluster's peak, plus the counted collectives priced by the
+// alpha-beta model on the cluster's links (no overlap assumed).
+Projection project(const CompareRow& row, const Cluster& cluster, const CompareOptions& options);
+
+std::vector<CompareRow> compare(const CompareOptions& options, const TextData& data);
+void print_comparison(const std::vector<CompareRow>& rows, const CompareOptions& options);
+void write_comparison_json(const std::vector<CompareRow>& rows, const CompareOptions& options, const std::string& path);
+
+}  // namespace gptj

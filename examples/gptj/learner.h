@@ -1,0 +1,42 @@
+#pragma once
+// One model in training on this device: its parameters, its AdamW state, the loss of the chosen
+// sharding (hand: the per-shard model; auto: the global view) and one optimizer step. Shared by
+// `gptj train` and `gptj compare`.
+#include <nax/nax.h>
+
+#include "global_model.h"
+#include "model.h"
+#include "train.h"
+
+namespace gptj {
+
+// Checks a --sharding value: hand or auto.
+void check_sharding(const std::string& sharding);
+
+class Learner {
+ public:
+  Learner(nax::Shard& s, const Config& config, const nax::AxisRules& rules, const TrainOptions& options);
+  Learner(const Learner&) = delete;  // the global view reads model_'s parameters in place
+  Learner& operator=(const Learner&) = delete;
+
+  nax::Tensor loss(const nax::Tensor& ids, const nax::Tensor& targets) const;
+
+  struct StepStats {
+    double loss = 0;
+    double grad_norm = 0;
+  };
+  // Gradients over options.micro_batches micro-batches of this device's block of the batch, clipped
+  // by global norm, then an AdamW step at learning rate `lr`.
+  StepStats step(const nax::Tensor& ids, const nax::Tensor& targets, double lr);
+
+  Model& model() { return model_; }
+  nax::nn::AdamW& optimizer() { return optimizer_; }
+
+ private:
+  const TrainOptions& options_;
+  Model model_;
+  GlobalModel global_;
+  nax::nn::AdamW optimizer_;
+};
+
+}  // namespace gptj
