@@ -274,8 +274,10 @@ TEST_CASE("mpi: a collective that waits past the timeout fails on every process"
     if (s.device() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     psum(x, "mp");
   };
+  // The late device hears of the timeout from a peer ("the run is aborting"), or, on a loaded
+  // machine, times out itself in the next collective: either way the message names the timeout.
   if (process_index() == 1)
-    REQUIRE_THROWS_WITH(rt.run(late_device_1), Contains("the run is aborting") && Contains("timed out after 0.5 s"));
+    REQUIRE_THROWS_WITH(rt.run(late_device_1), Contains("timed out after 0.5 s"));
   else if (process_index() == 0)
     REQUIRE_THROWS_WITH(rt.run(late_device_1), Contains("psum(f32[i=4] varying{mp}, mp)") && Contains("timed out after 0.5 s") &&
                                                    Contains("NAX_COLLECTIVE_TIMEOUT_S"));

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <unordered_map>
 #include <unordered_set>
@@ -106,6 +107,56 @@ Tensor finish(const Pending& p) {
   return total;
 }
 
+// The parameters' finished gradients. Their pending sums over the same mesh axes (and dtype) go as
+// one all-reduce of the gradients laid end to end, as DDP buckets them: fewer, larger collectives
+// (each element is summed over the same devices in the same order, so the values are unchanged).
+std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings) {
+  std::vector<Tensor> out(pendings.size());
+  std::map<std::pair<std::vector<std::string>, DType>, std::vector<std::pair<std::size_t, Tensor>>> buckets;
+  for (std::size_t i = 0; i < pendings.size(); ++i) {
+    if (pendings[i] == nullptr) continue;
+    for (const auto& [axes, sum] : pendings[i]->sums) {
+      if (!axes.empty()) {
+        buckets[{axes, sum.dtype()}].push_back({i, sum});
+        continue;
+      }
+      const Tensor whole = sum.with_vary(pendings[i]->like.vary());
+      out[i] = out[i].defined() ? add(out[i], whole) : whole;
+    }
+  }
+  auto deliver = [&](std::size_t i, const Tensor& reduced) {
+    const Tensor whole = reduced.with_vary(pendings[i]->like.vary());
+    out[i] = out[i].defined() ? add(out[i], whole) : whole;
+  };
+  for (const auto& [key, entries] : buckets) {
+    const auto& [axes, dtype] = key;
+    if (entries.size() == 1) {
+      deliver(entries[0].first, psum(entries[0].second, axes));
+      continue;
+    }
+    std::int64_t total = 0;
+    for (const auto& [i, sum] : entries) total += sum.numel();
+    VaryType varying;
+    for (const auto& m : axes) varying.set_varying(m);
+    Tensor flat = Tensor::empty(Shape{{"bucket", total}}, dtype, entries[0].second.device_ptr());
+    const std::size_t es = dtype_size(dtype);
+    std::size_t offset = 0;
+    for (const auto& [i, sum] : entries) {
+      std::memcpy(static_cast<char*>(flat.raw_mutable()) + offset, sum.raw(), sum.nbytes());
+      offset += static_cast<std::size_t>(sum.numel()) * es;
+    }
+    const Tensor reduced = psum(flat.with_vary(varying), axes);
+    offset = 0;
+    for (const auto& [i, sum] : entries) {
+      Tensor piece = Tensor::empty(sum.shape(), dtype, sum.device_ptr());
+      std::memcpy(piece.raw_mutable(), static_cast<const char*>(reduced.raw()) + offset, sum.nbytes());
+      offset += static_cast<std::size_t>(sum.numel()) * es;
+      deliver(i, piece);
+    }
+  }
+  return out;
+}
+
 // Nodes reachable from `root`, each after every node that consumes it. The list owns them: the
 // walk frees each node's inputs, which may be the last other reference to a node still to come.
 std::vector<std::shared_ptr<Node>> reverse_topological(const std::shared_ptr<Node>& root) {
@@ -172,11 +223,14 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params) 
     node->released = true;
   }
 
-  std::vector<Tensor> out;
+  std::vector<const autodiff::Pending*> pendings;
   for (const auto& p : params) {
     auto it = grads.find(p.grad_node().get());
-    out.push_back(it != grads.end() ? autodiff::finish(it->second) : zeros(p.shape(), p.dtype()).with_vary(p.vary()));
+    pendings.push_back(it != grads.end() ? &it->second : nullptr);
   }
+  std::vector<Tensor> out = autodiff::finish_bucketed(pendings);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (!out[i].defined()) out[i] = zeros(params[i].shape(), params[i].dtype()).with_vary(params[i].vary());
   return out;
 }
 

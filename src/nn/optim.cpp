@@ -1,5 +1,7 @@
 // AdamW, global-norm clipping, the learning-rate schedule and gradient accumulation.
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <numbers>
 
 #include "nax/autodiff.h"
@@ -51,17 +53,23 @@ void AdamW::load_state(std::vector<Tensor> state, std::int64_t steps) {
   steps_ = steps;
 }
 
+// Each gradient's sum of squares, added up locally per set of mesh axes it is cut over, then one
+// psum per set adds the other blocks' squares: a few scalar all-reduces, not one per gradient.
 Tensor global_norm(const std::vector<Tensor>& grads) {
   NoGrad no_grad;
-  Tensor total;
+  std::map<std::vector<std::string>, Tensor> by_axes;
   for (const auto& g : grads) {
     Tensor squares = sum(square(cast(g, DType::f64)), g.shape().names());
-    if (!squares.vary().invariant()) {  // the value is cut (or varies): add the other blocks' squares
-      std::vector<std::string> axes;
-      for (const auto& e : squares.vary().entries()) axes.push_back(e.mesh_axis);
-      squares = psum(squares, axes);
-    }
-    total = total.defined() ? total + squares : squares;
+    std::vector<std::string> axes;
+    for (const auto& e : squares.vary().entries()) axes.push_back(e.mesh_axis);
+    std::sort(axes.begin(), axes.end());
+    auto [slot, fresh] = by_axes.try_emplace(axes, squares);
+    if (!fresh) slot->second = slot->second + squares;
+  }
+  Tensor total;
+  for (const auto& [axes, squares] : by_axes) {
+    Tensor whole = axes.empty() ? squares : psum(squares, axes);
+    total = total.defined() ? total + whole : whole;
   }
   return total.defined() ? sqrt(total) : scalar(0.0, DType::f64);
 }
