@@ -612,16 +612,34 @@ TEST_CASE("a psum whose peer calls it after the timeout reports the timeout, not
   require_psum_works(rt);
 }
 
-TEST_CASE("psum over different mesh axes on different devices fails instead of hanging", "[errors]") {
+TEST_CASE("psum over different mesh axes on different devices is a deadlock, reported at once", "[errors]") {
   Watchdog guard(kHang);
-  Runtime rt = local_runtime("dp=2,mp=2", 0.5);
+  Runtime rt = local_runtime("dp=2,mp=2");  // the default timeout: the deadlock is found without it
   auto f = run_failing(rt, [](Shard& s) {
     if (s.device() == 0) psum(per_device(s), "mp");
     else psum(per_device(s), {"dp", "mp"});
   });
-  REQUIRE_THAT(f.message, Contains("psum(f32[i=4]") && Contains("timed out") && Contains("NAX_COLLECTIVE_TIMEOUT_S"));
-  REQUIRE(f.seconds < 5);
+  REQUIRE_THAT(f.message, Contains("psum(f32[i=4]") && Contains("deadlock") && Contains("device 0 waits for device 1") &&
+                              !Contains("timed out"));
+  REQUIRE(f.seconds < kFast);
   require_psum_works(rt);
+}
+
+TEST_CASE("two collectives in opposite orders on two devices are a deadlock, reported at once", "[errors]") {
+  Watchdog guard(kHang);
+  Runtime rt = local_runtime("a=2,b=1");  // groups (a) and (a,b) hold the same two devices
+  auto f = run_failing(rt, [](Shard& s) {
+    Tensor x = pvary(s.shard(ones(Shape{{"i", 4}}), {}), {"a", "b"});
+    if (s.device() == 0) {
+      psum(x, "a");
+      psum(x, {"a", "b"});
+    } else {
+      psum(x, {"a", "b"});
+      psum(x, "a");
+    }
+  });
+  REQUIRE_THAT(f.message, Contains("deadlock") && Contains("different orders") && !Contains("timed out"));
+  REQUIRE(f.seconds < kFast);
 }
 
 TEST_CASE("a device that finishes without joining its peers' psum fails them fast, naming it", "[errors]") {

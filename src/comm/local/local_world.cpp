@@ -46,6 +46,17 @@ std::string LocalGroup::waiting_status(int device) {
   return fmt::format("about to wait in {}", label_);
 }
 
+std::vector<int> LocalGroup::awaited_by(int device) {
+  std::lock_guard lock(mutex_);
+  std::vector<int> awaited;
+  bool waiting = false;
+  for (std::size_t r = 0; r < members_.size(); ++r) {
+    if (members_[r] == device) waiting = slots_[r].arrived;
+    else if (!slots_[r].arrived) awaited.push_back(members_[r]);
+  }
+  return waiting ? awaited : std::vector<int>{};
+}
+
 bool LocalGroup::spin_until_changed(const std::atomic<std::uint64_t>& counter, std::uint64_t value) const {
   if (!spin_) return false;
   for (int i = 0; i < 20000; ++i) {
@@ -87,6 +98,17 @@ void LocalGroup::arrive(int rank, const Signature& sig, const void* send, void* 
           fail_waiting(lock, rank, fmt::format("cannot complete: device {} finished its program without calling it", members_[r]));
       if (Clock::now() - start > timeout)
         fail_waiting(lock, rank, fmt::format("timed out after {:g} s (NAX_COLLECTIVE_TIMEOUT_S)", world_.timeout_s()));
+      lock.unlock();  // the search reads other groups under their locks
+      const std::vector<int> cycle = world_.wait_cycle(me);
+      lock.lock();
+      if (generation_ != generation) break;
+      if (!cycle.empty()) {
+        std::vector<std::string> waits;
+        for (std::size_t i = 0; i < cycle.size(); ++i)
+          waits.push_back(fmt::format("device {} waits for device {}", cycle[i], cycle[(i + 1) % cycle.size()]));
+        fail_waiting(lock, rank, fmt::format("cannot complete: a deadlock ({}): the devices call collectives over different "
+                                             "groups in different orders", fmt::join(waits, ", ")));
+      }
     }
   }
   std::string error = error_;
@@ -148,6 +170,34 @@ std::string LocalWorld::status(int device) const {
   if (finished(device)) return "finished its program";
   LocalGroup* group = waiting_in_[static_cast<std::size_t>(device)].load();
   return group != nullptr ? group->waiting_status(device) : "running";
+}
+
+std::vector<int> LocalWorld::wait_cycle(int device) const {
+  // Depth-first over "waits for" edges from `device`, back to it.
+  std::vector<int> path{device};
+  std::vector<bool> seen(static_cast<std::size_t>(mesh_.size()));
+  std::vector<std::vector<int>> pending;
+  auto edges = [&](int d) {
+    LocalGroup* g = waiting_in_[static_cast<std::size_t>(d)].load();
+    return g != nullptr ? g->awaited_by(d) : std::vector<int>{};
+  };
+  pending.push_back(edges(device));
+  seen[static_cast<std::size_t>(device)] = true;
+  while (!pending.empty()) {
+    if (pending.back().empty()) {
+      pending.pop_back();
+      path.pop_back();
+      continue;
+    }
+    const int next = pending.back().back();
+    pending.back().pop_back();
+    if (next == device) return path;
+    if (seen[static_cast<std::size_t>(next)]) continue;
+    seen[static_cast<std::size_t>(next)] = true;
+    path.push_back(next);
+    pending.push_back(edges(next));
+  }
+  return {};
 }
 
 void LocalWorld::abort(const std::string& reason) {

@@ -50,6 +50,9 @@ class LocalGroup {
 
   // What `device` (a member) is doing here, for messages; takes this group's lock.
   std::string waiting_status(int device);
+  // The members `device` waits for here: those not arrived, when `device` has arrived in the
+  // rendezvous under way (else none: it completed, or `device` is only about to arrive).
+  std::vector<int> awaited_by(int device);
 
   void wake();   // wakes waiters to look at the world's state
   void reset();  // after a run: forget any half-finished rendezvous
@@ -93,6 +96,10 @@ class LocalWorld {
   void set_finished(int device);
   bool finished(int device) const { return finished_[static_cast<std::size_t>(device)].load(); }
   std::string status(int device) const;  // call without holding any group's lock
+  // A cycle of devices each waiting, in a rendezvous of its own, for the next (the last for
+  // `device`): a deadlock that no timeout needs to wait for. Empty when there is none. Call without
+  // holding any group's lock.
+  std::vector<int> wait_cycle(int device) const;
 
   void abort(const std::string& reason);  // releases every waiting rank
   bool aborted() const { return aborted_.load(); }
