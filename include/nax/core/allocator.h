@@ -2,7 +2,10 @@
 // A per-device caching allocator: freed blocks go back to size-class free lists and are reused by
 // the next request of the same class, so a training step does not return to the system allocator.
 #include <cstddef>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 namespace nax {
 
@@ -24,7 +27,37 @@ class Allocator {
   virtual void empty_cache() = 0;  // returns cached blocks to the system
 };
 
-// Host memory, 64-byte aligned, cached by power-of-two size class (1.25x steps above 1 MiB).
+// The size class a request of `bytes` is served from: powers of two from `min_block` up to 1 MiB,
+// then steps of a quarter of the power of two below (large tensors waste at most 25%).
+std::size_t caching_size_class(std::size_t bytes, std::size_t min_block);
+
+// The caching over a backend's raw allocation (host memory, cudaMalloc, ...): free lists per size
+// class, statistics, and one retry after emptying the cache when the raw allocation fails.
+class CachingAllocator : public Allocator {
+ public:
+  ~CachingAllocator() override = default;  // a backend's destructor calls empty_cache()
+  void* allocate(std::size_t bytes) final;
+  void deallocate(void* ptr, std::size_t bytes) final;
+  AllocatorStats stats() const final;
+  void reset_peak() final;
+  void empty_cache() final;
+
+ protected:
+  explicit CachingAllocator(std::size_t min_block) : min_block_(min_block) {}
+  virtual void* raw_allocate(std::size_t bytes) = 0;  // nullptr when out of memory
+  virtual void raw_free(void* ptr) = 0;
+  [[noreturn]] virtual void out_of_memory(std::size_t bytes, const AllocatorStats& stats) = 0;
+
+ private:
+  void release_cached();  // with mutex_ held
+
+  std::size_t min_block_;
+  mutable std::mutex mutex_;
+  std::map<std::size_t, std::vector<void*>> free_;
+  AllocatorStats stats_;
+};
+
+// Host memory, 64-byte aligned, cached by size class.
 std::shared_ptr<Allocator> make_caching_host_allocator();
 
 }  // namespace nax

@@ -1,0 +1,208 @@
+// bench_cuda_gemm: nax::cuda::gemm_lt (the wrapper: descriptors and a heuristic query on every
+// call) against cuBLASLt called directly with the same settings (bf16 inputs and output, f32
+// accumulation, the same 32 MiB workspace), its plan made once outside the timed loop. Square
+// M=N=K bf16 GEMMs on device 0; each run timed with CUDA events, nax and direct interleaved,
+// median of --reps runs after --warmup runs. Prints TFLOP/s of each and the ratio nax / direct.
+//
+//   build-gpu/bin/bench_cuda_gemm [--sizes 4096,8192] [--reps 30] [--warmup 5] [--json FILE]
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kernels.h"
+
+namespace {
+
+using nax::cuda::bf16_t;
+
+struct Options {
+  std::vector<int> sizes{4096, 8192};
+  int reps = 30, warmup = 5;
+  std::string json;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--reps") o.reps = std::stoi(next());
+    else if (arg == "--warmup") o.warmup = std::stoi(next());
+    else if (arg == "--json") o.json = next();
+    else if (arg == "--sizes") {
+      o.sizes.clear();
+      std::string list = next();
+      for (std::size_t pos = 0; pos < list.size();) {
+        std::size_t end = list.find(',', pos);
+        if (end == std::string::npos) end = list.size();
+        o.sizes.push_back(std::stoi(list.substr(pos, end - pos)));
+        pos = end + 1;
+      }
+    } else throw std::runtime_error("unknown argument " + arg + " (--sizes, --reps, --warmup, --json)");
+  }
+  return o;
+}
+
+// Uniform in [-1, 1) from a 64-bit LCG, rounded to bf16 on the device: random data, never zeros.
+void random_bf16(bf16_t* out, std::size_t n, std::uint64_t seed) {
+  std::vector<float> host(n);
+  std::uint64_t s = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+  for (auto& x : host) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    x = static_cast<float>(static_cast<double>(s >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+  }
+  float* staging = nullptr;
+  NAX_CUDA_CHECK(cudaMalloc(&staging, n * sizeof(float)));
+  NAX_CUDA_CHECK(cudaMemcpy(staging, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  nax::cuda::cast(nullptr, staging, out, n);
+  NAX_CUDA_CHECK(cudaDeviceSynchronize());
+  NAX_CUDA_CHECK(cudaFree(staging));
+}
+
+// cuBLASLt directly: the same problem as gemm_lt's row-major C = A B, planned once.
+class DirectGemm {
+ public:
+  DirectGemm(cublasLtHandle_t handle, int size, void* workspace, std::size_t workspace_bytes)
+      : handle_(handle), workspace_(workspace), workspace_bytes_(workspace_bytes) {
+    NAX_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const std::uint64_t s = static_cast<std::uint64_t>(size);
+    NAX_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_, CUDA_R_16BF, s, s, size));
+    cublasLtMatmulPreference_t preference = nullptr;
+    NAX_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    NAX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
+                                                          sizeof workspace_bytes_));
+    int found = 0;
+    NAX_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, desc_, layout_, layout_, layout_, layout_, preference, 1, &result_, &found));
+    cublasLtMatmulPreferenceDestroy(preference);
+    if (found == 0) throw std::runtime_error("cuBLASLt found no algorithm");
+  }
+  ~DirectGemm() {
+    cublasLtMatrixLayoutDestroy(layout_);
+    cublasLtMatmulDescDestroy(desc_);
+  }
+  DirectGemm(const DirectGemm&) = delete;
+  DirectGemm& operator=(const DirectGemm&) = delete;
+
+  void run(const void* a, const void* b, void* c, cudaStream_t stream) const {
+    const float alpha = 1.0f, beta = 0.0f;
+    NAX_CUBLAS_CHECK(cublasLtMatmul(handle_, desc_, &alpha, b, layout_, a, layout_, &beta, c, layout_, c, layout_, &result_.algo,
+                                    workspace_, workspace_bytes_, stream));
+  }
+
+ private:
+  cublasLtHandle_t handle_;
+  void* workspace_;
+  std::size_t workspace_bytes_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t layout_ = nullptr;
+  cublasLtMatmulHeuristicResult_t result_{};
+};
+
+template <typename F>
+float time_ms(cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop, F fn) {
+  NAX_CUDA_CHECK(cudaEventRecord(start, stream));
+  fn();
+  NAX_CUDA_CHECK(cudaEventRecord(stop, stream));
+  NAX_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  NAX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  return ms;
+}
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Options options = parse(argc, argv);
+  if (nax::cuda::cuda_device_count() == 0) {
+    std::puts("no CUDA device");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  NAX_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  NAX_CUDA_CHECK(cudaStreamCreate(&stream));
+  NAX_CUDA_CHECK(cudaEventCreate(&start));
+  NAX_CUDA_CHECK(cudaEventCreate(&stop));
+  nax::cuda::GemmContext context(0);
+  nlohmann::json results = nlohmann::json::array();
+  std::vector<std::string> rows;
+
+  for (int size : options.sizes) {
+    const std::size_t elements = static_cast<std::size_t>(size) * size;
+    bf16_t *a = nullptr, *b = nullptr, *c = nullptr;
+    NAX_CUDA_CHECK(cudaMalloc(&a, elements * sizeof(bf16_t)));
+    NAX_CUDA_CHECK(cudaMalloc(&b, elements * sizeof(bf16_t)));
+    NAX_CUDA_CHECK(cudaMalloc(&c, elements * sizeof(bf16_t)));
+    random_bf16(a, elements, 1);
+    random_bf16(b, elements, 2);
+    DirectGemm direct(context.handle(), size, context.workspace(), context.workspace_bytes());
+    nax::cuda::GemmArgs args;
+    args.m = args.n = args.k = size;
+    args.input = args.output = nax::DType::bf16;
+    auto run_nax = [&] { nax::cuda::gemm_lt(context, stream, args, a, b, c); };
+    auto run_direct = [&] { direct.run(a, b, c, stream); };
+    for (int i = 0; i < options.warmup; ++i) {
+      run_nax();
+      run_direct();
+    }
+    NAX_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<float> nax_ms, direct_ms;
+    for (int i = 0; i < options.reps; ++i) {
+      nax_ms.push_back(time_ms(stream, start, stop, run_nax));
+      direct_ms.push_back(time_ms(stream, start, stop, run_direct));
+    }
+    const double flops = 2.0 * size * size * static_cast<double>(size);
+    const double t_nax = median(nax_ms), t_direct = median(direct_ms);
+    const double tf_nax = flops / (t_nax * 1e-3) / 1e12, tf_direct = flops / (t_direct * 1e-3) / 1e12;
+    results.push_back({{"size", size},
+                       {"dtype", "bf16"},
+                       {"nax_ms", t_nax},
+                       {"direct_ms", t_direct},
+                       {"nax_tflops", tf_nax},
+                       {"direct_tflops", tf_direct},
+                       {"ratio", tf_nax / tf_direct},
+                       {"nax_ms_all", nax_ms},
+                       {"direct_ms_all", direct_ms}});
+    rows.push_back(fmt::format("{:>6} {:>10.3f} {:>10.3f} {:>12.1f} {:>12.1f} {:>7.3f}", size, t_nax, t_direct, tf_nax, tf_direct,
+                               tf_nax / tf_direct));
+    NAX_CUDA_CHECK(cudaFree(a));
+    NAX_CUDA_CHECK(cudaFree(b));
+    NAX_CUDA_CHECK(cudaFree(c));
+  }
+
+  fmt::print("bench_cuda_gemm on {} (bf16 in/out, f32 accumulate, median of {} after {} warm-up)\n", prop.name, options.reps,
+             options.warmup);
+  fmt::print("{:>6} {:>10} {:>10} {:>12} {:>12} {:>7}\n", "size", "nax ms", "direct ms", "nax TFLOP/s", "dir TFLOP/s", "ratio");
+  for (const auto& row : rows) fmt::print("{}\n", row);
+  if (!options.json.empty()) {
+    std::ofstream out(options.json);
+    out << nlohmann::json{{"bench", "cuda_gemm"}, {"device", prop.name}, {"results", results}}.dump(2) << "\n";
+  }
+  NAX_CUDA_CHECK(cudaEventDestroy(start));
+  NAX_CUDA_CHECK(cudaEventDestroy(stop));
+  NAX_CUDA_CHECK(cudaStreamDestroy(stream));
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_cuda_gemm: %s\n", e.what());
+  return 1;
+}

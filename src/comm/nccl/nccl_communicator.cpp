@@ -1,0 +1,158 @@
+#include "comm/nccl/nccl_communicator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/check.h"
+#include "nax/core/error.h"
+
+namespace nax::cuda {
+
+namespace {
+
+ncclDataType_t nccl_type(DType dtype, std::string_view op) {
+  switch (dtype) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i32: return ncclInt32;
+  }
+  fail(op, "dtype {} is not supported by the NCCL communicator", dtype_name(dtype));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::min: return ncclMin;
+  }
+  fail("nccl", "unknown reduce op {}", static_cast<int>(op));
+}
+
+const char* at(const void* base, std::size_t elements, DType dtype) {
+  return static_cast<const char*>(base) + elements * dtype_size(dtype);
+}
+char* at(void* base, std::size_t elements, DType dtype) { return static_cast<char*>(base) + elements * dtype_size(dtype); }
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(const ncclUniqueId& id, int nranks, int rank, int device, cudaStream_t stream)
+    : rank_(rank), size_(nranks), device_(device), stream_(stream) {
+  if (nranks < 1 || rank < 0 || rank >= nranks) fail("NcclCommunicator", "rank {} of {} is out of range", rank, nranks);
+  DeviceGuard guard(device_);
+  NAX_NCCL_CHECK(ncclCommInitRank(&comm_, nranks, id, rank));
+  init_scratch();
+}
+
+NcclCommunicator::NcclCommunicator(ncclComm_t comm, int device, cudaStream_t stream) : comm_(comm), device_(device), stream_(stream) {
+  NAX_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
+  NAX_NCCL_CHECK(ncclCommCount(comm_, &size_));
+  DeviceGuard guard(device_);
+  init_scratch();
+}
+
+void NcclCommunicator::init_scratch() {
+  const cudaError_t status = cudaMalloc(&scratch_, sizeof(float));
+  if (status != cudaSuccess) {
+    (void)ncclCommDestroy(comm_);
+    NAX_CUDA_CHECK(status);
+  }
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  DeviceGuard guard(device_);
+  if (scratch_ != nullptr) (void)cudaFree(scratch_);
+  if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
+}
+
+std::string NcclCommunicator::describe() const { return fmt::format("nccl rank {} of {} on cuda:{}", rank_, size_, device_); }
+
+void NcclCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  const ncclDataType_t type = nccl_type(dtype, "all_reduce");
+  record(CollectiveKind::all_reduce, count * dtype_size(dtype));
+  DeviceGuard guard(device_);
+  NAX_NCCL_CHECK(ncclAllReduce(send, recv, count, type, nccl_op(op), comm_, stream_));
+}
+
+void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+  const ncclDataType_t type = nccl_type(dtype, "all_gather");
+  record(CollectiveKind::all_gather, count * dtype_size(dtype));
+  DeviceGuard guard(device_);
+  NAX_NCCL_CHECK(ncclAllGather(send, recv, count, type, comm_, stream_));
+}
+
+void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  const ncclDataType_t type = nccl_type(dtype, "reduce_scatter");
+  record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size_) * dtype_size(dtype));
+  DeviceGuard guard(device_);
+  NAX_NCCL_CHECK(ncclReduceScatter(send, recv, count, type, nccl_op(op), comm_, stream_));
+}
+
+void NcclCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype) {
+  const ncclDataType_t type = nccl_type(dtype, "all_to_all");
+  record(CollectiveKind::all_to_all, count * static_cast<std::size_t>(size_) * dtype_size(dtype));
+  DeviceGuard guard(device_);
+  NAX_NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < size_; ++r) {
+    const std::size_t offset = count * static_cast<std::size_t>(r);
+    NAX_NCCL_CHECK(ncclSend(at(send, offset, dtype), count, type, r, comm_, stream_));
+    NAX_NCCL_CHECK(ncclRecv(at(recv, offset, dtype), count, type, r, comm_, stream_));
+  }
+  NAX_NCCL_CHECK(ncclGroupEnd());
+}
+
+void NcclCommunicator::permute(const void* send, void* recv, std::size_t count, DType dtype,
+                               const std::vector<std::pair<int, int>>& pairs) {
+  check_permute_pairs(pairs, size_, "permute", describe());
+  const ncclDataType_t type = nccl_type(dtype, "permute");
+  record(CollectiveKind::permute, count * dtype_size(dtype));
+  const std::size_t bytes = count * dtype_size(dtype);
+  auto to = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.first == rank_; });
+  auto from = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.second == rank_; });
+  DeviceGuard guard(device_);
+  if (from == pairs.end()) NAX_CUDA_CHECK(cudaMemsetAsync(recv, 0, bytes, stream_));
+  if (to != pairs.end() && to->second == rank_) {  // to itself: a copy, no NCCL
+    NAX_CUDA_CHECK(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, stream_));
+    return;
+  }
+  NAX_NCCL_CHECK(ncclGroupStart());
+  if (to != pairs.end()) NAX_NCCL_CHECK(ncclSend(send, count, type, to->second, comm_, stream_));
+  if (from != pairs.end()) NAX_NCCL_CHECK(ncclRecv(recv, count, type, from->first, comm_, stream_));
+  NAX_NCCL_CHECK(ncclGroupEnd());
+}
+
+void NcclCommunicator::broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) {
+  if (root < 0 || root >= size_) fail("broadcast", "root {} is out of range for a group of {} ranks", root, size_);
+  const ncclDataType_t type = nccl_type(dtype, "broadcast");
+  record(CollectiveKind::broadcast, count * dtype_size(dtype));
+  DeviceGuard guard(device_);
+  NAX_NCCL_CHECK(ncclBroadcast(send, recv, count, type, root, comm_, stream_));
+}
+
+void NcclCommunicator::barrier() {
+  record(CollectiveKind::barrier, 0);
+  DeviceGuard guard(device_);
+  NAX_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_));
+  NAX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+ncclUniqueId make_nccl_id() {
+  ncclUniqueId id;
+  NAX_NCCL_CHECK(ncclGetUniqueId(&id));
+  return id;
+}
+
+std::vector<std::unique_ptr<NcclCommunicator>> make_nccl_group(const std::vector<int>& devices, const std::vector<cudaStream_t>& streams) {
+  if (devices.empty()) fail("make_nccl_group", "no devices");
+  if (!streams.empty() && streams.size() != devices.size())
+    fail("make_nccl_group", "{} devices but {} streams", devices.size(), streams.size());
+  std::vector<ncclComm_t> comms(devices.size(), nullptr);
+  NAX_NCCL_CHECK(ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()));
+  std::vector<std::unique_ptr<NcclCommunicator>> group;
+  for (std::size_t i = 0; i < devices.size(); ++i)
+    group.push_back(std::make_unique<NcclCommunicator>(comms[i], devices[i], streams.empty() ? cudaStream_t{} : streams[i]));
+  return group;
+}
+
+}  // namespace nax::cuda

@@ -1,0 +1,58 @@
+#pragma once
+// nax::Communicator over NCCL, for one group: buffers are device pointers on this communicator's
+// device, and every collective is enqueued on its stream and returns at once (NCCL's semantics;
+// the caller synchronises the stream before reading the results on the host). barrier() alone
+// waits: it all-reduces one element and synchronises the stream.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <memory>
+#include <vector>
+
+#include "nax/comm/communicator.h"
+
+namespace nax::cuda {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Joins the group of `nranks` that `id` names (ncclCommInitRank; every rank must call it, from
+  // its own thread or process). `stream` is not owned.
+  NcclCommunicator(const ncclUniqueId& id, int nranks, int rank, int device, cudaStream_t stream);
+  // Adopts a communicator made elsewhere (make_nccl_group).
+  NcclCommunicator(ncclComm_t comm, int device, cudaStream_t stream);
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string describe() const override;
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  ncclComm_t comm() const { return comm_; }
+
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
+  void all_gather(const void* send, void* recv, std::size_t count, DType dtype) override;
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype) override;
+  void permute(const void* send, void* recv, std::size_t count, DType dtype, const std::vector<std::pair<int, int>>& pairs) override;
+  void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) override;
+  void barrier() override;
+
+ private:
+  void init_scratch();
+
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0, size_ = 0, device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  float* scratch_ = nullptr;  // barrier's one element
+};
+
+ncclUniqueId make_nccl_id();
+
+// One group over `devices` (GPUs of this process, usually driven by one thread each afterwards):
+// rank i runs on devices[i] with streams[i] (empty: the default stream). ncclCommInitAll.
+std::vector<std::unique_ptr<NcclCommunicator>> make_nccl_group(const std::vector<int>& devices,
+                                                               const std::vector<cudaStream_t>& streams = {});
+
+}  // namespace nax::cuda
