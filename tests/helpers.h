@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <nax/nax.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -29,6 +30,20 @@ inline void require_close(const Tensor& got, const std::vector<double>& want, do
 inline void require_equal(const Tensor& got, const Tensor& want) {
   REQUIRE(got.shape() == want.shape());
   REQUIRE(got.to_vector<double>() == want.to_vector<double>());
+}
+
+// The mesh-axis groups to test on a mesh: each axis alone, all axes, all axes reversed (the
+// group's ranks in the other order).
+inline std::vector<std::vector<std::string>> groups_of(const Mesh& mesh) {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& a : mesh.axis_names()) out.push_back({a});
+  if (mesh.axes().size() > 1) {
+    out.push_back(mesh.axis_names());
+    auto reversed = mesh.axis_names();
+    std::reverse(reversed.begin(), reversed.end());
+    out.push_back(reversed);
+  }
+  return out;
 }
 
 // The meshes the mesh tests run on: 1, 2, 3, 4 and 8 devices, 1-D and 2-D.

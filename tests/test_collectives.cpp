@@ -5,6 +5,7 @@
 #include "helpers.h"
 
 using namespace nax;
+using nax::testing::groups_of;
 using nax::testing::require_equal;
 
 namespace {
@@ -19,19 +20,6 @@ Tensor input_of(int device, const Shape& shape = kLocal) {
 // The device's input as per-shard code sees it: Varying over every mesh axis.
 Tensor varying_input(Shard& s, const Shape& shape = kLocal) {
   return pvary(s.shard(input_of(s.device(), shape), {}), s.mesh().axis_names());
-}
-
-// The mesh-axis groups to test on a mesh: each axis alone, all axes, all axes reversed.
-std::vector<std::vector<std::string>> groups_of(const Mesh& mesh) {
-  std::vector<std::vector<std::string>> out;
-  for (const auto& a : mesh.axis_names()) out.push_back({a});
-  if (mesh.axes().size() > 1) {
-    out.push_back(mesh.axis_names());
-    auto reversed = mesh.axis_names();
-    std::reverse(reversed.begin(), reversed.end());
-    out.push_back(reversed);
-  }
-  return out;
 }
 
 // Host-side inputs of the members of `device`'s group, in group rank order.

@@ -4,10 +4,13 @@
 #include <fstream>
 
 #include "checkpoint.h"
+#include "gptj_helpers.h"
 #include "helpers.h"
 #include "train.h"
 
 using namespace nax;
+using nax::testing::corpus;
+using nax::testing::tiny;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -16,22 +19,6 @@ std::string scratch_dir(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / fmt::format("nax_test_{}_{}", name, ::getpid());
   std::filesystem::remove_all(dir);
   return dir.string();
-}
-
-const gptj::TextData& corpus() {
-  static const gptj::TextData data = [] {
-    std::string text;
-    for (int i = 0; i < 200; ++i) text += fmt::format("line {} of a small corpus: the quick brown fox jumps over {} lazy dogs.\n", i, i % 7);
-    return gptj::TextData::from_text(text);
-  }();
-  return data;
-}
-
-gptj::TrainOptions tiny(const std::string& mesh, std::int64_t steps) {
-  gptj::TrainOptions o;
-  o.config = "tiny", o.mesh = mesh, o.steps = steps, o.batch = 4, o.seq = 16, o.lr = 1e-2, o.warmup = 2;
-  o.eval_every = 0, o.eval_batches = 1, o.quiet = true;
-  return o;
 }
 
 }  // namespace

@@ -9,29 +9,16 @@
 
 #include "compare.h"
 #include "global_model.h"
+#include "gptj_helpers.h"
 #include "helpers.h"
 #include "model.h"
 #include "train.h"
 
 using namespace nax;
+using nax::testing::corpus;
+using nax::testing::tiny;
 
 namespace {
-
-const gptj::TextData& corpus() {
-  static const gptj::TextData data = [] {
-    std::string text;
-    for (int i = 0; i < 200; ++i) text += fmt::format("line {} of a small corpus: the quick brown fox jumps over {} lazy dogs.\n", i, i % 7);
-    return gptj::TextData::from_text(text);
-  }();
-  return data;
-}
-
-gptj::TrainOptions tiny(const std::string& mesh, const std::string& sharding) {
-  gptj::TrainOptions o;
-  o.config = "tiny", o.mesh = mesh, o.steps = 5, o.batch = 4, o.seq = 16, o.lr = 1e-2, o.warmup = 2;
-  o.eval_every = 0, o.eval_batches = 1, o.quiet = true, o.sharding = sharding;
-  return o;
-}
 
 struct Step {
   double loss = 0;
@@ -72,8 +59,8 @@ Step one_step(const std::string& mesh_spec, bool global_view) {
 TEST_CASE("hand and auto sharding train tiny to the same losses", "[e2e][gptj][global]") {
   for (const std::string mesh : {"dp=1,mp=2", "dp=2,mp=2", "dp=1,mp=4"}) {
     INFO("mesh " << mesh);
-    const auto hand = gptj::train(tiny(mesh, "hand"), corpus());
-    const auto automatic = gptj::train(tiny(mesh, "auto"), corpus());
+    const auto hand = gptj::train(tiny(mesh, 5, "hand"), corpus());
+    const auto automatic = gptj::train(tiny(mesh, 5, "auto"), corpus());
     REQUIRE(hand.losses.size() == 5);
     REQUIRE(nax::testing::max_rel_error(automatic.losses, hand.losses) <= 1e-5);
     // The automatic model moves no more than twice the hand-coded model's bytes.
@@ -102,7 +89,7 @@ TEST_CASE("hand and auto sharding give the same gradients, and auto gathers noth
 
 TEST_CASE("gptj compare: rows for hand and auto, the JSON list and the cluster projections", "[e2e][gptj][global]") {
   gptj::CompareOptions c;
-  c.train = tiny("dp=2,mp=2", "hand");
+  c.train = tiny("dp=2,mp=2", 4);
   c.train.steps = 4;
   c.timing_skip = 1;
   const auto rows = gptj::compare(c, corpus());

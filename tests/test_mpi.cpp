@@ -13,6 +13,7 @@
 #include "helpers.h"
 
 using namespace nax;
+using nax::testing::groups_of;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -26,19 +27,6 @@ std::vector<std::string> meshes() {
     case 4: return {"mp=4", "dp=2,mp=2", "mp=2,dp=2", "dp=4,mp=1"};
     default: return {fmt::format("mp={}", world_size())};
   }
-}
-
-// Each axis alone, all axes, and all axes reversed (the group's ranks in the other order).
-std::vector<std::vector<std::string>> groups_of(const Mesh& mesh) {
-  std::vector<std::vector<std::string>> out;
-  for (const auto& a : mesh.axis_names()) out.push_back({a});
-  if (mesh.axes().size() > 1) {
-    out.push_back(mesh.axis_names());
-    auto reversed = mesh.axis_names();
-    std::reverse(reversed.begin(), reversed.end());
-    out.push_back(reversed);
-  }
-  return out;
 }
 
 Tensor input_of(int device, const Shape& shape, DType dtype) {

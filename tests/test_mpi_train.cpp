@@ -6,28 +6,16 @@
 #include <filesystem>
 #include <fstream>
 
+#include "gptj_helpers.h"
 #include "helpers.h"
 #include "train.h"
 
 using namespace nax;
+using nax::testing::corpus;
 
 namespace {
 
-const gptj::TextData& corpus() {
-  static const gptj::TextData data = [] {
-    std::string text;
-    for (int i = 0; i < 200; ++i) text += fmt::format("line {} of a small corpus: the quick brown fox jumps over {} lazy dogs.\n", i, i % 7);
-    return gptj::TextData::from_text(text);
-  }();
-  return data;
-}
-
-gptj::TrainOptions tiny(std::int64_t steps) {
-  gptj::TrainOptions o;
-  o.config = "tiny", o.mesh = "dp=2,mp=2", o.steps = steps, o.batch = 4, o.seq = 16, o.lr = 1e-2, o.warmup = 2;
-  o.eval_every = 0, o.eval_batches = 1, o.quiet = true;
-  return o;
-}
+gptj::TrainOptions tiny(std::int64_t steps) { return nax::testing::tiny("dp=2,mp=2", steps); }
 
 // The same folder name in every process (process 0's pid, broadcast through a run).
 std::string shared_scratch_dir(const std::string& name) {

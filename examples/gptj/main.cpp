@@ -65,6 +65,23 @@ void check_backend(const std::string& v) {
   nax::fail("gptj", "--backend expects cpu or cuda, got '{}'", v);
 }
 
+// The flags that say what to train on, shared by train, compare and export.
+std::map<std::string, Handler> run_flags(gptj::TrainOptions& o, std::map<std::string, Handler> more) {
+  std::map<std::string, Handler> flags{
+      {"--config", [&o](const std::string& v) { o.config = v; }},
+      {"--backend", check_backend},
+      {"--mesh", [&o](const std::string& v) { o.mesh = v; }},
+      {"--data", [&o](const std::string& v) { o.data.push_back(v); }},
+      {"--steps", [&o](const std::string& v) { o.steps = to_int("--steps", v); }},
+      {"--batch", [&o](const std::string& v) { o.batch = to_int("--batch", v); }},
+      {"--seq", [&o](const std::string& v) { o.seq = to_int("--seq", v); }},
+      {"--lr", [&o](const std::string& v) { o.lr = to_double("--lr", v); }},
+      {"--warmup", [&o](const std::string& v) { o.warmup = to_int("--warmup", v); }},
+      {"--seed", [&o](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }}};
+  flags.merge(more);
+  return flags;
+}
+
 void train_help() {
   fmt::print(
       "usage: gptj train [flags]\n"
@@ -108,23 +125,13 @@ void sample_help() {
 int run_train(int argc, char** argv) {
   gptj::TrainOptions o;
   parse_flags(argc, argv, 2,
-              {{"--config", [&](const std::string& v) { o.config = v; }},
-               {"--backend", check_backend},
-               {"--mesh", [&](const std::string& v) { o.mesh = v; }},
-               {"--data", [&](const std::string& v) { o.data.push_back(v); }},
-               {"--steps", [&](const std::string& v) { o.steps = to_int("--steps", v); }},
-               {"--batch", [&](const std::string& v) { o.batch = to_int("--batch", v); }},
-               {"--seq", [&](const std::string& v) { o.seq = to_int("--seq", v); }},
-               {"--lr", [&](const std::string& v) { o.lr = to_double("--lr", v); }},
-               {"--warmup", [&](const std::string& v) { o.warmup = to_int("--warmup", v); }},
-               {"--seed", [&](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }},
-               {"--micro-batches", [&](const std::string& v) { o.micro_batches = to_int("--micro-batches", v); }},
-               {"--ckpt-dir", [&](const std::string& v) { o.ckpt_dir = v; }},
-               {"--save-every", [&](const std::string& v) { o.save_every = to_int("--save-every", v); }},
-               {"--stop-after", [&](const std::string& v) { o.stop_after = to_int("--stop-after", v); }},
-               {"--eval-every", [&](const std::string& v) { o.eval_every = to_int("--eval-every", v); }},
-               {"--metrics", [&](const std::string& v) { o.metrics = v; }},
-               {"--sharding", [&](const std::string& v) { o.sharding = v; }}},
+              run_flags(o, {{"--micro-batches", [&](const std::string& v) { o.micro_batches = to_int("--micro-batches", v); }},
+                            {"--ckpt-dir", [&](const std::string& v) { o.ckpt_dir = v; }},
+                            {"--save-every", [&](const std::string& v) { o.save_every = to_int("--save-every", v); }},
+                            {"--stop-after", [&](const std::string& v) { o.stop_after = to_int("--stop-after", v); }},
+                            {"--eval-every", [&](const std::string& v) { o.eval_every = to_int("--eval-every", v); }},
+                            {"--metrics", [&](const std::string& v) { o.metrics = v; }},
+                            {"--sharding", [&](const std::string& v) { o.sharding = v; }}}),
               train_help,
               {{"--resume", [&](const std::string&) { o.resume = true; }}, {"--quiet", [&](const std::string&) { o.quiet = true; }}});
   if (o.steps < 1 || o.batch < 1 || o.seq < 1) nax::fail("gptj", "--steps, --batch and --seq must be positive");
@@ -184,20 +191,10 @@ int run_compare(int argc, char** argv) {
   gptj::TrainOptions& o = c.train;
   o.steps = 20;
   parse_flags(argc, argv, 2,
-              {{"--config", [&](const std::string& v) { o.config = v; }},
-               {"--backend", check_backend},
-               {"--mesh", [&](const std::string& v) { o.mesh = v; }},
-               {"--data", [&](const std::string& v) { o.data.push_back(v); }},
-               {"--steps", [&](const std::string& v) { o.steps = to_int("--steps", v); }},
-               {"--warmup-steps", [&](const std::string& v) { c.timing_skip = to_int("--warmup-steps", v); }},
-               {"--batch", [&](const std::string& v) { o.batch = to_int("--batch", v); }},
-               {"--seq", [&](const std::string& v) { o.seq = to_int("--seq", v); }},
-               {"--lr", [&](const std::string& v) { o.lr = to_double("--lr", v); }},
-               {"--warmup", [&](const std::string& v) { o.warmup = to_int("--warmup", v); }},
-               {"--seed", [&](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }},
-               {"--json", [&](const std::string& v) { c.json = v; }},
-               {"--cost-model", [&](const std::string& v) { c.cost_model = v; }},
-               {"--mfu", [&](const std::string& v) { c.projected_mfu = to_double("--mfu", v); }}},
+              run_flags(o, {{"--warmup-steps", [&](const std::string& v) { c.timing_skip = to_int("--warmup-steps", v); }},
+                            {"--json", [&](const std::string& v) { c.json = v; }},
+                            {"--cost-model", [&](const std::string& v) { c.cost_model = v; }},
+                            {"--mfu", [&](const std::string& v) { c.projected_mfu = to_double("--mfu", v); }}}),
               compare_help,
               {{"--with-jax", [&](const std::string&) { c.with_jax = true; }},
                {"--install-jax", [&](const std::string&) { c.install_jax = true; }},
@@ -215,18 +212,7 @@ int run_compare(int argc, char** argv) {
 int run_export(int argc, char** argv) {
   gptj::ExportOptions e;
   gptj::TrainOptions& o = e.train;
-  parse_flags(argc, argv, 2,
-              {{"--out", [&](const std::string& v) { e.out = v; }},
-               {"--config", [&](const std::string& v) { o.config = v; }},
-               {"--mesh", [&](const std::string& v) { o.mesh = v; }},
-               {"--data", [&](const std::string& v) { o.data.push_back(v); }},
-               {"--steps", [&](const std::string& v) { o.steps = to_int("--steps", v); }},
-               {"--batch", [&](const std::string& v) { o.batch = to_int("--batch", v); }},
-               {"--seq", [&](const std::string& v) { o.seq = to_int("--seq", v); }},
-               {"--lr", [&](const std::string& v) { o.lr = to_double("--lr", v); }},
-               {"--warmup", [&](const std::string& v) { o.warmup = to_int("--warmup", v); }},
-               {"--seed", [&](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }}},
-              export_help);
+  parse_flags(argc, argv, 2, run_flags(o, {{"--out", [&](const std::string& v) { e.out = v; }}}), export_help);
   if (e.out.empty()) nax::fail("gptj", "export needs --out DIR");
   gptj::export_run(e, gptj::TextData::load(o.data));
   fmt::print("exported config {} for mesh {} ({} steps of batch {} x seq {}) to {}\n", o.config, o.mesh, o.steps, o.batch, o.seq, e.out);
