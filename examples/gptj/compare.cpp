@@ -207,13 +207,13 @@ void print_comparison(const std::vector<CompareRow>& rows, const CompareOptions&
   const double hand_rate = rows[0].tokens_per_s;
   fmt::print("\nhand-coded vs automatic sharding: config {}, mesh {}, batch {} x seq {}, {} steps (tokens/s: median after {} warm-up steps)\n",
              o.train.config, o.train.mesh, o.train.batch, o.train.seq, o.train.steps, o.timing_skip);
-  fmt::print("{:<8} {:>10} {:>10} {:>26} {:>12} {:>10} {:>11} {:>11}\n", "sharding", "tokens/s", "hand/this", "MB/step/device by axes",
+  fmt::print("{:<8} {:>10} {:>10} {:>34} {:>12} {:>10} {:>11} {:>11}\n", "sharding", "tokens/s", "hand/this", "MB/step/device by axes",
              "collectives", "peak MiB", "first loss", "final loss");
   for (const auto& r : rows) {
     std::vector<std::string> axes;
     for (const auto& [a, b] : r.bytes_by_axes) axes.push_back(fmt::format("{} {}", a, megabytes(b)));
     const std::string comm = r.measured_comm ? fmt::format("{}", fmt::join(axes, ", ")) : "(not counted)";
-    fmt::print("{:<8} {:>10.0f} {:>10.2f} {:>26} {:>12} {:>10.1f} {:>11.5f} {:>11.5f}\n", r.sharding, r.tokens_per_s, hand_rate / r.tokens_per_s,
+    fmt::print("{:<8} {:>10.0f} {:>10.2f} {:>34} {:>12} {:>10.1f} {:>11.5f} {:>11.5f}\n", r.sharding, r.tokens_per_s, hand_rate / r.tokens_per_s,
                comm, r.measured_comm ? fmt::format("{:.0f}", r.collectives_per_step) : "-", static_cast<double>(r.peak_bytes) / (1 << 20),
                r.first_loss, r.final_loss);
   }

@@ -105,8 +105,10 @@ struct Redistribution {
     }
   }
 
-  // Phase 2: reduce the partial values the target does not keep partial.
+  // Phase 2: reduce the partial values the target does not keep partial; those to become whole
+  // over several mesh axes in one all-reduce over all of them.
   void reduce() {
+    std::vector<std::string> sums, maxes;
     for (const auto& m : mesh.axis_names()) {
       const Placement from = now.on(m), to = target.on(m);
       if (!from.is_partial() || to == from) continue;
@@ -119,9 +121,11 @@ struct Redistribution {
           continue;
         }
       }
-      t = from.op() == PartialOp::sum ? psum(t, m) : pmax(t, m);
+      (from.op() == PartialOp::sum ? sums : maxes).push_back(m);
       now.set(m, Placement::replicate());
     }
+    if (!sums.empty()) t = psum(t, sums);
+    if (!maxes.empty()) t = pmax(t, maxes);
   }
 
   // Phase 3: a replica becomes a partial sum by keeping it on the group's first device only (a
