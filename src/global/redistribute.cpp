@@ -105,10 +105,9 @@ struct Redistribution {
     }
   }
 
-  // Phase 2: reduce the partial values the target does not keep partial; those to become whole
-  // over several mesh axes in one all-reduce over all of them.
+  // Phase 2: reduce the partial values the target does not keep partial, one mesh axis at a time
+  // (two rings, e.g. inside and across nodes, beat one flat ring over both under the alpha-beta model).
   void reduce() {
-    std::vector<std::string> sums, maxes;
     for (const auto& m : mesh.axis_names()) {
       const Placement from = now.on(m), to = target.on(m);
       if (!from.is_partial() || to == from) continue;
@@ -121,11 +120,9 @@ struct Redistribution {
           continue;
         }
       }
-      (from.op() == PartialOp::sum ? sums : maxes).push_back(m);
+      t = from.op() == PartialOp::sum ? psum(t, m) : pmax(t, m);
       now.set(m, Placement::replicate());
     }
-    if (!sums.empty()) t = psum(t, sums);
-    if (!maxes.empty()) t = pmax(t, maxes);
   }
 
   // Phase 3: a replica becomes a partial sum by keeping it on the group's first device only (a
