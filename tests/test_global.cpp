@@ -18,11 +18,10 @@ std::map<CollectiveKind, std::size_t> calls_during(Shard& s, F&& fn) {
   auto before = s.comm_stats();
   fn();
   std::map<CollectiveKind, std::size_t> out;
-  for (const auto& [axes, stats] : s.comm_stats()) {
-    CommStats d = before.count(axes) ? stats - before.at(axes) : stats;
-    for (int k = 0; k < kCollectiveKinds; ++k)
-      if (d.calls[static_cast<std::size_t>(k)] > 0) out[static_cast<CollectiveKind>(k)] += d.calls[static_cast<std::size_t>(k)];
-  }
+  CommStats d;
+  for (const auto& [axes, stats] : s.comm_stats_since(before)) d += stats;
+  for (int k = 0; k < kCollectiveKinds; ++k)
+    if (d.calls[static_cast<std::size_t>(k)] > 0) out[static_cast<CollectiveKind>(k)] = d.calls[static_cast<std::size_t>(k)];
   return out;
 }
 

@@ -42,11 +42,10 @@ Step one_step(const std::string& mesh_spec, bool global_view) {
     const auto before = s.comm_stats();
     Tensor loss = global_view ? global.loss(x, y) : model.loss(x, y);
     auto grads = grad(loss, model.params().values());
+    CommStats d;
+    for (const auto& [axes, stats] : s.comm_stats_since(before)) d += stats;
     std::map<CollectiveKind, std::size_t> calls;
-    for (const auto& [axes, stats] : s.comm_stats()) {
-      CommStats d = before.count(axes) ? stats - before.at(axes) : stats;
-      for (int k = 0; k < kCollectiveKinds; ++k) calls[static_cast<CollectiveKind>(k)] += d.calls[static_cast<std::size_t>(k)];
-    }
+    for (int k = 0; k < kCollectiveKinds; ++k) calls[static_cast<CollectiveKind>(k)] = d.calls[static_cast<std::size_t>(k)];
     std::vector<Tensor> host;
     for (const auto& g : grads) host.push_back(s.gather(g));
     if (s.device() == 0) out = {loss.item(), host, calls};

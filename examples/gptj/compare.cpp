@@ -42,12 +42,6 @@ std::size_t resident_bytes(Learner& l) {
   return bytes;
 }
 
-std::map<std::string, CommStats> comm_since(const std::map<std::string, CommStats>& before, const std::map<std::string, CommStats>& after) {
-  std::map<std::string, CommStats> out;
-  for (const auto& [axes, stats] : after) out[axes] = before.count(axes) ? stats - before.at(axes) : stats;
-  return out;
-}
-
 // What one learner saw: its losses, step times, last step's communication and its peak memory.
 struct Track {
   std::vector<double> losses, step_s;
@@ -62,7 +56,7 @@ void step_and_track(Shard& s, Learner& learner, Learner& other, Track& track, co
   const auto t0 = Clock::now();
   const auto stats = learner.step(x, y, lr);
   track.step_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  track.last_comm = comm_since(comm_before, s.comm_stats());
+  track.last_comm = s.comm_stats_since(comm_before);
   track.losses.push_back(stats.loss);
   const std::size_t peak = s.memory().peak_bytes_in_use;
   track.peak = std::max(track.peak, peak > others ? peak - others : 0);

@@ -169,9 +169,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       const double step_s = seconds_since(t0);
       nlohmann::json comm_bytes = nlohmann::json::object(), comm_kinds = nlohmann::json::object();
       std::size_t calls = 0;
-      for (const auto& [axes, stats] : s.comm_stats()) {
-        auto it = comm_before.find(axes);
-        const CommStats step_stats = it == comm_before.end() ? stats : stats - it->second;
+      for (const auto& [axes, step_stats] : s.comm_stats_since(comm_before)) {
         comm_bytes[axes] = total_bytes(step_stats);
         calls += total_calls(step_stats);
         for (int k = 0; k < kCollectiveKinds; ++k)

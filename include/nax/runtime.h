@@ -65,6 +65,8 @@ class Shard {
   // Calls and bytes sent by this device per collective kind, for each group of mesh axes it has
   // communicated over (keyed "mp", "dp,mp", ...).
   virtual std::map<std::string, CommStats> comm_stats() const = 0;
+  // What this device has communicated since `before` (an earlier comm_stats()), per group.
+  std::map<std::string, CommStats> comm_stats_since(const std::map<std::string, CommStats>& before) const;
   virtual const std::shared_ptr<Device>& device_ptr() const = 0;
 
   // The shard the calling thread is running, or nullptr outside Runtime::run.

@@ -95,21 +95,11 @@ void accumulate(Pending& p, const Tensor& g_in, const std::string& op) {
   if (!fresh) slot->second = add(slot->second, g);
 }
 
-// The finished gradient. Where the value is Invariant over a mesh axis but a contribution varies
-// (the value met a varying one: an implicit pvary), that contribution is summed over the axis,
-// once for all the consumers that vary alike: pvary's transpose is psum.
-Tensor finish(const Pending& p) {
-  Tensor total;
-  for (const auto& [axes, sum] : p.sums) {
-    Tensor whole = (axes.empty() ? sum : psum(sum, axes)).with_vary(p.like.vary());
-    total = total.defined() ? add(total, whole) : whole;
-  }
-  return total;
-}
-
-// The parameters' finished gradients. Their pending sums over the same mesh axes (and dtype) go as
-// one all-reduce of the gradients laid end to end, as DDP buckets them: fewer, larger collectives
-// (each element is summed over the same devices in the same order, so the values are unchanged).
+// Finished gradients. Where a value is Invariant over a mesh axis but a contribution varies (the
+// value met a varying one: an implicit pvary), that contribution is summed over the axis, once for
+// all the consumers that vary alike: pvary's transpose is psum. Several values' sums over the same
+// mesh axes (and dtype) go as one all-reduce of the gradients laid end to end, as DDP buckets them:
+// fewer, larger collectives (each element is summed over the same devices in the same order).
 std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings) {
   std::vector<Tensor> out(pendings.size());
   std::map<std::pair<std::vector<std::string>, DType>, std::vector<std::pair<std::size_t, Tensor>>> buckets;
@@ -156,6 +146,9 @@ std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings)
   }
   return out;
 }
+
+// One value's finished gradient.
+Tensor finish(const Pending& p) { return finish_bucketed({&p})[0]; }
 
 // Nodes reachable from `root`, each after every node that consumes it. The list owns them: the
 // walk frees each node's inputs, which may be the last other reference to a node still to come.

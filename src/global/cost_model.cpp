@@ -88,9 +88,9 @@ std::shared_ptr<const CostModel> g_model = std::make_shared<const CostModel>();
 std::atomic<std::uint64_t> g_model_version{1};
 }  // namespace
 
-const CostModel& cost_model() {
+std::shared_ptr<const CostModel> cost_model() {
   std::lock_guard lock(g_model_mutex);
-  return *g_model;
+  return g_model;
 }
 
 void set_cost_model(CostModel model) {

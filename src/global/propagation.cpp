@@ -17,9 +17,9 @@ namespace {
 constexpr double kImpossible = std::numeric_limits<double>::infinity();
 
 // What changing one operand's placement on mesh axis m costs, `bytes` being its local block.
-double transition_cost(const Placement& from, const Placement& to, std::size_t bytes, int n, const std::string& m) {
+double transition_cost(const CostModel& model, const Placement& from, const Placement& to, std::size_t bytes, int n,
+                       const std::string& m) {
   if (from == to) return 0;
-  const CostModel& model = cost_model();
   if (to.is_partial()) return from.is_replicate() ? model.copy_seconds(bytes) : kImpossible;
   if (to.is_replicate()) {
     if (from.is_shard()) return model.seconds(CollectiveKind::all_gather, bytes, n, m);
@@ -99,7 +99,7 @@ class Chooser {
     c.cost = 0;
     c.changes = 0;
     for (std::size_t i = 0; i < inputs_.size(); ++i) {
-      c.cost += transition_cost(inputs_[i]->placement(m), c.inputs[i], bytes_[i], n, m);
+      c.cost += transition_cost(*model_, inputs_[i]->placement(m), c.inputs[i], bytes_[i], n, m);
       c.changes += inputs_[i]->placement(m) == c.inputs[i] ? 0 : 1;
     }
   }
@@ -156,6 +156,7 @@ class Chooser {
   const Rule& rule_;
   const std::vector<const GlobalTensor*>& inputs_;
   const Mesh& mesh_;
+  const std::shared_ptr<const CostModel> model_ = cost_model();
   std::vector<std::string> factors_;
   std::vector<std::int64_t> local_size_;
   std::vector<std::size_t> bytes_;
@@ -174,13 +175,25 @@ thread_local Cache g_cache;
 
 namespace {
 
+// Built on every global op: plain appends, no formatting.
 std::string cache_key(const Rule& rule, const std::vector<const GlobalTensor*>& inputs) {
   std::string key = rule.signature;
+  key.reserve(128);
   for (const auto* x : inputs) {
     key += '|';
     key += dtype_name(x->dtype());
-    key += x->shape().str();
-    key += x->placements().str();
+    for (const auto& a : x->shape().axes()) {
+      key += ' ';
+      key += a.name;
+      key += '=';
+      key += std::to_string(a.size);
+    }
+    for (const auto& [m, p] : x->placements().entries()) {
+      key += ';';
+      key += m;
+      key += p.is_shard() ? 'S' : p.is_partial() ? (p.op() == PartialOp::sum ? 'P' : 'M') : 'R';
+      key += p.axis();
+    }
   }
   return key;
 }

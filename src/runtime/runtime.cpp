@@ -15,6 +15,15 @@ thread_local Shard* g_current_shard = nullptr;
 
 Shard* Shard::current() { return g_current_shard; }
 
+std::map<std::string, CommStats> Shard::comm_stats_since(const std::map<std::string, CommStats>& before) const {
+  std::map<std::string, CommStats> since;
+  for (const auto& [axes, stats] : comm_stats()) {
+    auto it = before.find(axes);
+    since[axes] = it == before.end() ? stats : stats - it->second;
+  }
+  return since;
+}
+
 namespace detail {
 
 void set_current_shard(Shard* shard) { g_current_shard = shard; }

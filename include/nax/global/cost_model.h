@@ -5,6 +5,7 @@
 // to project counted communication onto declared clusters.
 #include <cstddef>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -49,8 +50,9 @@ class CostModel {
   double memory_Bps_ = 20e9;
 };
 
-// The model sharding propagation uses (process-wide). Setting it forgets cached strategy choices.
-const CostModel& cost_model();
+// The model sharding propagation uses (process-wide; a snapshot, safe to keep while another is
+// set). Setting it forgets cached strategy choices.
+std::shared_ptr<const CostModel> cost_model();
 void set_cost_model(CostModel model);
 
 }  // namespace nax
