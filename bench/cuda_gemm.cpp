@@ -1,15 +1,22 @@
-// bench_cuda_gemm: nax::cuda::gemm_lt (the wrapper: descriptors and a heuristic query on every
-// call) against cuBLASLt called directly with the same settings (bf16 inputs and output, f32
-// accumulation, the same 32 MiB workspace), its plan made once outside the timed loop. Square
-// M=N=K bf16 GEMMs on device 0; each run timed with CUDA events, nax and direct interleaved,
-// median of --reps runs after --warmup runs. Prints TFLOP/s of each and the ratio nax / direct.
+// bench_cuda_gemm: nax's GEMM at two levels against cuBLASLt called directly with the same
+// settings (bf16 inputs and output, f32 accumulation, the same 32 MiB workspace), its plan made
+// once outside the timed loop. Square M=N=K bf16 GEMMs on GPU 0:
+//   - nax::cuda::gemm_lt (the wrapper, with its plan cache) and direct cuBLASLt, each run timed
+//     with CUDA events, interleaved, median of --reps runs after --warmup runs;
+//   - nax `dot` on a CUDA device of Runtime::local (the whole op: checks, result allocation from
+//     the caching allocator, dispatch, the GEMM), --reps calls back to back timed on the host
+//     clock, against --reps direct calls timed the same way.
+// Prints TFLOP/s of each and the ratios to direct (goal: dot >= 95% of direct).
 //
 //   build-gpu/bin/bench_cuda_gemm [--sizes 4096,8192] [--reps 30] [--warmup 5] [--json FILE]
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <nax/nax.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -122,6 +129,36 @@ float time_ms(cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop, F fn) {
   return ms;
 }
 
+// Seconds per call of `reps` calls of nax dot on a bf16 size^3 GEMM (after `warmup` calls).
+double dot_seconds(int size, int reps, int warmup) {
+  nax::RuntimeOptions options;
+  options.backend = nax::Backend::cuda;
+  nax::Runtime rt = nax::Runtime::local(nax::Mesh::parse("x=1"), options);
+  double seconds = 0;
+  rt.run([&](nax::Shard& s) {
+    using nax::Shape;
+    const nax::Tensor a = nax::random_normal(Shape{{"m", size}, {"k", size}}, 1, "a", 1.0, nax::DType::bf16);
+    const nax::Tensor b = nax::random_normal(Shape{{"k", size}, {"n", size}}, 2, "b", 1.0, nax::DType::bf16);
+    for (int i = 0; i < warmup; ++i) nax::dot(a, b, "k");
+    s.synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) nax::dot(a, b, "k");
+    s.synchronize();
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+  });
+  return seconds;
+}
+
+// The same for direct cuBLASLt calls on `stream`.
+template <typename F>
+double host_timed_seconds(cudaStream_t stream, int reps, F fn) {
+  NAX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) fn();
+  NAX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+}
+
 double median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
@@ -174,6 +211,8 @@ int main(int argc, char** argv) try {
     const double flops = 2.0 * size * size * static_cast<double>(size);
     const double t_nax = median(nax_ms), t_direct = median(direct_ms);
     const double tf_nax = flops / (t_nax * 1e-3) / 1e12, tf_direct = flops / (t_direct * 1e-3) / 1e12;
+    const double tf_direct_host = flops / host_timed_seconds(stream, options.reps, run_direct) / 1e12;
+    const double tf_dot = flops / dot_seconds(size, options.reps, options.warmup) / 1e12;
     results.push_back({{"size", size},
                        {"dtype", "bf16"},
                        {"nax_ms", t_nax},
@@ -181,10 +220,13 @@ int main(int argc, char** argv) try {
                        {"nax_tflops", tf_nax},
                        {"direct_tflops", tf_direct},
                        {"ratio", tf_nax / tf_direct},
+                       {"dot_tflops", tf_dot},
+                       {"direct_host_timed_tflops", tf_direct_host},
+                       {"dot_ratio", tf_dot / tf_direct_host},
                        {"nax_ms_all", nax_ms},
                        {"direct_ms_all", direct_ms}});
-    rows.push_back(fmt::format("{:>6} {:>10.3f} {:>10.3f} {:>12.1f} {:>12.1f} {:>7.3f}", size, t_nax, t_direct, tf_nax, tf_direct,
-                               tf_nax / tf_direct));
+    rows.push_back(fmt::format("{:>6} {:>10.3f} {:>10.3f} {:>12.1f} {:>12.1f} {:>7.3f} {:>12.1f} {:>12.1f} {:>7.3f}", size, t_nax,
+                               t_direct, tf_nax, tf_direct, tf_nax / tf_direct, tf_dot, tf_direct_host, tf_dot / tf_direct_host));
     NAX_CUDA_CHECK(cudaFree(a));
     NAX_CUDA_CHECK(cudaFree(b));
     NAX_CUDA_CHECK(cudaFree(c));
@@ -192,7 +234,8 @@ int main(int argc, char** argv) try {
 
   fmt::print("bench_cuda_gemm on {} (bf16 in/out, f32 accumulate, median of {} after {} warm-up)\n", prop.name, options.reps,
              options.warmup);
-  fmt::print("{:>6} {:>10} {:>10} {:>12} {:>12} {:>7}\n", "size", "nax ms", "direct ms", "nax TFLOP/s", "dir TFLOP/s", "ratio");
+  fmt::print("{:>6} {:>10} {:>10} {:>12} {:>12} {:>7} {:>12} {:>12} {:>7}\n", "size", "lt ms", "direct ms", "lt TFLOP/s", "dir TFLOP/s",
+             "ratio", "dot TFLOP/s", "dir(host)", "dot/dir");
   for (const auto& row : rows) fmt::print("{}\n", row);
   if (!options.json.empty()) {
     std::ofstream out(options.json);

@@ -75,6 +75,30 @@ TEST_CASE("gradients of layout ops", "[grad][ops]") {
   check_gradients([](auto& p) { return weighted_sum(cast(cast(p[0], DType::f32), DType::f64)); }, {x}, {.eps = 1e-3, .tolerance = 1e-4});
 }
 
+TEST_CASE("the gradient through a cast to bf16 reaches the f32 parameter as f32, summed over dp", "[grad][mesh]") {
+  // Mixed precision's pattern: an f32 parameter (Invariant over dp) cast to bf16 and used with
+  // data cut over dp. The values are multiples of 1/4 below 8, so every bf16 product and sum is exact.
+  std::vector<double> xs;
+  for (int i = 0; i < 12; ++i) xs.push_back(0.25 * (i - 5));
+  const Tensor x_host = from_vector(Shape{{"batch", 4}, {"embed", 3}}, xs, DType::f32);
+  const Tensor w_host = from_vector(Shape{{"embed", 3}}, std::vector<double>{0.5, -1.0, 2.0}, DType::f32);
+  std::vector<double> want(3, 0.0);  // d/dw of sum(x * w): the column sums of x
+  for (std::size_t i = 0; i < xs.size(); ++i) want[i % 3] += xs[i];
+  Runtime rt = Runtime::local(Mesh::parse("dp=2"));
+  const AxisRules rules{{"batch", "dp"}};
+  Tensor got;
+  rt.run([&](Shard& s) {
+    const Tensor w = parameter(s.shard(w_host, rules)), x = s.shard(x_host, rules);
+    const Tensor y = cast(cast(w, DType::bf16) * cast(x, DType::bf16), DType::f32);
+    const Tensor g = grad(psum(sum(y, {"batch", "embed"}), "dp"), {w})[0];
+    NAX_EXPECT(g.vary() == w.vary());
+    const Tensor host = s.gather(g);
+    if (s.device() == 0) got = host;
+  });
+  REQUIRE(got.dtype() == DType::f32);
+  REQUIRE(got.to_vector<double>() == want);
+}
+
 TEST_CASE("a value used many times accumulates its gradient", "[grad][ops]") {
   Tensor x = random_input(kB, "x");
   check_gradients([](auto& p) { return weighted_sum(p[0] * p[0] * p[0] + tanh(p[0]) * p[0]); }, {x});

@@ -158,11 +158,15 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   const Config config = padded_for(config_by_name(o.train.config), mesh);
   check_fits(config, mesh, o.train.batch);
   if (o.train.steps < 2) fail("compare", "--steps must be at least 2 (the first steps warm up)");
+  check_compute_dtype(o.train.dtype);
+  if (o.with_jax && o.train.dtype != DType::f32)
+    fail("compare", "--with-jax runs JAX in f32 and checks its first loss against nax's: use it with --dtype f32, not {}",
+         dtype_name(o.train.dtype));
   if (!o.cost_model.empty()) set_cost_model(CostModel::parse(read_file(o.cost_model)));
   TrainOptions hand = o.train, automatic = o.train;
   hand.sharding = "hand", automatic.sharding = "auto";
   const AxisRules rules = axis_rules(mesh);
-  Runtime rt = Runtime::from_env(mesh);
+  Runtime rt = Runtime::from_env(mesh, runtime_options(o.train.backend));
   Track hand_track, auto_track;
   rt.run([&](Shard& s) {
     Learner h(s, config, rules, hand), a(s, config, rules, automatic);
@@ -199,8 +203,9 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
 void print_comparison(const std::vector<CompareRow>& rows, const CompareOptions& o) {
   if (rows.empty()) return;
   const double hand_rate = rows[0].tokens_per_s;
-  fmt::print("\nhand-coded vs automatic sharding: config {}, mesh {}, batch {} x seq {}, {} steps (tokens/s: median after {} warm-up steps)\n",
-             o.train.config, o.train.mesh, o.train.batch, o.train.seq, o.train.steps, o.timing_skip);
+  fmt::print("\nhand-coded vs automatic sharding: config {}, mesh {}, batch {} x seq {}, {} steps, {} compute (tokens/s: median after {} "
+             "warm-up steps)\n",
+             o.train.config, o.train.mesh, o.train.batch, o.train.seq, o.train.steps, dtype_name(o.train.dtype), o.timing_skip);
   fmt::print("{:<8} {:>10} {:>10} {:>34} {:>12} {:>10} {:>11} {:>11}\n", "sharding", "tokens/s", "hand/this", "MB/step/device by axes",
              "collectives", "peak MiB", "first loss", "final loss");
   for (const auto& r : rows) {
@@ -228,7 +233,7 @@ void write_comparison_json(const std::vector<CompareRow>& rows, const CompareOpt
   nlohmann::json out = nlohmann::json::array();
   for (const auto& r : rows) {
     nlohmann::json row{{"sharding", r.sharding}, {"config", o.train.config}, {"mesh", o.train.mesh}, {"batch", o.train.batch},
-                       {"seq", o.train.seq}, {"steps", o.train.steps}, {"tokens_per_s", r.tokens_per_s},
+                       {"seq", o.train.seq}, {"steps", o.train.steps}, {"dtype", dtype_name(o.train.dtype)}, {"tokens_per_s", r.tokens_per_s},
                        {"first_loss", r.first_loss}, {"final_loss", r.final_loss}, {"losses", r.losses},
                        {"peak_bytes", r.peak_bytes > 0 ? nlohmann::json(r.peak_bytes) : nlohmann::json()}};
     if (r.measured_comm) {

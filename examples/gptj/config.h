@@ -38,4 +38,20 @@ std::int64_t parameter_count(const Config& c);
 // Training FLOPs per token, PaLM's formula: 6 N + 12 L H Q T.
 double flops_per_token(const Config& c, std::int64_t seq);
 
+// Mixed precision: the parameters stay the (f32) master weights and are cast to bf16 where the model
+// uses them, so activations and their gradients are bf16 and the cast's backward hands f32
+// gradients to the parameters. Any other compute dtype means no cast: the model computes in the
+// parameters' own dtype (f32 in training, f64 in the gradient checks). T: nax::Tensor (the
+// per-shard model) or nax::GlobalTensor (the global view).
+template <typename T>
+T for_compute(const T& param, nax::DType compute) {
+  return compute == nax::DType::bf16 ? nax::cast(param, compute) : param;
+}
+
+// Logits for the loss: bf16 ones are cast to f32, so that the cross-entropy and the loss are f32.
+template <typename T>
+T loss_precision(const T& logits) {
+  return logits.dtype() == nax::DType::bf16 ? nax::cast(logits, nax::DType::f32) : logits;
+}
+
 }  // namespace gptj

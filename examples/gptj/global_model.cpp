@@ -28,7 +28,7 @@ GlobalTensor GlobalModel::logits(const GlobalTensor& ids) const {
 }
 
 GlobalTensor GlobalModel::loss(const GlobalTensor& ids, const GlobalTensor& targets) const {
-  return cross_entropy(logits(ids), targets, "vocab");
+  return cross_entropy(loss_precision(logits(ids)), targets, "vocab");
 }
 
 Tensor GlobalModel::loss(const Tensor& ids, const Tensor& targets) const {

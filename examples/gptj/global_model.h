@@ -12,8 +12,9 @@ namespace gptj {
 class GlobalModel {
  public:
   // Reads the per-shard parameter blocks (nn::Parameters cut by axis_rules) as global tensors; they
-  // may be replaced (by the optimizer) between calls.
-  GlobalModel(Config config, const nax::nn::Parameters& params) : config_(std::move(config)), params_(params) {}
+  // may be replaced (by the optimizer) between calls. compute: as for Model (model.h).
+  GlobalModel(Config config, const nax::nn::Parameters& params, nax::DType compute = nax::DType::f32)
+      : config_(std::move(config)), params_(params), compute_(compute) {}
 
   // ids: i32 [batch, seq]. Result: [batch, seq, vocab], placed wherever propagation put it.
   nax::GlobalTensor logits(const nax::GlobalTensor& ids) const;
@@ -23,11 +24,12 @@ class GlobalModel {
   nax::Tensor loss(const nax::Tensor& ids, const nax::Tensor& targets) const;
 
  private:
-  nax::GlobalTensor param(const std::string& name) const { return nax::GlobalTensor::from_local(params_[name]); }
+  nax::GlobalTensor param(const std::string& name) const { return for_compute(nax::GlobalTensor::from_local(params_[name]), compute_); }
   nax::GlobalTensor block(std::int64_t layer, const nax::GlobalTensor& x) const;
 
   Config config_;
   const nax::nn::Parameters& params_;
+  nax::DType compute_;
 };
 
 }  // namespace gptj

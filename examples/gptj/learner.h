@@ -13,6 +13,10 @@ namespace gptj {
 // Checks a --sharding value: hand or auto.
 void check_sharding(const std::string& sharding);
 
+// A --dtype value: bf16 or f32 (the compute dtypes training supports); anything else is refused.
+nax::DType parse_compute_dtype(const std::string& name);
+void check_compute_dtype(nax::DType dtype);
+
 class Learner {
  public:
   Learner(nax::Shard& s, const Config& config, const nax::AxisRules& rules, const TrainOptions& options);

@@ -11,6 +11,7 @@
 
 #include "compare.h"
 #include "export.h"
+#include "learner.h"
 #include "train.h"
 
 namespace {
@@ -58,10 +59,10 @@ double stod_plain(const std::string& v, std::size_t* used) { return std::stod(v,
 std::int64_t to_int(const std::string& flag, const std::string& v) { return parse_value<long long>(flag, v, "an integer", stoll_base10); }
 double to_double(const std::string& flag, const std::string& v) { return parse_value<double>(flag, v, "a number", stod_plain); }
 
-// --backend: only the CPU backend exists so far.
-void check_backend(const std::string& v) {
-  if (v == "cpu") return;
-  if (v == "cuda") nax::fail("gptj", "--backend cuda: the CUDA backend is not built yet (only cpu is available)");
+// --backend cpu | cuda (whether this build and machine can run cuda, the runtime says).
+nax::Backend parse_backend(const std::string& v) {
+  if (v == "cpu") return nax::Backend::cpu;
+  if (v == "cuda") return nax::Backend::cuda;
   nax::fail("gptj", "--backend expects cpu or cuda, got '{}'", v);
 }
 
@@ -69,7 +70,7 @@ void check_backend(const std::string& v) {
 std::map<std::string, Handler> run_flags(gptj::TrainOptions& o, std::map<std::string, Handler> more) {
   std::map<std::string, Handler> flags{
       {"--config", [&o](const std::string& v) { o.config = v; }},
-      {"--backend", check_backend},
+      {"--backend", [&o](const std::string& v) { o.backend = parse_backend(v); }},
       {"--mesh", [&o](const std::string& v) { o.mesh = v; }},
       {"--data", [&o](const std::string& v) { o.data.push_back(v); }},
       {"--steps", [&o](const std::string& v) { o.steps = to_int("--steps", v); }},
@@ -89,9 +90,12 @@ void train_help() {
       "under mpirun -np <devices> on one process per device.\n\n"
       "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
       "  --mesh SPEC        mesh axes dp and mp, e.g. dp=2,mp=2           (default dp=2,mp=2)\n"
-      "  --backend cpu      the only backend built so far                 (default cpu)\n"
+      "  --backend B        cpu: simulated devices (threads); cuda: device d on GPU d % GPUs,\n"
+      "                     NCCL when each device has a GPU, else virtual devices (default cpu)\n"
       "  --sharding MODE    hand: the model written per shard; auto: the same model in the global\n"
       "                     view, sharded by propagation from the axis rules (default hand)\n"
+      "  --dtype D          f32, or bf16: mixed precision, bf16 parameters and activations in\n"
+      "                     the model, f32 master weights, AdamW state and loss (default f32)\n"
       "  --data FILE        a text file to train on (repeat for several)  (required)\n"
       "  --steps N          optimizer steps                               (default 200)\n"
       "  --batch B          global batch, cut over dp                     (default 8)\n"
@@ -115,6 +119,7 @@ void sample_help() {
       "Generates text from a checkpoint, on any mesh, with a KV cache.\n\n"
       "  --ckpt DIR         a checkpoint written by gptj train             (required)\n"
       "  --mesh SPEC        e.g. dp=1,mp=2                                (default dp=1,mp=1)\n"
+      "  --backend B        cpu or cuda, as for gptj train                (default cpu)\n"
       "  --prompt TEXT      the text to continue\n"
       "  --tokens N         tokens to generate                            (default 100)\n"
       "  --temperature X    0 picks the most likely token                 (default 0.8)\n"
@@ -131,15 +136,16 @@ int run_train(int argc, char** argv) {
                             {"--stop-after", [&](const std::string& v) { o.stop_after = to_int("--stop-after", v); }},
                             {"--eval-every", [&](const std::string& v) { o.eval_every = to_int("--eval-every", v); }},
                             {"--metrics", [&](const std::string& v) { o.metrics = v; }},
-                            {"--sharding", [&](const std::string& v) { o.sharding = v; }}}),
+                            {"--sharding", [&](const std::string& v) { o.sharding = v; }},
+                            {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }}}),
               train_help,
               {{"--resume", [&](const std::string&) { o.resume = true; }}, {"--quiet", [&](const std::string&) { o.quiet = true; }}});
   if (o.steps < 1 || o.batch < 1 || o.seq < 1) nax::fail("gptj", "--steps, --batch and --seq must be positive");
   auto result = gptj::train(o, gptj::TextData::load(o.data));
   if (nax::process_index() != 0) return 0;  // under mpirun, process 0 reports
-  fmt::print("final: train loss {:.4f}, held-out loss {:.4f}, {:.0f} tokens/s, MFU {:.1f}% of {:.0f} GFLOP/s\n",
+  fmt::print("final: train loss {:.4f}, held-out loss {:.4f}, {:.0f} tokens/s, MFU {:.1f}% of {:.0f} GFLOP/s, {} compute\n",
              result.losses.empty() ? 0.0 : result.losses.back(), result.heldout_loss, result.tokens_per_s, 100 * result.mfu,
-             result.peak_gflops);
+             result.peak_gflops, nax::dtype_name(o.dtype));
   std::vector<std::string> comm;
   for (const auto& [axes, bytes] : result.bytes_per_step) comm.push_back(fmt::format("{} {:.2f} MB", axes, bytes * 1e-6));
   fmt::print("communication per step and device: {} collectives; {}\n", result.collectives_per_step, fmt::join(comm, ", "));
@@ -173,7 +179,8 @@ void compare_help() {
       "declared GPU clusters.\n\n"
       "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
       "  --mesh SPEC        mesh axes dp and mp                           (default dp=2,mp=2)\n"
-      "  --backend cpu      the only backend built so far                 (default cpu)\n"
+      "  --backend B        cpu or cuda, as for gptj train                (default cpu)\n"
+      "  --dtype D          f32 or bf16, as for gptj train                (default f32)\n"
       "  --data FILE        a text file to train on (repeat for several)  (required)\n"
       "  --steps N          optimizer steps of each model                 (default 20)\n"
       "  --warmup-steps K   steps left out of the tokens/s median         (default 2)\n"
@@ -194,7 +201,8 @@ int run_compare(int argc, char** argv) {
               run_flags(o, {{"--warmup-steps", [&](const std::string& v) { c.timing_skip = to_int("--warmup-steps", v); }},
                             {"--json", [&](const std::string& v) { c.json = v; }},
                             {"--cost-model", [&](const std::string& v) { c.cost_model = v; }},
-                            {"--mfu", [&](const std::string& v) { c.projected_mfu = to_double("--mfu", v); }}}),
+                            {"--mfu", [&](const std::string& v) { c.projected_mfu = to_double("--mfu", v); }},
+                            {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }}}),
               compare_help,
               {{"--with-jax", [&](const std::string&) { c.with_jax = true; }},
                {"--install-jax", [&](const std::string&) { c.install_jax = true; }},
@@ -238,7 +246,7 @@ int run_sample(int argc, char** argv) {
   gptj::SampleOptions o;
   parse_flags(argc, argv, 2,
               {{"--ckpt", [&](const std::string& v) { o.ckpt_dir = v; }},
-               {"--backend", check_backend},
+               {"--backend", [&](const std::string& v) { o.backend = parse_backend(v); }},
                {"--mesh", [&](const std::string& v) { o.mesh = v; }},
                {"--prompt", [&](const std::string& v) { o.prompt = v; }},
                {"--tokens", [&](const std::string& v) { o.tokens = to_int("--tokens", v); }},

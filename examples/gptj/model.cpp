@@ -39,23 +39,24 @@ BlockConfig block_config(const Config& c) {
 
 BlockParams Model::layer(std::int64_t i) const {
   const std::size_t first = 1 + static_cast<std::size_t>(i) * 10;
-  const auto& v = params_.values();
-  return BlockParams::from(std::vector<Tensor>(v.begin() + static_cast<std::ptrdiff_t>(first), v.begin() + static_cast<std::ptrdiff_t>(first + 10)));
+  std::vector<Tensor> block;
+  for (std::size_t j = first; j < first + 10; ++j) block.push_back(for_compute(params_[j], compute_));
+  return BlockParams::from(block);
 }
 
 Tensor Model::logits(const Tensor& ids, std::vector<KVCache>* caches) const {
   if (caches != nullptr && caches->size() != static_cast<std::size_t>(config_.n_layers))
     caches->resize(static_cast<std::size_t>(config_.n_layers));
-  Tensor x = psum(embedding(params_["transformer.wte.weight"], ids, "vocab"), "mp");
+  Tensor x = psum(embedding(param("transformer.wte.weight"), ids, "vocab"), "mp");
   const BlockConfig bc = block_config(config_);
   for (std::int64_t i = 0; i < config_.n_layers; ++i)
     x = block(layer(i), x, bc, caches != nullptr ? &(*caches)[static_cast<std::size_t>(i)] : nullptr);
-  Tensor h = layer_norm(x, "embed", params_["transformer.ln_f.weight"], params_["transformer.ln_f.bias"]);
-  return dot(h, params_["lm_head.weight"], "embed") + params_["lm_head.bias"];
+  Tensor h = layer_norm(x, "embed", param("transformer.ln_f.weight"), param("transformer.ln_f.bias"));
+  return dot(h, param("lm_head.weight"), "embed") + param("lm_head.bias");
 }
 
 Tensor Model::loss(const Tensor& ids, const Tensor& targets) const {
-  Tensor local = cross_entropy(logits(ids), targets, "vocab", {"mp"});
+  Tensor local = cross_entropy(loss_precision(logits(ids)), targets, "vocab", {"mp"});
   return local.vary().kind("dp") == Vary::Invariant ? local : pmean(local, "dp");
 }
 

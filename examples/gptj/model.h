@@ -20,9 +20,12 @@ BlockConfig block_config(const Config& c);
 
 class Model {
  public:
-  Model(Config config, nax::nn::Parameters params) : config_(std::move(config)), params_(std::move(params)) {}
+  // compute: bf16 casts the parameters where they are used (for_compute in config.h); f32 computes in
+  // the parameters' dtype.
+  Model(Config config, nax::nn::Parameters params, nax::DType compute = nax::DType::f32)
+      : config_(std::move(config)), params_(std::move(params)), compute_(compute) {}
 
-  // ids: i32 [batch, seq], batch cut over dp. Result: [batch, seq, vocab|mp].
+  // ids: i32 [batch, seq], batch cut over dp. Result: [batch, seq, vocab|mp], in the compute dtype.
   nax::Tensor logits(const nax::Tensor& ids, std::vector<KVCache>* caches = nullptr) const;
   // Mean next-token cross-entropy over the global batch: Invariant on every device.
   nax::Tensor loss(const nax::Tensor& ids, const nax::Tensor& targets) const;
@@ -33,9 +36,11 @@ class Model {
 
  private:
   BlockParams layer(std::int64_t i) const;
+  nax::Tensor param(const std::string& name) const { return for_compute(params_[name], compute_); }
 
   Config config_;
   nax::nn::Parameters params_;
+  nax::DType compute_;
 };
 
 }  // namespace gptj

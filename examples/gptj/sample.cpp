@@ -68,7 +68,7 @@ std::vector<std::int32_t> prompt_tokens(const SampleOptions& o) { return encode(
 std::vector<std::vector<double>> prompt_logits(const SampleOptions& o) {
   const Loaded m = load_for_inference(o);
   const auto tokens = prompt_tokens(o);
-  Runtime rt = Runtime::from_env(m.mesh);
+  Runtime rt = Runtime::from_env(m.mesh, runtime_options(o.backend));
   return rt.run([&](Shard& s) {
     NoGrad no_grad;
     Model model = model_on(s, m);
@@ -88,7 +88,7 @@ std::string sample(const SampleOptions& o) {
   if (static_cast<std::int64_t>(tokens.size()) + o.tokens > m.config.max_seq)
     fail("sample", "prompt ({} tokens) plus --tokens {} exceeds the context of {}", tokens.size(), o.tokens, m.config.max_seq);
   const AxisRules& rules = m.rules;
-  Runtime rt = Runtime::from_env(m.mesh);
+  Runtime rt = Runtime::from_env(m.mesh, runtime_options(o.backend));
   return rt.run([&](Shard& s) {
     NoGrad no_grad;
     Model model = model_on(s, m);

@@ -23,6 +23,10 @@ namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// Dense peaks of one H100/H200 SXM (NVIDIA's datasheet): bf16 tensor cores, and f32 without TF32
+// (CUBLAS_COMPUTE_32F, what nax's f32 GEMMs ask for).
+constexpr double kGpuPeakBf16Gflops = 989e3, kGpuPeakF32Gflops = 67e3;
+
 // The mesh's f32 GEMM peak in GFLOP/s: one thread's sgemm rate on 1024^3 (a simulated device is
 // one thread) times the devices that can run at once (at most the cores).
 double measure_peak_gflops(int devices) {
@@ -37,6 +41,14 @@ double measure_peak_gflops(int devices) {
     }
   });
   return best * static_cast<double>(std::min<unsigned>(static_cast<unsigned>(devices), std::max(1u, std::thread::hardware_concurrency())));
+}
+
+// The peak MFU is measured against: on GPUs the datasheet's, once per GPU in use (virtual devices
+// share theirs), else the CPU's measured sgemm rate.
+double peak_gflops(const TrainOptions& o, int devices) {
+  if (o.backend == Backend::cpu) return measure_peak_gflops(devices);
+  const int gpus = std::max(1, std::min(devices, cuda_gpu_count()));
+  return gpus * (o.dtype == DType::bf16 ? kGpuPeakBf16Gflops : kGpuPeakF32Gflops);
 }
 
 struct Checkpoint {
@@ -102,11 +114,18 @@ class Progress {
 
 }  // namespace
 
+RuntimeOptions runtime_options(Backend backend) {
+  RuntimeOptions options;
+  options.backend = backend;
+  return options;
+}
+
 TrainResult train(const TrainOptions& o, const TextData& data) {
   const Mesh mesh = Mesh::parse(o.mesh);
   const Config config = padded_for(config_by_name(o.config), mesh);
   check_fits(config, mesh, o.batch);
   check_sharding(o.sharding);
+  check_compute_dtype(o.dtype);
   if (o.micro_batches < 1 || (o.batch / mesh.axis_size("dp")) % o.micro_batches != 0)
     fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, o.batch / mesh.axis_size("dp"));
   if (o.seq > config.max_seq) fail("train", "--seq {} exceeds the config's maximum {}", o.seq, config.max_seq);
@@ -124,14 +143,15 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
   }
 
   TrainResult result;
-  result.peak_gflops = measure_peak_gflops(mesh.size());
+  result.peak_gflops = peak_gflops(o, mesh.size());
   const double flops_per_step = flops_per_token(config, o.seq) * static_cast<double>(o.batch * o.seq);
-  Runtime rt = Runtime::from_env(mesh);  // one process per device under mpirun, threads otherwise
+  Runtime rt = Runtime::from_env(mesh, runtime_options(o.backend));  // one process per device under mpirun, threads otherwise
   const AxisRules rules = axis_rules(mesh);
   Progress progress(o.quiet || !lead_process, o.steps);
-  progress.message(fmt::format("gptj train: config {} ({:.2f}M parameters), mesh {}, batch {} x seq {}, {} steps, peak {:.0f} GFLOP/s",
+  progress.message(fmt::format("gptj train: config {} ({:.2f}M parameters), mesh {}, batch {} x seq {}, {} steps, {} compute, "
+                               "peak {:.0f} GFLOP/s",
                                config.name, static_cast<double>(parameter_count(config)) * 1e-6, mesh.str(), o.batch, o.seq, o.steps,
-                               result.peak_gflops));
+                               dtype_name(o.dtype), result.peak_gflops));
 
   rt.run([&](Shard& s) {
     const bool lead = s.device() == 0;
@@ -191,8 +211,9 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       const double eta = seconds_since(start) / static_cast<double>(step - first + 1) * static_cast<double>(o.steps - step - 1);
       progress.update(step, loss, tokens_per_s, mfu, eta);
       if (metrics)
-        metrics << nlohmann::json{{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"tokens_per_s", tokens_per_s},
-                                  {"mfu", mfu}, {"step_s", step_s}, {"comm_bytes", comm_bytes}, {"comm", comm_kinds}, {"collectives", calls}}.dump()
+        metrics << nlohmann::json{{"step", step}, {"loss", loss}, {"dtype", dtype_name(o.dtype)}, {"lr", lr}, {"grad_norm", norm},
+                                  {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"step_s", step_s}, {"comm_bytes", comm_bytes},
+                                  {"comm", comm_kinds}, {"collectives", calls}}.dump()
                 << "\n";
       if (eval_now) {
         progress.message(fmt::format("step {}: held-out loss {:.4f}", step + 1, heldout));

@@ -31,7 +31,11 @@ struct TrainOptions {
   std::int64_t eval_batches = 4;
   std::string metrics;  // JSON lines
   bool quiet = false;
+  nax::Backend backend = nax::Backend::cpu;  // cpu: simulated devices; cuda: GPUs (see nax::RuntimeOptions)
   std::string sharding = "hand";  // hand: the per-shard model (model.h); auto: the global view (global_model.h)
+  // Compute dtype. bf16: mixed precision (bf16 parameters and activations in the model, f32 master
+  // weights, optimizer state and loss); f32: everything f32.
+  nax::DType dtype = nax::DType::f32;
 };
 
 struct TrainResult {
@@ -48,7 +52,11 @@ struct TrainResult {
 
 TrainResult train(const TrainOptions& options, const TextData& data);
 
+// The runtime options of a --backend.
+nax::RuntimeOptions runtime_options(nax::Backend backend);
+
 struct SampleOptions {
+  nax::Backend backend = nax::Backend::cpu;
   std::string ckpt_dir;
   std::string mesh = "dp=1,mp=1";
   std::string prompt;

@@ -17,7 +17,24 @@
 
 namespace nax {
 
+// How the devices of one process exchange data (Runtime::local).
+enum class Transport {
+  automatic,  // host for CPU devices; nccl for CUDA devices with a GPU each; else device
+  host,       // peers' buffers read directly by host code (CPU devices)
+  device,     // copies and reductions through the devices' kernels (any backend; virtual GPUs)
+  nccl,       // NCCL, one communicator per group of mesh axes (CUDA devices on distinct GPUs)
+};
+std::string_view transport_name(Transport transport);
+
 struct RuntimeOptions {
+  // Where per-shard code computes: cpu (simulated devices) or cuda (Runtime::local: mesh device d
+  // on GPU d % gpus, so a mesh larger than the GPUs puts several devices on one GPU; Runtime::mpi:
+  // one GPU per process, by its rank among the processes of its node).
+  Backend backend = Backend::cpu;
+  Transport transport = Transport::automatic;
+  // Makes mesh device d in place of `backend`'s devices (Runtime::local): a backend kept outside
+  // nax, or a test double.
+  std::function<std::shared_ptr<Device>(int device)> device_factory = nullptr;
   // A collective whose peers have not all arrived after this long raises an error naming it.
   // Default: $NAX_COLLECTIVE_TIMEOUT_S, else 300 s.
   double collective_timeout_s = 0;
@@ -68,6 +85,9 @@ class Shard {
   // What this device has communicated since `before` (an earlier comm_stats()), per group.
   std::map<std::string, CommStats> comm_stats_since(const std::map<std::string, CommStats>& before) const;
   virtual const std::shared_ptr<Device>& device_ptr() const = 0;
+  // Waits until every op enqueued on this device has finished (a GPU's stream; on the CPU every
+  // op has finished when it returns). Reading values (item, to_vector, gather) waits by itself.
+  void synchronize() const;
 
   // The shard the calling thread is running, or nullptr outside Runtime::run.
   static Shard* current();
@@ -136,5 +156,8 @@ class Runtime {
 // (initialising it if needed), else 0 and 1. Process 0 is the one that prints and writes files.
 int process_index();
 int process_count();
+
+// The CUDA GPUs this process sees: 0 when there are none or nax was built without CUDA.
+int cuda_gpu_count();
 
 }  // namespace nax

@@ -132,14 +132,14 @@ std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings)
     const std::size_t es = dtype_size(dtype);
     std::size_t offset = 0;
     for (const auto& [i, sum] : entries) {
-      std::memcpy(static_cast<char*>(flat.raw_mutable()) + offset, sum.raw(), sum.nbytes());
+      flat.device().kernels().copy_bytes(static_cast<char*>(flat.raw_mutable()) + offset, sum.raw(), sum.nbytes());
       offset += static_cast<std::size_t>(sum.numel()) * es;
     }
     const Tensor reduced = psum(flat.with_vary(varying), axes);
     offset = 0;
     for (const auto& [i, sum] : entries) {
       Tensor piece = Tensor::empty(sum.shape(), dtype, sum.device_ptr());
-      std::memcpy(piece.raw_mutable(), static_cast<const char*>(reduced.raw()) + offset, sum.nbytes());
+      piece.device().kernels().copy_bytes(piece.raw_mutable(), static_cast<const char*>(reduced.raw()) + offset, sum.nbytes());
       offset += static_cast<std::size_t>(sum.numel()) * es;
       deliver(i, piece);
     }
@@ -194,13 +194,7 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params) 
   const auto order = autodiff::reverse_topological(loss.grad_node());
   grads[loss.grad_node().get()] = {{{{}, full(Shape{}, 1.0, loss.dtype()).with_vary(loss.vary())}}, loss};
 
-  for (const auto& owned : order) {
-    autodiff::Node* node = owned.get();
-    auto it = grads.find(node);
-    if (node->leaf || it == grads.end()) continue;
-    const Tensor g = autodiff::finish(it->second);
-    if (wanted.count(node)) it->second.sums = {{{}, g}};
-    else grads.erase(it);
+  auto propagate = [&](autodiff::Node* node, const Tensor& g) {
     std::vector<Tensor> input_grads = node->backward(g);
     if (input_grads.size() != node->inputs.size())
       fail("grad", "backward of {} gave {} gradients for {} inputs", node->op, input_grads.size(), node->inputs.size());
@@ -210,6 +204,21 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params) 
       auto& pending = grads[input.grad_node().get()];
       if (!pending.like.defined()) pending.like = input;
       autodiff::accumulate(pending, input_grads[i], node->op);
+    }
+  };
+  for (const auto& owned : order) {
+    autodiff::Node* node = owned.get();
+    auto it = grads.find(node);
+    if (node->leaf || it == grads.end()) continue;
+    if (node->passes_partial_sums && !wanted.count(node)) {
+      const autodiff::Pending pending = std::move(it->second);
+      grads.erase(it);
+      for (const auto& [axes, sum] : pending.sums) propagate(node, axes.empty() ? sum.with_vary(pending.like.vary()) : sum);
+    } else {
+      const Tensor g = autodiff::finish(it->second);
+      if (wanted.count(node)) it->second.sums = {{{}, g}};
+      else grads.erase(it);
+      propagate(node, g);
     }
     node->backward = nullptr;  // free what the op saved
     node->inputs.clear();

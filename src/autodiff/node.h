@@ -19,6 +19,10 @@ struct Node {
   BackwardFn backward;
   bool leaf = false;
   bool released = false;
+  // The op is the same elementwise linear map on every device (cast): a gradient still to be
+  // summed over mesh axes may pass through it unsummed and be summed at the input instead (where
+  // it joins the other parameters' sums, in the input's dtype).
+  bool passes_partial_sums = false;
 };
 
 // Records `out` as computed by `op` from `inputs` when grad mode is on and an input requires a

@@ -2,12 +2,20 @@
 
 #include <fmt/format.h>
 
+#include "kernels/kernels.h"
+
 namespace nax {
 
-Device::Device(int index, Backend backend, std::shared_ptr<Allocator> allocator)
-    : index_(index), backend_(backend), allocator_(std::move(allocator)) {}
+std::string_view backend_name(Backend backend) { return backend == Backend::cuda ? "cuda" : "cpu"; }
 
-std::string Device::str() const { return is_host() ? "host" : fmt::format("cpu:{}", index_); }
+Device::Device(int index, Backend backend, std::shared_ptr<Allocator> allocator, std::shared_ptr<kernels::Kernels> kernels)
+    : index_(index), backend_(backend), allocator_(std::move(allocator)), kernels_(std::move(kernels)) {
+  if (!kernels_) kernels_ = kernels::cpu_kernels_ptr();
+}
+
+bool Device::host_accessible() const { return kernels_->host_accessible(); }
+
+std::string Device::str() const { return is_host() ? "host" : fmt::format("{}:{}", backend_name(backend_), index_); }
 
 const std::shared_ptr<Device>& Device::host() {
   static const std::shared_ptr<Device> host =

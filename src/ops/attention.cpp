@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "autodiff/node.h"
-#include "kernels/cpu/attention.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -67,7 +66,7 @@ AttentionAxes check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
 
 // --- layouts ---
 
-// x computed in (f32 for bf16), with head_dim moved last when it is not already, cut from the tape.
+// x in the dtype its device computes (see detail::widen), with head_dim moved last when it is not already, cut from the tape.
 Tensor working_copy(const Tensor& x, const AttentionAxes& axes) {
   Tensor t = detail::widen(stop_gradient(x));
   auto names = t.shape().names();
@@ -81,15 +80,15 @@ Tensor working_copy(const Tensor& x, const AttentionAxes& axes) {
 struct MatrixList {
   std::vector<std::int64_t> offsets;
   std::int64_t row_stride = 0;
-  cpu::InMatrices in(const Tensor& x) const { return {x.raw(), offsets.data(), row_stride}; }
-  cpu::OutMatrices out(Tensor& x) const { return {x.raw_mutable(), offsets.data(), row_stride}; }
+  kernels::InMatrices in(const Tensor& x) const { return {x.raw(), offsets.data(), row_stride}; }
+  kernels::OutMatrices out(Tensor& x) const { return {x.raw_mutable(), offsets.data(), row_stride}; }
 };
 
 MatrixList matrices_of(const Tensor& x, const AttentionAxes& axes) {
-  const cpu::Dims strides = detail::strides_in_order(x.shape(), axes.batch);
-  const cpu::Dims sizes = detail::sizes_of(axes.batch);
+  const kernels::Dims strides = detail::strides_in_order(x.shape(), axes.batch);
+  const kernels::Dims sizes = detail::sizes_of(axes.batch);
   const auto all_strides = x.shape().strides();
-  return {cpu::strided_offsets(sizes.data(), strides.data(), static_cast<int>(axes.batch.size())),
+  return {kernels::strided_offsets(sizes.data(), strides.data(), static_cast<int>(axes.batch.size())),
           all_strides[static_cast<std::size_t>(x.shape().index_of(axes.seq))]};
 }
 
@@ -97,8 +96,8 @@ MatrixList matrices_of(const Tensor& x, const AttentionAxes& axes) {
 // make faster GEMMs; an eighth of the keys, within [32, 128], did best on the bench at 256-1024.
 std::int64_t block_rows_for(std::int64_t keys) { return std::clamp<std::int64_t>(keys / 8, 32, 128); }
 
-cpu::AttentionSizes sizes_of(const Tensor& q, const Tensor& k, const AttentionAxes& axes) {
-  cpu::AttentionSizes s;
+kernels::AttentionSizes sizes_of(const Tensor& q, const Tensor& k, const AttentionAxes& axes) {
+  kernels::AttentionSizes s;
   s.dtype = q.dtype();
   s.batches = Shape(axes.batch).numel();
   s.tq = q.size(axes.seq);
@@ -109,7 +108,7 @@ cpu::AttentionSizes sizes_of(const Tensor& q, const Tensor& k, const AttentionAx
   return s;
 }
 
-bool nothing_to_compute(const cpu::AttentionSizes& s) { return s.batches == 0 || s.head_dim == 0; }
+bool nothing_to_compute(const kernels::AttentionSizes& s) { return s.batches == 0 || s.head_dim == 0; }
 
 Tensor scratch(const Tensor& like, std::int64_t elements) {
   return Tensor::empty(Shape{{"scratch", elements}}, like.dtype(), like.device_ptr());
@@ -119,18 +118,19 @@ Tensor scratch(const Tensor& like, std::int64_t elements) {
 
 struct Forward {
   Tensor out;  // q's shape and order, q's dtype
-  Tensor lse;  // [batch indices x tq], in the compute dtype
+  Tensor lse;  // [batch indices x tq], in the compute dtype (f32 for bf16)
 };
 
 Forward attention_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionAxes& axes, const VaryType& vary) {
   const Tensor q = working_copy(q_in, axes), k = working_copy(k_in, axes), v = working_copy(v_in, axes);
-  const cpu::AttentionSizes s = sizes_of(q, k, axes);
+  const kernels::AttentionSizes s = sizes_of(q, k, axes);
   Tensor out = detail::make_result(q.shape(), q.dtype(), vary, q.device_ptr());
-  Tensor lse = Tensor::empty(Shape{{"rows", s.batches * s.tq}}, q.dtype(), q.device_ptr());
+  const DType lse_dtype = q.dtype() == DType::bf16 ? DType::f32 : q.dtype();
+  Tensor lse = Tensor::empty(Shape{{"rows", s.batches * s.tq}}, lse_dtype, q.device_ptr());
   if (!nothing_to_compute(s)) {
     const MatrixList qm = matrices_of(q, axes), km = matrices_of(k, axes), vm = matrices_of(v, axes);
-    Tensor work = scratch(q, cpu::attention_forward_scratch(s));
-    cpu::causal_attention_forward(s, qm.in(q), km.in(k), vm.in(v), qm.out(out), lse.raw_mutable(), work.raw_mutable());
+    Tensor work = scratch(q, detail::kernels_of(q).attention_forward_scratch(s));
+    detail::kernels_of(q).causal_attention_forward(s, qm.in(q), km.in(k), vm.in(v), qm.out(out), lse.raw_mutable(), work.raw_mutable());
   }
   return {detail::narrow_to(detail::permute_to(out, q_in.shape().names()), q_in.dtype()), lse};
 }
@@ -140,15 +140,15 @@ std::vector<Tensor> attention_backward(const Tensor& g_in, const Tensor& q_in, c
                                        const Tensor& lse, const AttentionAxes& axes, const VaryType& vary) {
   const Tensor q = working_copy(q_in, axes), k = working_copy(k_in, axes), v = working_copy(v_in, axes);
   const Tensor out = working_copy(out_in, axes), g = working_copy(g_in, axes);
-  const cpu::AttentionSizes s = sizes_of(q, k, axes);
+  const kernels::AttentionSizes s = sizes_of(q, k, axes);
   Tensor dq = detail::make_result(q.shape(), q.dtype(), vary, q.device_ptr());
   Tensor dk = detail::make_result(k.shape(), k.dtype(), vary, k.device_ptr());
   Tensor dv = detail::make_result(v.shape(), v.dtype(), vary, v.device_ptr());
   if (!nothing_to_compute(s)) {
     const MatrixList qm = matrices_of(q, axes), km = matrices_of(k, axes), vm = matrices_of(v, axes);
     const MatrixList om = matrices_of(out, axes), gm = matrices_of(g, axes);
-    Tensor work = scratch(q, cpu::attention_backward_scratch(s));
-    cpu::causal_attention_backward(s, qm.in(q), km.in(k), vm.in(v), om.in(out), gm.in(g), lse.raw(), qm.out(dq), km.out(dk),
+    Tensor work = scratch(q, detail::kernels_of(q).attention_backward_scratch(s));
+    detail::kernels_of(q).causal_attention_backward(s, qm.in(q), km.in(k), vm.in(v), om.in(out), gm.in(g), lse.raw(), qm.out(dq), km.out(dk),
                                    vm.out(dv), work.raw_mutable());
   }
   return {q_in.requires_grad() ? dq : Tensor(), k_in.requires_grad() ? dk : Tensor(), v_in.requires_grad() ? dv : Tensor()};

@@ -9,7 +9,6 @@
 #include <algorithm>
 
 #include "autodiff/node.h"
-#include "kernels/cpu/kernels.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -41,14 +40,17 @@ Context enter(std::string_view op, const Tensor* x, const Names& mesh_axes) {
 
 // Copies x viewed as [outer, n, chunk] into out viewed as [n, outer, chunk] (or back: `inverse`).
 void regroup(const Tensor& src, Tensor& dst, std::int64_t outer, std::int64_t n, std::int64_t chunk, bool inverse) {
-  cpu::Layout<2> l;
+  kernels::Layout<2> l;
   l.rank = 3;
   l.sizes = {outer, n, chunk};
-  cpu::Dims by_outer{n * chunk, chunk, 1}, by_rank{chunk, outer * chunk, 1};
+  kernels::Dims by_outer{n * chunk, chunk, 1}, by_rank{chunk, outer * chunk, 1};
   l.strides[0] = inverse ? by_rank : by_outer;
   l.strides[1] = inverse ? by_outer : by_rank;
-  cpu::copy(dtype_size(src.dtype()), src.raw(), dst.raw_mutable(), l);
+  detail::kernels_of(dst).copy(dtype_size(src.dtype()), src.raw(), dst.raw_mutable(), l);
 }
+
+// Sums of bf16 run in f32 on every backend (NCCL and MPI would add bf16 values in bf16).
+Tensor summed_form(const Tensor& x) { return x.dtype() == DType::bf16 ? cast(x, DType::f32) : x; }
 
 std::int64_t outer_size(const Shape& s, const std::string& axis) {
   std::int64_t outer = 1;
@@ -82,7 +84,7 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
     vary.set_invariant(m);
   }
   if (c.n == 1) return x_in.with_vary(vary);  // a group of one: nothing to reduce, nothing sent
-  Tensor x = reduce == ReduceOp::sum ? detail::widen(x_in) : x_in;  // sum bf16 in f32
+  Tensor x = reduce == ReduceOp::sum ? summed_form(x_in) : x_in;
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
   c.comm.all_reduce(x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), reduce);
   return detail::narrow_to(out, x_in.dtype());
@@ -150,7 +152,7 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
   for (const auto& m : mesh_axes.list()) vary.set_split(m, axis);  // most minor cuts of `axis`
   if (c.n == 1) return x_in.with_vary(vary);
 
-  Tensor x = detail::widen(x_in);
+  Tensor x = summed_form(x_in);
   std::vector<Axis> axes = x.shape().axes();
   axes[static_cast<std::size_t>(i)].size = size / c.n;
   Tensor out = detail::make_result(Shape(axes), x.dtype(), vary, x.device_ptr());
@@ -317,7 +319,7 @@ Tensor axis_index(const Names& mesh_axes) {
   VaryType vary;
   for (const auto& m : mesh_axes.list()) vary.set_varying(m);
   Tensor out = detail::make_result(Shape{}, DType::i32, vary, shard.device_ptr());
-  *out.mutable_data<std::int32_t>() = shard.mesh().rank_in_group(shard.device(), mesh_axes.list());
+  detail::kernels_of(out).fill(DType::i32, out.raw_mutable(), 1, shard.mesh().rank_in_group(shard.device(), mesh_axes.list()));
   return out;
 }
 

@@ -1,5 +1,4 @@
 // Tensor creation: constants, ranges, host data and counter-based random tensors.
-#include "kernels/cpu/kernels.h"
 #include "nax/core/rng.h"
 #include "ops/internal.h"
 
@@ -7,7 +6,7 @@ namespace nax {
 
 Tensor full(const Shape& shape, double value, DType dtype) {
   Tensor t = Tensor::empty(shape, dtype);
-  cpu::fill(dtype, t.raw_mutable(), t.numel(), value);
+  detail::kernels_of(t).fill(dtype, t.raw_mutable(), t.numel(), value);
   return t;
 }
 
@@ -25,9 +24,9 @@ template <typename T>
 Tensor from_vector(const Shape& shape, const std::vector<T>& values, DType dtype) {
   if (static_cast<std::int64_t>(values.size()) != shape.numel())
     fail("from_vector", "{} values for shape {} of {} elements", values.size(), shape.str(), shape.numel());
-  Tensor t = Tensor::empty(shape, dtype);
-  cpu::convert(dtype_of<T>(), values.data(), dtype, t.raw_mutable(), t.numel());
-  return t;
+  Tensor host = Tensor::empty(shape, dtype, Device::host());
+  kernels::cpu_kernels_ptr()->convert(dtype_of<T>(), values.data(), dtype, host.raw_mutable(), host.numel());
+  return detail::transfer(host, detail::current_device());
 }
 template Tensor from_vector<float>(const Shape&, const std::vector<float>&, DType);
 template Tensor from_vector<double>(const Shape&, const std::vector<double>&, DType);

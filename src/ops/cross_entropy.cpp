@@ -30,8 +30,8 @@ void check_targets(std::string_view op, const Tensor& logits, const Tensor& targ
          logits.str(), vocab, expected.str());
 }
 
-cpu::PickLayout pick_layout(const Shape& logits, const Shape& targets, const std::string& vocab) {
-  cpu::PickLayout where;
+kernels::PickLayout pick_layout(const Shape& logits, const Shape& targets, const std::string& vocab) {
+  kernels::PickLayout where;
   where.layout.rank = targets.rank();
   where.layout.sizes = detail::sizes_of(targets.axes());
   where.layout.strides[0] = detail::strides_in_order(targets, targets.axes());
@@ -40,11 +40,11 @@ cpu::PickLayout pick_layout(const Shape& logits, const Shape& targets, const std
   return where;
 }
 
-Tensor pick_backward(const Tensor& g, const Tensor& logits, const Tensor& targets, const cpu::PickLayout& where,
-                     const cpu::VocabRange& range) {
+Tensor pick_backward(const Tensor& g, const Tensor& logits, const Tensor& targets, const kernels::PickLayout& where,
+                     const kernels::VocabRange& range) {
   const Tensor dy = detail::widen(g);
   Tensor grad = detail::make_result(logits.shape(), dy.dtype(), detail::scattered_gradient_vary(logits, g), logits.device_ptr());
-  cpu::pick_backward(dy.dtype(), targets.data<std::int32_t>(), range, where, dy.raw(), grad.raw_mutable(), grad.numel());
+  detail::kernels_of(grad).pick_backward(dy.dtype(), targets.data<std::int32_t>(), range, where, dy.raw(), grad.raw_mutable(), grad.numel());
   return grad;
 }
 
@@ -66,9 +66,9 @@ Tensor pick(const Tensor& logits, const Tensor& targets, const std::string& voca
   const detail::VocabBlock block = detail::vocab_block("pick", logits, vocab);
   detail::check_ids("pick", "target", targets, block, logits, vocab);
   const VaryType vary = detail::merge_vary("pick", {&logits, &targets}, {vocab});
-  const cpu::PickLayout where = pick_layout(logits.shape(), targets.shape(), vocab);
+  const kernels::PickLayout where = pick_layout(logits.shape(), targets.shape(), vocab);
   Tensor out = detail::make_result(targets.shape(), logits.dtype(), vary, logits.device_ptr());
-  cpu::pick_forward(targets.data<std::int32_t>(), block.range, where, logits.raw(), dtype_size(logits.dtype()), out.raw_mutable());
+  detail::kernels_of(out).pick_forward(targets.data<std::int32_t>(), block.range, where, logits.raw(), dtype_size(logits.dtype()), out.raw_mutable());
   if (!autodiff::any_requires_grad({&logits})) return out;
   return autodiff::record("pick", out, {logits},
                           [logits = stop_gradient(logits), targets, where, range = block.range](const Tensor& g) {

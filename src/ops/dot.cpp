@@ -6,7 +6,6 @@
 #include <set>
 
 #include "autodiff/node.h"
-#include "kernels/cpu/kernels.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -81,6 +80,45 @@ std::vector<std::string> concat_names(std::initializer_list<const std::vector<st
   return out;
 }
 
+struct GemmView {
+  Operand a, b;
+  std::int64_t m, n, k;
+};
+
+// The batch's operand offsets as one stride, when they step evenly.
+std::optional<std::int64_t> even_stride(const std::vector<std::int64_t>& offsets) {
+  const std::int64_t stride = offsets.size() > 1 ? offsets[1] - offsets[0] : 0;
+  for (std::size_t t = 0; t < offsets.size(); ++t)
+    if (offsets[t] != static_cast<std::int64_t>(t) * stride) return std::nullopt;
+  return stride;
+}
+
+// out[t] = a[t] b[t] for every index t of the batch axes: one strided-batched GEMM when both
+// operands step evenly through the batch, else one GEMM per index.
+void run_gemms(const Tensor& a, const Tensor& b, Tensor& out, const std::vector<Axis>& batch_axes, const GemmView& g) {
+  const auto rank = static_cast<int>(batch_axes.size());
+  const kernels::Dims sizes = detail::sizes_of(batch_axes);
+  const auto offsets_a = kernels::strided_offsets(sizes.data(), detail::strides_in_order(a.shape(), batch_axes).data(), rank);
+  const auto offsets_b = kernels::strided_offsets(sizes.data(), detail::strides_in_order(b.shape(), batch_axes).data(), rank);
+  kernels::GemmShape shape{.trans_a = g.a.view.trans, .trans_b = g.b.view.trans, .m = g.m, .n = g.n, .k = g.k,
+                           .lda = g.a.view.ld, .ldb = g.b.view.ld, .ldc = std::max<std::int64_t>(g.n, 1)};
+  shape.stride_c = g.m * g.n;
+  const auto stride_a = even_stride(offsets_a), stride_b = even_stride(offsets_b);
+  const std::size_t es = dtype_size(a.dtype());
+  const auto* pa = static_cast<const char*>(a.raw());
+  const auto* pb = static_cast<const char*>(b.raw());
+  auto* pc = static_cast<char*>(out.raw_mutable());
+  kernels::Kernels& kernels = detail::kernels_of(out);
+  if (stride_a && stride_b) {
+    shape.batch = static_cast<std::int64_t>(offsets_a.size()), shape.stride_a = *stride_a, shape.stride_b = *stride_b;
+    kernels.gemm(a.dtype(), shape, pa, pb, pc);
+    return;
+  }
+  for (std::size_t t = 0; t < offsets_a.size(); ++t)
+    kernels.gemm(a.dtype(), shape, pa + offsets_a[t] * static_cast<std::int64_t>(es), pb + offsets_b[t] * static_cast<std::int64_t>(es),
+                 pc + static_cast<std::int64_t>(t) * shape.stride_c * static_cast<std::int64_t>(es));
+}
+
 }  // namespace
 
 Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract) {
@@ -99,7 +137,7 @@ Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract
       fail("dot", "axis '{}' contracted twice in {}: {}", k, contract.str(), detail::describe({&a_in, &b_in}));
   }
   VaryType vary = detail::merge_vary("dot", {&a_in, &b_in}, contract.list());
-  if (a_in.dtype() == DType::bf16)
+  if (detail::needs_widening(a_in))
     return detail::narrow_to(dot_forward(detail::widen(a_in), detail::widen(b_in), contract), DType::bf16);
 
   std::vector<std::string> batch, a_free, b_free;
@@ -128,7 +166,7 @@ Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract
   for (const auto& k : k_set) K *= a_in.shape().size(k);
   if (out.numel() == 0) return out;
   if (K == 0) {
-    cpu::fill(out.dtype(), out.raw_mutable(), out.numel(), 0.0);
+    detail::kernels_of(out).fill(out.dtype(), out.raw_mutable(), out.numel(), 0.0);
     return out;
   }
 
@@ -156,27 +194,8 @@ Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract
   if (!va || !vb) fail("dot", "internal error: no GEMM view of {}", detail::describe({&a, &b}));
   const std::int64_t M = va->rows.extent, N = vb->cols.extent;
 
-  // One GEMM per batch index.
   std::vector<Axis> batch_axes(out_axes.begin(), out_axes.begin() + static_cast<std::ptrdiff_t>(batch.size()));
-  cpu::Dims sa = detail::strides_in_order(a.shape(), batch_axes), sb = detail::strides_in_order(b.shape(), batch_axes);
-  const std::size_t es = dtype_size(a.dtype());
-  const auto* pa = static_cast<const char*>(a.raw());
-  const auto* pb = static_cast<const char*>(b.raw());
-  auto* pc = static_cast<char*>(out.raw_mutable());
-  const std::int64_t batches = Shape(batch_axes).numel();
-  std::vector<std::int64_t> index(batch.size(), 0);
-  std::int64_t off_a = 0, off_b = 0;
-  for (std::int64_t t = 0; t < batches; ++t) {
-    cpu::gemm(a.dtype(), va->view.trans, vb->view.trans, M, N, K, pa + off_a * static_cast<std::int64_t>(es), va->view.ld,
-              pb + off_b * static_cast<std::int64_t>(es), vb->view.ld, pc + t * M * N * static_cast<std::int64_t>(es),
-              std::max<std::int64_t>(N, 1));
-    for (std::size_t d = batch.size(); d-- > 0;) {
-      off_a += sa[d], off_b += sb[d];
-      if (++index[d] < batch_axes[d].size) break;
-      off_a -= sa[d] * batch_axes[d].size, off_b -= sb[d] * batch_axes[d].size;
-      index[d] = 0;
-    }
-  }
+  run_gemms(a, b, out, batch_axes, GemmView{*va, *vb, M, N, K});
   return out;
 }
 

@@ -1,13 +1,12 @@
 // Elementwise ops, broadcasting by axis name: the result has a's axes in order, then b's others.
 #include "autodiff/node.h"
-#include "kernels/cpu/kernels.h"
 #include "ops/internal.h"
 
 namespace nax {
 
 namespace {
 
-std::string_view binary_name(cpu::BinaryOp op) {
+std::string_view binary_name(kernels::BinaryOp op) {
   static constexpr std::string_view names[] = {"add", "sub", "mul", "div", "maximum", "minimum", "pow",
                                                "eq",  "ne",  "lt",  "le",  "gt",      "ge"};
   return names[static_cast<int>(op)];
@@ -25,29 +24,29 @@ std::vector<Axis> broadcast_axes(std::string_view op, const Tensor& a, const Ten
   return axes;
 }
 
-Tensor binary_forward(cpu::BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
+Tensor binary_forward(kernels::BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
   const auto name = binary_name(op);
   detail::check_operands(name, {&a_in, &b_in});
   detail::check_same_dtype(name, a_in, b_in);
   Shape shape(broadcast_axes(name, a_in, b_in));
   VaryType vary = detail::merge_vary(name, {&a_in, &b_in});
-  if (a_in.dtype() == DType::bf16)
+  if (detail::needs_widening(a_in))
     return detail::narrow_to(binary_forward(op, detail::widen(a_in), detail::widen(b_in)), DType::bf16);
 
   Tensor out = detail::make_result(shape, a_in.dtype(), vary, a_in.device_ptr());
-  cpu::Layout<3> layout;
+  kernels::Layout<3> layout;
   layout.rank = shape.rank();
   layout.sizes = detail::sizes_of(shape.axes());
   layout.strides[0] = detail::strides_in_order(a_in.shape(), shape.axes());
   layout.strides[1] = detail::strides_in_order(b_in.shape(), shape.axes());
   layout.strides[2] = detail::strides_in_order(shape, shape.axes());
-  cpu::binary(op, a_in.dtype(), a_in.raw(), b_in.raw(), out.raw_mutable(), layout);
+  detail::kernels_of(out).binary(op, a_in.dtype(), a_in.raw(), b_in.raw(), out.raw_mutable(), layout);
   return out;
 }
 
 // d out / d a (which = 0) or d out / d b (which = 1), times g, summed to that operand's axes.
-Tensor binary_backward(cpu::BinaryOp op, int which, const Tensor& g, const Tensor& a, const Tensor& b, const Tensor& out) {
-  using cpu::BinaryOp;
+Tensor binary_backward(kernels::BinaryOp op, int which, const Tensor& g, const Tensor& a, const Tensor& b, const Tensor& out) {
+  using kernels::BinaryOp;
   const Shape& shape = which == 0 ? a.shape() : b.shape();
   switch (op) {
     case BinaryOp::add: return detail::sum_to(g, shape);
@@ -65,7 +64,7 @@ Tensor binary_backward(cpu::BinaryOp op, int which, const Tensor& g, const Tenso
   }
 }
 
-Tensor binary(cpu::BinaryOp op, const Tensor& a, const Tensor& b) {
+Tensor binary(kernels::BinaryOp op, const Tensor& a, const Tensor& b) {
   Tensor out = binary_forward(op, a, b);
   if (!autodiff::any_requires_grad({&a, &b})) return out;
   return autodiff::record(std::string(binary_name(op)), out, {a, b}, [op, a, b, out = stop_gradient(out)](const Tensor& g) {
@@ -74,8 +73,8 @@ Tensor binary(cpu::BinaryOp op, const Tensor& a, const Tensor& b) {
   });
 }
 
-Tensor unary_backward(cpu::UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& out) {
-  using cpu::UnaryOp;
+Tensor unary_backward(kernels::UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& out) {
+  using kernels::UnaryOp;
   switch (op) {
     case UnaryOp::neg: return -g;
     case UnaryOp::abs: return g * (gt(x, 0.0 * x) - lt(x, 0.0 * x));
@@ -89,55 +88,55 @@ Tensor unary_backward(cpu::UnaryOp op, const Tensor& g, const Tensor& x, const T
   return Tensor();
 }
 
-Tensor unary_forward(cpu::UnaryOp op, std::string_view name, const Tensor& x);
+Tensor unary_forward(kernels::UnaryOp op, std::string_view name, const Tensor& x);
 
-Tensor unary(cpu::UnaryOp op, std::string_view name, const Tensor& x) {
+Tensor unary(kernels::UnaryOp op, std::string_view name, const Tensor& x) {
   Tensor out = unary_forward(op, name, x);
   if (!autodiff::any_requires_grad({&x})) return out;
   return autodiff::record(std::string(name), out, {x},
                           [op, x, out = stop_gradient(out)](const Tensor& g) { return std::vector<Tensor>{unary_backward(op, g, x, out)}; });
 }
 
-Tensor unary_forward(cpu::UnaryOp op, std::string_view name, const Tensor& x) {
+Tensor unary_forward(kernels::UnaryOp op, std::string_view name, const Tensor& x) {
   detail::check_operands(name, {&x});
-  if (x.dtype() == DType::bf16) return detail::narrow_to(unary_forward(op, name, detail::widen(x)), DType::bf16);
-  if (x.dtype() == DType::i32 && op != cpu::UnaryOp::neg && op != cpu::UnaryOp::abs && op != cpu::UnaryOp::square)
+  if (detail::needs_widening(x)) return detail::narrow_to(unary_forward(op, name, detail::widen(x)), DType::bf16);
+  if (x.dtype() == DType::i32 && op != kernels::UnaryOp::neg && op != kernels::UnaryOp::abs && op != kernels::UnaryOp::square)
     fail(name, "needs a floating dtype, got {}", x.str());
   Tensor out = detail::make_result(x.shape(), x.dtype(), x.vary(), x.device_ptr());
-  cpu::unary(op, x.dtype(), x.raw(), out.raw_mutable(), x.numel());
+  detail::kernels_of(out).unary(op, x.dtype(), x.raw(), out.raw_mutable(), x.numel());
   return out;
 }
 
 Tensor constant_like(const Tensor& x, double value) {
   Tensor c = Tensor::empty(Shape{}, x.dtype(), x.device_ptr());
-  cpu::fill(x.dtype(), c.raw_mutable(), 1, value);
+  detail::kernels_of(c).fill(x.dtype(), c.raw_mutable(), 1, value);
   return c;
 }
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::add, a, b); }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::sub, a, b); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::mul, a, b); }
-Tensor div(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::div, a, b); }
-Tensor maximum(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::max, a, b); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::min, a, b); }
-Tensor pow(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::pow, a, b); }
-Tensor eq(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::eq, a, b); }
-Tensor ne(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::ne, a, b); }
-Tensor lt(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::lt, a, b); }
-Tensor le(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::le, a, b); }
-Tensor gt(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::gt, a, b); }
-Tensor ge(const Tensor& a, const Tensor& b) { return binary(cpu::BinaryOp::ge, a, b); }
+Tensor add(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::add, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::sub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::mul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::div, a, b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::max, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::min, a, b); }
+Tensor pow(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::pow, a, b); }
+Tensor eq(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::ge, a, b); }
 
-Tensor neg(const Tensor& x) { return unary(cpu::UnaryOp::neg, "neg", x); }
-Tensor abs(const Tensor& x) { return unary(cpu::UnaryOp::abs, "abs", x); }
-Tensor exp(const Tensor& x) { return unary(cpu::UnaryOp::exp, "exp", x); }
-Tensor log(const Tensor& x) { return unary(cpu::UnaryOp::log, "log", x); }
-Tensor sqrt(const Tensor& x) { return unary(cpu::UnaryOp::sqrt, "sqrt", x); }
-Tensor rsqrt(const Tensor& x) { return unary(cpu::UnaryOp::rsqrt, "rsqrt", x); }
-Tensor tanh(const Tensor& x) { return unary(cpu::UnaryOp::tanh, "tanh", x); }
-Tensor square(const Tensor& x) { return unary(cpu::UnaryOp::square, "square", x); }
+Tensor neg(const Tensor& x) { return unary(kernels::UnaryOp::neg, "neg", x); }
+Tensor abs(const Tensor& x) { return unary(kernels::UnaryOp::abs, "abs", x); }
+Tensor exp(const Tensor& x) { return unary(kernels::UnaryOp::exp, "exp", x); }
+Tensor log(const Tensor& x) { return unary(kernels::UnaryOp::log, "log", x); }
+Tensor sqrt(const Tensor& x) { return unary(kernels::UnaryOp::sqrt, "sqrt", x); }
+Tensor rsqrt(const Tensor& x) { return unary(kernels::UnaryOp::rsqrt, "rsqrt", x); }
+Tensor tanh(const Tensor& x) { return unary(kernels::UnaryOp::tanh, "tanh", x); }
+Tensor square(const Tensor& x) { return unary(kernels::UnaryOp::square, "square", x); }
 
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }

@@ -28,11 +28,11 @@ void check_embedding(const Tensor& table, const Tensor& ids, const std::string& 
 }
 
 Tensor embedding_backward(const Tensor& g, const Tensor& table, const Tensor& ids, const std::string& vocab,
-                          const cpu::VocabRange& range) {
+                          const kernels::VocabRange& range) {
   const Tensor dy = detail::widen(g);
   Tensor grad = detail::make_result(vocab_first(table.shape(), vocab), dy.dtype(), detail::scattered_gradient_vary(table, g), table.device_ptr());
   const std::int64_t row = range.local == 0 ? 0 : table.numel() / range.local;
-  cpu::scatter_add_rows(dy.dtype(), ids.data<std::int32_t>(), ids.numel(), range, dy.raw(), row, grad.raw_mutable());
+  detail::kernels_of(grad).scatter_add_rows(dy.dtype(), ids.data<std::int32_t>(), ids.numel(), range, dy.raw(), row, grad.raw_mutable());
   return grad;
 }
 
@@ -49,7 +49,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids, const std::string& voca
   for (int i = 1; i < rows.rank(); ++i) axes.push_back(rows.shape()[i]);
   Tensor out = detail::make_result(Shape(axes), table.dtype(), vary, table.device_ptr());
   const std::int64_t row = block.range.local == 0 ? 0 : table.numel() / block.range.local;
-  cpu::gather_rows(ids.data<std::int32_t>(), ids.numel(), block.range, rows.raw(),
+  detail::kernels_of(out).gather_rows(ids.data<std::int32_t>(), ids.numel(), block.range, rows.raw(),
                    static_cast<std::size_t>(row) * dtype_size(table.dtype()), out.raw_mutable());
 
   if (!autodiff::any_requires_grad({&table})) return out;

@@ -1,6 +1,5 @@
 // gelu (tanh form): one fused loop forward, and one backward recomputing tanh from the saved input.
 #include "autodiff/node.h"
-#include "kernels/cpu/pointwise.h"
 #include "nax/transformer_ops.h"
 #include "ops/row_ops.h"
 
@@ -11,14 +10,14 @@ namespace {
 Tensor gelu_forward(const Tensor& x) {
   const Tensor v = detail::compute_values(x);
   Tensor y = detail::make_result(v.shape(), v.dtype(), x.vary(), x.device_ptr());
-  cpu::gelu_forward(v.dtype(), v.numel(), v.raw(), y.raw_mutable());
+  detail::kernels_of(y).gelu_forward(v.dtype(), v.numel(), v.raw(), y.raw_mutable());
   return detail::narrow_to(y, x.dtype());
 }
 
 Tensor gelu_backward(const Tensor& g, const Tensor& x) {
   const Tensor v = detail::compute_values(x), dy = detail::widen(g);
   Tensor dx = detail::make_result(v.shape(), v.dtype(), detail::merge_vary("gelu", {&dy, &v}), x.device_ptr());
-  cpu::gelu_backward(v.dtype(), v.numel(), v.raw(), dy.raw(), dx.raw_mutable());
+  detail::kernels_of(dx).gelu_backward(v.dtype(), v.numel(), v.raw(), dy.raw(), dx.raw_mutable());
   return dx;
 }
 

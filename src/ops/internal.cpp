@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "kernels/cpu/kernels.h"
 
 namespace nax::detail {
 
@@ -81,8 +80,8 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
   return result;
 }
 
-cpu::Dims strides_in_order(const Shape& x, const std::vector<Axis>& axes) {
-  cpu::Dims out{};
+kernels::Dims strides_in_order(const Shape& x, const std::vector<Axis>& axes) {
+  kernels::Dims out{};
   auto strides = x.strides();
   for (std::size_t i = 0; i < axes.size(); ++i) {
     int j = x.index_of(axes[i].name);
@@ -91,14 +90,25 @@ cpu::Dims strides_in_order(const Shape& x, const std::vector<Axis>& axes) {
   return out;
 }
 
-cpu::Dims sizes_of(const std::vector<Axis>& axes) {
-  cpu::Dims out{};
+kernels::Dims sizes_of(const std::vector<Axis>& axes) {
+  kernels::Dims out{};
   for (std::size_t i = 0; i < axes.size(); ++i) out[i] = axes[i].size;
   return out;
 }
 
-Tensor widen(const Tensor& x) { return x.dtype() == DType::bf16 ? cast(x, DType::f32) : x; }
+bool needs_widening(const Tensor& x) { return x.dtype() == DType::bf16 && !kernels_of(x).computes(DType::bf16); }
+Tensor widen(const Tensor& x) { return needs_widening(x) ? cast(x, DType::f32) : x; }
 Tensor narrow_to(const Tensor& x, DType dtype) { return x.dtype() == dtype ? x : cast(x, dtype); }
+
+Tensor transfer(const Tensor& x, const std::shared_ptr<Device>& device) {
+  if (x.device_ptr() == device) return x;
+  Tensor out = make_result(x.shape(), x.dtype(), x.vary(), device);
+  const Device& from = x.device();
+  if (from.host_accessible()) device->kernels().copy_from_host(out.raw_mutable(), x.raw(), x.nbytes());
+  else if (device->host_accessible()) from.kernels().copy_to_host(out.raw_mutable(), x.raw(), x.nbytes());
+  else return transfer(transfer(x, Device::host()), device);
+  return out;
+}
 
 Tensor permute_to(const Tensor& x, const std::vector<std::string>& order) {
   if (x.shape().names() == order) return x;
@@ -114,12 +124,12 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
 
 Tensor broadcast_to(const Tensor& g, const Shape& shape) {
   Tensor out = make_result(shape, g.dtype(), g.vary(), g.device_ptr());
-  cpu::Layout<2> layout;
+  kernels::Layout<2> layout;
   layout.rank = shape.rank();
   layout.sizes = sizes_of(shape.axes());
   layout.strides[0] = strides_in_order(g.shape(), shape.axes());
   layout.strides[1] = strides_in_order(shape, shape.axes());
-  cpu::copy(dtype_size(g.dtype()), g.raw(), out.raw_mutable(), layout);
+  detail::kernels_of(out).copy(dtype_size(g.dtype()), g.raw(), out.raw_mutable(), layout);
   return out;
 }
 

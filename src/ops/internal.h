@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/strided.h"
+#include "kernels/kernels.h"
 #include "nax/ops.h"
 #include "nax/runtime.h"
 
@@ -27,12 +27,20 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
                     const std::vector<std::string>& reduced = {});
 
 // Strides of `x`'s axes in the order of `axes` (0 for axes x lacks): for broadcasting.
-cpu::Dims strides_in_order(const Shape& x, const std::vector<Axis>& axes);
-cpu::Dims sizes_of(const std::vector<Axis>& axes);
+kernels::Dims strides_in_order(const Shape& x, const std::vector<Axis>& axes);
+kernels::Dims sizes_of(const std::vector<Axis>& axes);
 
-// x as f32 when it is bf16 (the CPU computes bf16 in f32), else x itself; and back.
+// The kernels of the device `x` lives on.
+inline kernels::Kernels& kernels_of(const Tensor& x) { return x.device().kernels(); }
+
+// Whether x's device computes x's dtype only after widening it to f32 (bf16 on the CPU).
+bool needs_widening(const Tensor& x);
+// x as f32 when its device needs that (see needs_widening), else x itself; and back.
 Tensor widen(const Tensor& x);
 Tensor narrow_to(const Tensor& x, DType dtype);
+
+// x's values on `device` (x itself when already there): host <-> device or via the host.
+Tensor transfer(const Tensor& x, const std::shared_ptr<Device>& device);
 
 // Copies x into the axis order `order` (a permutation of x's axes); x itself when already there.
 Tensor permute_to(const Tensor& x, const std::vector<std::string>& order);

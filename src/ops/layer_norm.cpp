@@ -2,7 +2,6 @@
 // and 1/std of each row, and a fused backward giving dx, dscale and dbias. Rows along a non-innermost
 // axis are made contiguous by one permutation; the result keeps x's axis order.
 #include "autodiff/node.h"
-#include "kernels/cpu/norm.h"
 #include "nax/transformer_ops.h"
 #include "ops/row_ops.h"
 
@@ -28,7 +27,7 @@ void check_layer_norm(const Tensor& x, const std::string& axis, const Tensor& sc
 }
 
 struct Statistics {
-  Tensor mean, rstd;  // one per row, in the compute dtype
+  Tensor mean, rstd;  // one per row, in the compute dtype (f32 for bf16)
 };
 
 Tensor layer_norm_forward(const Tensor& x, const std::string& axis, const Tensor& scale, const Tensor& bias, double eps,
@@ -39,9 +38,10 @@ Tensor layer_norm_forward(const Tensor& x, const std::string& axis, const Tensor
   const DType dtype = rows.dtype();
   const Shape row_shape = detail::shape_without(rows.shape(), axis);
   Tensor y = detail::make_result(rows.shape(), dtype, vary, x.device_ptr());
-  stats.mean = Tensor::empty(row_shape, dtype, x.device_ptr());
-  stats.rstd = Tensor::empty(row_shape, dtype, x.device_ptr());
-  cpu::layer_norm_forward(dtype, row_shape.numel(), x.size(axis), rows.raw(), s.raw(), b.raw(), eps, y.raw_mutable(),
+  const DType stats_dtype = dtype == DType::bf16 ? DType::f32 : dtype;
+  stats.mean = Tensor::empty(row_shape, stats_dtype, x.device_ptr());
+  stats.rstd = Tensor::empty(row_shape, stats_dtype, x.device_ptr());
+  detail::kernels_of(y).layer_norm_forward(dtype, row_shape.numel(), x.size(axis), rows.raw(), s.raw(), b.raw(), eps, y.raw_mutable(),
                           stats.mean.raw_mutable(), stats.rstd.raw_mutable());
   return detail::narrow_to(detail::permute_to(y, x.shape().names()), x.dtype());
 }
@@ -60,7 +60,7 @@ std::vector<Tensor> layer_norm_backward(const Tensor& g, const Tensor& x, const 
   const VaryType summed = detail::merge_vary("layer_norm", {&dy, &rows}, row_axes);
   Tensor dscale = detail::make_result(scale.shape(), dtype, summed, x.device_ptr());
   Tensor dbias = detail::make_result(scale.shape(), dtype, summed, x.device_ptr());
-  cpu::layer_norm_backward(dtype, stats.mean.numel(), x.size(axis), rows.raw(), s.raw(), stats.mean.raw(), stats.rstd.raw(),
+  detail::kernels_of(rows).layer_norm_backward(dtype, stats.mean.numel(), x.size(axis), rows.raw(), s.raw(), stats.mean.raw(), stats.rstd.raw(),
                            dy.raw(), dx.raw_mutable(), dscale.raw_mutable(), dbias.raw_mutable());
   return {dx, dscale, dbias};
 }

@@ -5,7 +5,6 @@
 #include <set>
 
 #include "autodiff/node.h"
-#include "kernels/cpu/kernels.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -47,19 +46,19 @@ Tensor transpose_forward(const Tensor& x, const Names& order) {
   Shape shape(axes);
   if (shape == x.shape()) return x;
   Tensor out = detail::make_result(shape, x.dtype(), x.vary(), x.device_ptr());
-  cpu::Layout<2> layout;
+  kernels::Layout<2> layout;
   layout.rank = shape.rank();
   layout.sizes = detail::sizes_of(axes);
   layout.strides[0] = detail::strides_in_order(x.shape(), axes);
   layout.strides[1] = detail::strides_in_order(shape, axes);
-  cpu::copy(dtype_size(x.dtype()), x.raw(), out.raw_mutable(), layout);
+  detail::kernels_of(out).copy(dtype_size(x.dtype()), x.raw(), out.raw_mutable(), layout);
   return out;
 }
 
 Tensor contiguous_copy_forward(const Tensor& x) {
   detail::check_operands("contiguous_copy", {&x});
   Tensor out = detail::make_result(x.shape(), x.dtype(), x.vary(), x.device_ptr());
-  std::memcpy(out.raw_mutable(), x.raw(), x.nbytes());
+  detail::kernels_of(out).copy_bytes(out.raw_mutable(), x.raw(), x.nbytes());
   return out;
 }
 
@@ -142,14 +141,14 @@ Tensor slice_forward(const Tensor& x, const std::string& axis, std::int64_t star
   VaryType vary = x.vary();
   for (const auto& m : x.vary().split_mesh_axes(axis)) vary.set_varying(m);  // a slice of a block is no global block
   Tensor out = detail::make_result(shape, x.dtype(), vary, x.device_ptr());
-  cpu::Layout<2> layout;
+  kernels::Layout<2> layout;
   layout.rank = shape.rank();
   layout.sizes = detail::sizes_of(axes);
   layout.strides[0] = detail::strides_in_order(x.shape(), axes);
   layout.strides[1] = detail::strides_in_order(shape, axes);
   const std::size_t es = dtype_size(x.dtype());
   const auto* src = static_cast<const char*>(x.raw()) + static_cast<std::size_t>(start * layout.strides[0][static_cast<std::size_t>(i)]) * es;
-  cpu::copy(es, src, out.raw_mutable(), layout);
+  detail::kernels_of(out).copy(es, src, out.raw_mutable(), layout);
   return out;
 }
 
@@ -188,13 +187,13 @@ Tensor concat_forward(const std::vector<Tensor>& xs, const std::string& axis) {
   std::int64_t offset = 0;
   auto out_strides = shape.strides();
   for (const auto& p : parts) {
-    cpu::Layout<2> layout;
+    kernels::Layout<2> layout;
     layout.rank = shape.rank();
     layout.sizes = detail::sizes_of(p.shape().axes());
     layout.strides[0] = detail::strides_in_order(p.shape(), p.shape().axes());
     layout.strides[1] = detail::strides_in_order(shape, p.shape().axes());
     char* dst = static_cast<char*>(out.raw_mutable()) + static_cast<std::size_t>(offset * out_strides[static_cast<std::size_t>(i)]) * es;
-    cpu::copy(es, p.raw(), dst, layout);
+    detail::kernels_of(out).copy(es, p.raw(), dst, layout);
     offset += p.shape().size(axis);
   }
   return out;
@@ -204,7 +203,7 @@ Tensor cast_forward(const Tensor& x, DType dtype) {
   detail::check_operands("cast", {&x});
   if (x.dtype() == dtype) return x;
   Tensor out = detail::make_result(x.shape(), dtype, x.vary(), x.device_ptr());
-  cpu::convert(x.dtype(), x.raw(), dtype, out.raw_mutable(), x.numel());
+  detail::kernels_of(out).convert(x.dtype(), x.raw(), dtype, out.raw_mutable(), x.numel());
   return out;
 }
 
@@ -265,7 +264,7 @@ Tensor slice(const Tensor& x, const std::string& axis, std::int64_t start, std::
       std::vector<Axis> axes = g.shape().axes();
       axes[static_cast<std::size_t>(g.shape().index_of(axis))].size = n;
       Tensor z = Tensor::empty(Shape(axes), g.dtype(), g.device_ptr());
-      cpu::fill(z.dtype(), z.raw_mutable(), z.numel(), 0.0);
+      detail::kernels_of(z).fill(z.dtype(), z.raw_mutable(), z.numel(), 0.0);
       return z;
     };
     if (start > 0) pieces.push_back(zeros_of(start));
@@ -297,7 +296,9 @@ Tensor cast(const Tensor& x, DType dtype) {
   Tensor out = cast_forward(x, dtype);
   if (!autodiff::any_requires_grad({&x}) || out.same_storage(x)) return out;
   if (!is_floating(dtype) || !is_floating(x.dtype())) return stop_gradient(out);
-  return autodiff::record("cast", out, {x}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+  Tensor recorded = autodiff::record("cast", out, {x}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+  if (recorded.grad_node()) recorded.grad_node()->passes_partial_sums = true;
+  return recorded;
 }
 
 }  // namespace nax

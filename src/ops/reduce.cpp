@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include "autodiff/node.h"
-#include "kernels/cpu/kernels.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -18,7 +17,7 @@ Tensor reduce_forward(ReduceOp op, std::string_view name, const Tensor& x_in, co
     x_in.shape().require(a, name);
     if (!reduced.insert(a).second) fail(name, "axis '{}' named twice in {} for {}", a, axes.str(), x_in.str());
   }
-  if (x_in.dtype() == DType::bf16) return detail::narrow_to(reduce_forward(op, name, detail::widen(x_in), axes), DType::bf16);
+  if (detail::needs_widening(x_in)) return detail::narrow_to(reduce_forward(op, name, detail::widen(x_in), axes), DType::bf16);
 
   std::vector<Axis> kept;
   for (const auto& axis : x_in.shape().axes())
@@ -29,12 +28,12 @@ Tensor reduce_forward(ReduceOp op, std::string_view name, const Tensor& x_in, co
   Shape shape(kept);
   Tensor out = detail::make_result(shape, x_in.dtype(), detail::merge_vary(name, {&x_in}, axes.list()), x_in.device_ptr());
 
-  cpu::Layout<2> layout;
+  kernels::Layout<2> layout;
   layout.rank = x_in.rank();
   layout.sizes = detail::sizes_of(x_in.shape().axes());
   layout.strides[0] = detail::strides_in_order(x_in.shape(), x_in.shape().axes());
   layout.strides[1] = detail::strides_in_order(shape, x_in.shape().axes());
-  cpu::reduce(op, x_in.dtype(), x_in.raw(), out.raw_mutable(), out.numel(), layout);
+  detail::kernels_of(out).reduce(op, x_in.dtype(), x_in.raw(), out.raw_mutable(), out.numel(), layout);
   return out;
 }
 

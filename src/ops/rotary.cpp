@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "autodiff/node.h"
-#include "kernels/cpu/attention.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -42,12 +41,12 @@ void check_rotary(const Tensor& x, const RotaryArgs& a) {
 Tensor rotate(const Tensor& x_in, const RotaryArgs& a, double direction) {
   const Tensor x = detail::widen(stop_gradient(x_in));
   Tensor out = detail::make_result(x.shape(), x.dtype(), x.vary(), x.device_ptr());
-  std::memcpy(out.raw_mutable(), x.raw(), x.nbytes());
+  detail::kernels_of(out).copy_bytes(out.raw_mutable(), x.raw(), x.nbytes());
   std::vector<Axis> outer;
   for (const auto& axis : x.shape().axes())
     if (axis.name != a.seq && axis.name != a.head_dim) outer.push_back(axis);
   const auto strides = x.shape().strides();
-  cpu::RotarySizes s;
+  kernels::RotarySizes s;
   s.dtype = x.dtype();
   s.seq_len = x.size(a.seq);
   s.seq_stride = strides[static_cast<std::size_t>(x.shape().index_of(a.seq))];
@@ -56,9 +55,9 @@ Tensor rotate(const Tensor& x_in, const RotaryArgs& a, double direction) {
   s.position_offset = a.position_offset;
   s.base = a.base;
   s.direction = direction;
-  const cpu::Dims outer_sizes = detail::sizes_of(outer), outer_strides = detail::strides_in_order(x.shape(), outer);
-  const auto offsets = cpu::strided_offsets(outer_sizes.data(), outer_strides.data(), static_cast<int>(outer.size()));
-  if (x.numel() > 0) cpu::rotary_in_place(s, out.raw_mutable(), offsets.data(), static_cast<std::int64_t>(offsets.size()));
+  const kernels::Dims outer_sizes = detail::sizes_of(outer), outer_strides = detail::strides_in_order(x.shape(), outer);
+  const auto offsets = kernels::strided_offsets(outer_sizes.data(), outer_strides.data(), static_cast<int>(outer.size()));
+  if (x.numel() > 0) detail::kernels_of(out).rotary_in_place(s, out.raw_mutable(), offsets.data(), static_cast<std::int64_t>(offsets.size()));
   return detail::narrow_to(out, x_in.dtype());
 }
 

@@ -2,7 +2,6 @@
 // and a backward from the saved output alone. The axis must be whole on this device; over a vocab
 // cut across devices the loss uses the vocab-parallel pieces instead (cross_entropy).
 #include "autodiff/node.h"
-#include "kernels/cpu/norm.h"
 #include "nax/transformer_ops.h"
 #include "ops/row_ops.h"
 
@@ -21,7 +20,7 @@ Tensor softmax_rows(const Tensor& x, const std::string& axis, bool log) {
   const Tensor rows = detail::permute_to(detail::compute_values(x), detail::order_with_last(x.shape(), axis));
   Tensor y = detail::make_result(rows.shape(), rows.dtype(), x.vary(), x.device_ptr());
   const std::int64_t n = x.size(axis);
-  cpu::softmax_forward(rows.dtype(), n == 0 ? 0 : rows.numel() / n, n, rows.raw(), y.raw_mutable(), log);
+  detail::kernels_of(y).softmax_forward(rows.dtype(), n == 0 ? 0 : rows.numel() / n, n, rows.raw(), y.raw_mutable(), log);
   return y;
 }
 
@@ -30,7 +29,7 @@ Tensor softmax_backward(const Tensor& g, const Tensor& y, const std::string& axi
   const Tensor dy = detail::permute_to(detail::widen(g), y.shape().names());
   Tensor dx = detail::make_result(y.shape(), y.dtype(), detail::merge_vary(op_name(log), {&dy, &y}), y.device_ptr());
   const std::int64_t n = y.size(axis);
-  cpu::softmax_backward(y.dtype(), n == 0 ? 0 : y.numel() / n, n, y.raw(), dy.raw(), dx.raw_mutable(), log);
+  detail::kernels_of(dx).softmax_backward(y.dtype(), n == 0 ? 0 : y.numel() / n, n, y.raw(), dy.raw(), dx.raw_mutable(), log);
   return dx;
 }
 

@@ -4,7 +4,6 @@
 
 #include <ostream>
 
-#include "kernels/cpu/kernels.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -34,7 +33,7 @@ struct Tensor::Impl {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, std::shared_ptr<Device> device) {
   if (!device) device = detail::current_device();
-  if (shape.rank() > cpu::kMaxRank) fail("Tensor", "rank {} of {} exceeds the maximum {}", shape.rank(), shape.str(), cpu::kMaxRank);
+  if (shape.rank() > kernels::kMaxRank) fail("Tensor", "rank {} of {} exceeds the maximum {}", shape.rank(), shape.str(), kernels::kMaxRank);
   auto impl = std::make_shared<Impl>();
   impl->shape = shape;
   impl->dtype = dtype;
@@ -82,12 +81,13 @@ void Tensor::check_element_type(DType requested) const {
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
+  if (!device().host_accessible()) return detail::transfer(*this, Device::host()).to_vector<T>();
   std::vector<T> out(static_cast<std::size_t>(numel()));
   if constexpr (std::is_same_v<T, bf16>) {
-    cpu::convert(dtype(), raw(), DType::bf16, out.data(), numel());
+    kernels::cpu_kernels_ptr()->convert(dtype(), raw(), DType::bf16, out.data(), numel());
   } else {
     std::vector<double> wide(out.size());
-    cpu::convert(dtype(), raw(), DType::f64, wide.data(), numel());
+    kernels::cpu_kernels_ptr()->convert(dtype(), raw(), DType::f64, wide.data(), numel());
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<T>(wide[i]);
   }
   return out;

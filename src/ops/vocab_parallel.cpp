@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "nax/runtime.h"
+#include "ops/internal.h"
 
 namespace nax::detail {
 
@@ -37,7 +38,8 @@ VocabBlock vocab_block(std::string_view op, const Tensor& t, const std::string& 
 void check_ids(std::string_view op, std::string_view what, const Tensor& ids, const VocabBlock& block, const Tensor& t,
                const std::string& vocab) {
   if (ids.dtype() != DType::i32) fail(op, "{}s must be i32, got {} (with {})", what, ids.str(), t.str());
-  const auto* p = ids.data<std::int32_t>();
+  const Tensor readable = ids.device().host_accessible() ? ids : transfer(ids, Device::host());
+  const auto* p = readable.data<std::int32_t>();
   for (std::int64_t i = 0; i < ids.numel(); ++i)
     if (p[i] < 0 || p[i] >= block.total)
       fail(op, "{} {} at {} of {} is outside the vocabulary [0, {}) of axis '{}' in {}", what, p[i], named_index(ids.shape(), i),

@@ -6,14 +6,14 @@
 #include <string_view>
 #include <vector>
 
-#include "kernels/cpu/lookup.h"
+#include "kernels/kernels.h"
 #include "nax/tensor.h"
 
 namespace nax::detail {
 
 struct VocabBlock {
   std::vector<std::string> mesh_axes;  // cutting the vocab axis, major first (empty: whole)
-  cpu::VocabRange range;               // this device's ids
+  kernels::VocabRange range;               // this device's ids
   std::int64_t total = 0;              // the whole vocabulary
 };
 

@@ -5,8 +5,6 @@
 #include <map>
 
 #include "autodiff/node.h"
-#include "kernels/cpu/kernels.h"
-#include "kernels/cpu/pointwise.h"
 #include "nax/transformer_ops.h"
 #include "ops/row_ops.h"
 
@@ -31,7 +29,7 @@ Shape where_shape(const Tensor& cond, const Tensor& a, const Tensor& b) {
 
 Tensor zero_scalar(DType dtype, const std::shared_ptr<Device>& device) {
   Tensor z = Tensor::empty(Shape{}, dtype, device);
-  cpu::fill(dtype, z.raw_mutable(), 1, 0.0);
+  detail::kernels_of(z).fill(dtype, z.raw_mutable(), 1, 0.0);
   return z;
 }
 
@@ -48,14 +46,14 @@ Tensor where_forward(const Tensor& cond, const Tensor& a, const Tensor& b) {
   const Tensor va = detail::compute_values(a), vb = detail::compute_values(b);
   const Tensor mask = mask_in(cond, va.dtype());
   Tensor out = detail::make_result(shape, va.dtype(), vary, a.device_ptr());
-  cpu::Layout<4> layout;
+  kernels::Layout<4> layout;
   layout.rank = shape.rank();
   layout.sizes = detail::sizes_of(shape.axes());
   layout.strides[0] = detail::strides_in_order(mask.shape(), shape.axes());
   layout.strides[1] = detail::strides_in_order(va.shape(), shape.axes());
   layout.strides[2] = detail::strides_in_order(vb.shape(), shape.axes());
   layout.strides[3] = detail::strides_in_order(shape, shape.axes());
-  cpu::where(va.dtype(), mask.raw(), va.raw(), vb.raw(), out.raw_mutable(), layout);
+  detail::kernels_of(out).where(va.dtype(), mask.raw(), va.raw(), vb.raw(), out.raw_mutable(), layout);
   return detail::narrow_to(out, a.dtype());
 }
 

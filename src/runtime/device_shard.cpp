@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "kernels/cpu/kernels.h"
+#include "kernels/kernels.h"
 #include "nax/collectives.h"
 #include "ops/internal.h"
 
@@ -34,8 +34,9 @@ Tensor DeviceShard::shard(const Tensor& global, const AxisRules& rules) {
   if (!global.vary().invariant())
     fail("shard", "expects a global value, got the per-device value {} (gather it first)", global.str());
   Block b = block_of(global.shape(), rules, "shard");
-  Tensor out = make_result(b.local, global.dtype(), b.vary, dev_);
-  cpu::Layout<2> layout;
+  if (!global.device().host_accessible()) return shard(transfer(global, Device::host()), rules);
+  Tensor out = make_result(b.local, global.dtype(), b.vary, Device::host());
+  kernels::Layout<2> layout;
   layout.rank = b.local.rank();
   layout.sizes = sizes_of(b.local.axes());
   layout.strides[0] = strides_in_order(global.shape(), b.local.axes());
@@ -43,8 +44,9 @@ Tensor DeviceShard::shard(const Tensor& global, const AxisRules& rules) {
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < b.offsets.size(); ++i) offset += b.offsets[i] * layout.strides[0][i];
   const std::size_t es = dtype_size(global.dtype());
-  cpu::copy(es, static_cast<const char*>(global.raw()) + static_cast<std::size_t>(offset) * es, out.raw_mutable(), layout);
-  return out;
+  kernels::cpu_kernels_ptr()->copy(es, static_cast<const char*>(global.raw()) + static_cast<std::size_t>(offset) * es,
+                                   out.raw_mutable(), layout);
+  return transfer(out, dev_);
 }
 
 Tensor DeviceShard::gather(const Tensor& t) {
@@ -58,9 +60,7 @@ Tensor DeviceShard::gather(const Tensor& t) {
     auto mesh_axes = t.vary().split_mesh_axes(axis.name);
     if (!mesh_axes.empty()) whole = all_gather_invariant(whole, mesh_axes, axis.name);
   }
-  Tensor host = Tensor::empty(whole.shape(), whole.dtype(), Device::host());
-  std::memcpy(host.raw_mutable(), whole.raw(), whole.nbytes());
-  return host;
+  return transfer(whole.with_vary(VaryType{}), Device::host());
 }
 
 Tensor DeviceShard::random_normal(const Shape& global, const AxisRules& rules, std::uint64_t seed, std::string_view name,
@@ -78,7 +78,7 @@ Tensor DeviceShard::random_uniform(const Shape& global, const AxisRules& rules, 
 Tensor DeviceShard::full(const Shape& global, const AxisRules& rules, double value, DType dtype) {
   Block b = block_of(global, rules, "full");
   Tensor out = make_result(b.local, dtype, b.vary, dev_);
-  cpu::fill(dtype, out.raw_mutable(), out.numel(), value);
+  detail::kernels_of(out).fill(dtype, out.raw_mutable(), out.numel(), value);
   return out;
 }
 

@@ -1,11 +1,14 @@
 // Runtime::local: one persistent worker thread per mesh device, sharing memory.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 
+#include "comm/local/device_communicator.h"
 #include "comm/local/local_communicator.h"
+#include "runtime/cuda_devices.h"
 #include "runtime/runtime_state.h"
 
 namespace nax {
@@ -14,7 +17,7 @@ namespace {
 
 class LocalState final : public Runtime::State {
  public:
-  LocalState(const Mesh& mesh, double timeout_s);
+  LocalState(const Mesh& mesh, const RuntimeOptions& options);
   ~LocalState() override;
 
   const Mesh& mesh() const override { return mesh_; }
@@ -26,12 +29,15 @@ class LocalState final : public Runtime::State {
   }
 
  private:
+  std::shared_ptr<Device> make_device(int d, Backend backend) const;
+  detail::CommFactory comm_factory(int d, const std::shared_ptr<Device>& device, Transport transport);
   void work(int device);
   void record_failure(int device, std::exception_ptr e, bool released);
 
   Mesh mesh_;
   std::vector<int> devices_;
   std::shared_ptr<local::LocalWorld> world_;
+  std::shared_ptr<detail::NcclIds> nccl_ids_;
   std::vector<std::unique_ptr<detail::DeviceShard>> shards_;
   std::vector<std::thread> workers_;
 
@@ -45,18 +51,81 @@ class LocalState final : public Runtime::State {
   std::exception_ptr released_error_;
 };
 
-LocalState::LocalState(const Mesh& mesh, double timeout_s)
-    : mesh_(mesh), world_(std::make_shared<local::LocalWorld>(mesh, timeout_s)) {
+bool host_accessible(const std::vector<std::shared_ptr<Device>>& devices) {
+  return std::all_of(devices.begin(), devices.end(), [](const auto& d) { return d->host_accessible(); });
+}
+
+// The transport `automatic` stands for on these devices.
+Transport resolve(Transport transport, const std::vector<std::shared_ptr<Device>>& devices, const Mesh& mesh) {
+  if (transport != Transport::automatic) return transport;
+  if (host_accessible(devices)) return Transport::host;
+  const bool cuda = devices.front()->backend() == Backend::cuda;
+  return cuda && detail::cuda_gpu_count() >= mesh.size() ? Transport::nccl : Transport::device;
+}
+
+void check_transport(Transport transport, const std::vector<std::shared_ptr<Device>>& devices, const Mesh& mesh) {
+  if (transport == Transport::host && !host_accessible(devices))
+    fail("Runtime::local", "transport host reads peers' memory from host code, which {} devices do not allow (use device or nccl)",
+         backend_name(devices.front()->backend()));
+  if (transport != Transport::nccl) return;
+  const Backend backend = devices.front()->backend();
+  if (backend != Backend::cuda) fail("Runtime::local", "transport nccl needs the cuda backend, not {}", backend_name(backend));
+  if (detail::cuda_gpu_count() < mesh.size())
+    fail("Runtime::local", "transport nccl needs a GPU per device: mesh {} has {} devices, this process sees {} GPU(s) (NCCL "
+         "refuses two ranks of a group on one GPU; use transport device)",
+         mesh.str(), mesh.size(), detail::cuda_gpu_count());
+}
+
+void check_backend(Backend backend, const Mesh& mesh) {
+  if (backend != Backend::cuda) return;
+  if (!detail::cuda_built())
+    fail("Runtime::local", "backend cuda for mesh {}: nax was built without the CUDA backend (NAX_WITH_CUDA=OFF or no toolkit found)",
+         mesh.str());
+  if (detail::cuda_gpu_count() == 0) fail("Runtime::local", "backend cuda for mesh {}: this process sees no CUDA GPU", mesh.str());
+}
+
+LocalState::LocalState(const Mesh& mesh, const RuntimeOptions& options)
+    : mesh_(mesh), world_(std::make_shared<local::LocalWorld>(mesh, detail::collective_timeout_s(options))) {
+  if (!options.device_factory) check_backend(options.backend, mesh_);
+  std::vector<std::shared_ptr<Device>> devices;
+  for (int d = 0; d < mesh_.size(); ++d) {
+    devices.push_back(options.device_factory ? options.device_factory(d) : make_device(d, options.backend));
+    if (!devices.back()) fail("Runtime::local", "the device factory made no device {}", d);
+  }
+  const Transport transport = resolve(options.transport, devices, mesh_);
+  check_transport(transport, devices, mesh_);
+  if (transport == Transport::nccl) nccl_ids_ = detail::make_nccl_ids();
   for (int d = 0; d < mesh_.size(); ++d) {
     devices_.push_back(d);
-    auto dev = std::make_shared<Device>(d, Backend::cpu, make_caching_host_allocator());
-    auto world = world_;
-    auto make_comm = [world, d](const std::vector<std::string>& axes) -> std::unique_ptr<Communicator> {
-      return std::make_unique<local::LocalCommunicator>(world->group(d, axes), world->mesh().rank_in_group(d, axes));
-    };
-    shards_.push_back(std::make_unique<detail::DeviceShard>(d, mesh_, std::move(dev), make_comm));
+    auto make_comm = comm_factory(d, devices[static_cast<std::size_t>(d)], transport);
+    shards_.push_back(std::make_unique<detail::DeviceShard>(d, mesh_, devices[static_cast<std::size_t>(d)], std::move(make_comm)));
   }
   for (int d = 0; d < mesh_.size(); ++d) workers_.emplace_back([this, d] { work(d); });
+}
+
+std::shared_ptr<Device> LocalState::make_device(int d, Backend backend) const {
+  if (backend == Backend::cuda) return detail::make_cuda_device(d, d % detail::cuda_gpu_count());
+  return std::make_shared<Device>(d, Backend::cpu, make_caching_host_allocator());
+}
+
+detail::CommFactory LocalState::comm_factory(int d, const std::shared_ptr<Device>& device, Transport transport) {
+  auto world = world_;
+  auto rank_of = [world, d](const std::vector<std::string>& axes) { return world->mesh().rank_in_group(d, axes); };
+  switch (transport) {
+    case Transport::nccl:
+      return [world, d, device, ids = nccl_ids_, rank_of](const std::vector<std::string>& axes) -> std::unique_ptr<Communicator> {
+        const auto group = world->group(d, axes);
+        return detail::make_nccl_communicator(ids->id(group->label()), group->size(), rank_of(axes), *device);
+      };
+    case Transport::device:
+      return [world, d, device, rank_of](const std::vector<std::string>& axes) -> std::unique_ptr<Communicator> {
+        return std::make_unique<local::DeviceCommunicator>(world->group(d, axes), rank_of(axes), device);
+      };
+    default:
+      return [world, d, rank_of](const std::vector<std::string>& axes) -> std::unique_ptr<Communicator> {
+        return std::make_unique<local::LocalCommunicator>(world->group(d, axes), rank_of(axes));
+      };
+  }
 }
 
 LocalState::~LocalState() {
@@ -131,9 +200,8 @@ void LocalState::run(const std::function<void(Shard&)>& fn) {
 }  // namespace
 
 Runtime Runtime::local(const Mesh& mesh, RuntimeOptions options) {
-  const double timeout = detail::collective_timeout_s(options);
   detail::configure_blas_threads(options);
-  return Runtime(std::make_unique<LocalState>(mesh, timeout));
+  return Runtime(std::make_unique<LocalState>(mesh, options));
 }
 
 }  // namespace nax

@@ -9,6 +9,7 @@
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_session.h"
 #include "comm/mpi/mpi_world.h"
+#include "runtime/cuda_devices.h"
 #include "runtime/runtime_state.h"
 
 namespace nax {
@@ -27,7 +28,7 @@ std::string what_of(const std::exception_ptr& e) {
 
 class MpiState final : public Runtime::State {
  public:
-  MpiState(const Mesh& mesh, double timeout_s, bool check_collectives);
+  MpiState(const Mesh& mesh, const RuntimeOptions& options);
 
   const Mesh& mesh() const override { return mesh_; }
   const std::vector<int>& local_devices() const override { return devices_; }
@@ -48,16 +49,58 @@ class MpiState final : public Runtime::State {
   std::string unusable_;  // why runs are refused (an earlier run left MPI operations pending)
 };
 
-MpiState::MpiState(const Mesh& mesh, double timeout_s, bool check_collectives)
-    : mesh_(mesh), world_(std::make_shared<mpi::MpiWorld>(mesh, timeout_s, check_collectives)) {
+// This process's rank among the processes of its node: which of the node's GPUs it drives.
+int node_local_rank() {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int rank = 0;
+  MPI_Comm_rank(node, &rank);
+  MPI_Comm_free(&node);
+  return rank;
+}
+
+std::shared_ptr<Device> make_mpi_device(int d, Backend backend) {
+  if (backend == Backend::cpu) return std::make_shared<Device>(d, Backend::cpu, make_caching_host_allocator());
+  const int gpus = detail::cuda_gpu_count();
+  if (gpus == 0)
+    fail("Runtime::mpi", "backend cuda: device {} sees no CUDA GPU{}", d, detail::cuda_built() ? "" : " (nax was built without CUDA)");
+  return detail::make_cuda_device(d, node_local_rank() % gpus);
+}
+
+// NCCL over the group of `axes`: its rank 0 makes the id and MPI broadcasts it to the others.
+std::unique_ptr<Communicator> make_mpi_nccl_comm(mpi::MpiWorld& world, const Device& device, const std::vector<std::string>& axes) {
+  const std::vector<int> members = world.mesh().group(world.device(), axes);
+  const int rank = world.mesh().rank_in_group(world.device(), axes);
+  const std::string key = fmt::format("nccl:{}", fmt::join(axes, ","));
+  mpi::CommHandle group(world.create_group_comm(members, key, fmt::format("NCCL bootstrap of ({})", key)));
+  std::string id = rank == 0 ? detail::new_nccl_id() : std::string();
+  int bytes = static_cast<int>(id.size());
+  MPI_Bcast(&bytes, 1, MPI_INT, 0, group.get());
+  id.resize(static_cast<std::size_t>(bytes));
+  MPI_Bcast(id.data(), bytes, MPI_CHAR, 0, group.get());
+  return detail::make_nccl_communicator(id, static_cast<int>(members.size()), rank, device);
+}
+
+MpiState::MpiState(const Mesh& mesh, const RuntimeOptions& options)
+    : mesh_(mesh),
+      world_(std::make_shared<mpi::MpiWorld>(mesh, detail::collective_timeout_s(options), options.check_collectives)) {
   const int d = world_->device();
   devices_ = {d};
   auto world = world_;
-  auto make_comm = [world](const std::vector<std::string>& axes) -> std::unique_ptr<Communicator> {
+  auto device = options.device_factory ? options.device_factory(d) : make_mpi_device(d, options.backend);
+  const bool nccl = device->backend() == Backend::cuda;
+  if (!nccl && !device->host_accessible())
+    fail("Runtime::mpi", "{} keeps its memory off the host, and MPI moves host memory only (use the cuda backend, whose "
+         "collectives go through NCCL)", device->str());
+  if (options.transport != Transport::automatic && options.transport != (nccl ? Transport::nccl : Transport::host))
+    fail("Runtime::mpi", "transport {} is not available under MPI for {} devices (MPI moves host memory, NCCL device memory)",
+         transport_name(options.transport), backend_name(device->backend()));
+  detail::CommFactory make_comm = [world](const std::vector<std::string>& axes) -> std::unique_ptr<Communicator> {
     return std::make_unique<mpi::MpiCommunicator>(world, axes);
   };
-  shard_ = std::make_unique<detail::DeviceShard>(d, mesh_, std::make_shared<Device>(d, Backend::cpu, make_caching_host_allocator()),
-                                                 make_comm);
+  if (nccl)
+    make_comm = [world, device](const std::vector<std::string>& axes) { return make_mpi_nccl_comm(*world, *device, axes); };
+  shard_ = std::make_unique<detail::DeviceShard>(d, mesh_, std::move(device), std::move(make_comm));
 }
 
 const detail::DeviceShard& MpiState::shard(int device, std::string_view op) const {
@@ -128,7 +171,7 @@ Runtime Runtime::mpi(const Mesh& mesh, RuntimeOptions options) {
          mesh.str(), mesh.size(), session.world_size(), mesh.size());
   session.set_exit_timeout(timeout);
   detail::configure_blas_threads(options);
-  return Runtime(std::make_unique<MpiState>(mesh, timeout, options.check_collectives));
+  return Runtime(std::make_unique<MpiState>(mesh, options));
 }
 
 namespace {

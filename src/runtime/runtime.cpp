@@ -5,6 +5,8 @@
 #include <string_view>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/kernels.h"
+#include "runtime/cuda_devices.h"
 #include "runtime/runtime_state.h"
 
 namespace nax {
@@ -15,6 +17,8 @@ thread_local Shard* g_current_shard = nullptr;
 
 Shard* Shard::current() { return g_current_shard; }
 
+void Shard::synchronize() const { device_ptr()->kernels().synchronize(); }
+
 std::map<std::string, CommStats> Shard::comm_stats_since(const std::map<std::string, CommStats>& before) const {
   std::map<std::string, CommStats> since;
   for (const auto& [axes, stats] : comm_stats()) {
@@ -22,6 +26,16 @@ std::map<std::string, CommStats> Shard::comm_stats_since(const std::map<std::str
     since[axes] = it == before.end() ? stats : stats - it->second;
   }
   return since;
+}
+
+std::string_view transport_name(Transport transport) {
+  switch (transport) {
+    case Transport::automatic: return "automatic";
+    case Transport::host: return "host";
+    case Transport::device: return "device";
+    case Transport::nccl: return "nccl";
+  }
+  return "?";
 }
 
 namespace detail {
@@ -51,6 +65,8 @@ void configure_blas_threads(const RuntimeOptions& options) {
 }
 
 }  // namespace detail
+
+int cuda_gpu_count() { return detail::cuda_gpu_count(); }
 
 Runtime Runtime::from_env(const Mesh& mesh, RuntimeOptions options) {
   const char* forced = std::getenv("NAX_RUNTIME");

@@ -1,29 +1,35 @@
 #pragma once
 // A device: where a tensor's memory lives and which runtime worker computes on it.
-// The host (index -1) holds tensors made outside Runtime::run.
+// The host (index -1) holds tensors made outside Runtime::run. A device computes through its
+// backend's kernels (src/kernels/kernels.h); only CPU devices' memory can be read by the host.
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "nax/core/allocator.h"
 
 namespace nax {
 
-namespace detail {
-class DeviceContext;  // runtime side: the device's communicators
+namespace kernels {
+class Kernels;  // the backend's raw compute: src/kernels/kernels.h
 }
 
-enum class Backend { cpu };
+enum class Backend { cpu, cuda };
+std::string_view backend_name(Backend backend);
 
 class Device {
  public:
-  Device(int index, Backend backend, std::shared_ptr<Allocator> allocator);
+  // `kernels`: the backend's compute for this device (the CPU kernels when null).
+  Device(int index, Backend backend, std::shared_ptr<Allocator> allocator, std::shared_ptr<kernels::Kernels> kernels = nullptr);
 
   int index() const { return index_; }
   bool is_host() const { return index_ < 0; }
   Backend backend() const { return backend_; }
   Allocator& allocator() const { return *allocator_; }
   const std::shared_ptr<Allocator>& allocator_ptr() const { return allocator_; }
-  std::string str() const;  // "cpu:3" or "host"
+  kernels::Kernels& kernels() const { return *kernels_; }
+  bool host_accessible() const;  // whether host code may read and write its memory directly
+  std::string str() const;  // "cpu:3", "cuda:3" or "host"
 
   static const std::shared_ptr<Device>& host();
 
@@ -31,6 +37,7 @@ class Device {
   int index_;
   Backend backend_;
   std::shared_ptr<Allocator> allocator_;
+  std::shared_ptr<kernels::Kernels> kernels_;
 };
 
 }  // namespace nax

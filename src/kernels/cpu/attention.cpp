@@ -221,6 +221,10 @@ void rotary_in_place(const RotarySizes& s, void* data, const std::int64_t* outer
   }
 }
 
+}  // namespace nax::cpu
+
+namespace nax::kernels {
+
 std::vector<std::int64_t> strided_offsets(const std::int64_t* sizes, const std::int64_t* strides, int rank) {
   std::int64_t count = 1;
   for (int d = 0; d < rank; ++d) count *= sizes[d];
@@ -241,4 +245,4 @@ std::vector<std::int64_t> strided_offsets(const std::int64_t* sizes, const std::
   return offsets;
 }
 
-}  // namespace nax::cpu
+}  // namespace nax::kernels

@@ -10,8 +10,8 @@
 
 namespace nax::cpu {
 
-enum class BinaryOp { add, sub, mul, div, max, min, pow, eq, ne, lt, le, gt, ge };
-enum class UnaryOp { neg, abs, exp, log, sqrt, rsqrt, tanh, square };
+using kernels::BinaryOp;
+using kernels::UnaryOp;
 
 // out (contiguous in the layout's order) = op(a, b), a and b read with the layout's strides.
 void binary(BinaryOp op, DType dtype, const void* a, const void* b, void* out, const Layout<3>& layout);

@@ -10,10 +10,7 @@
 
 namespace nax::cpu {
 
-struct VocabRange {
-  std::int64_t start = 0, local = 0;
-  bool holds(std::int64_t id) const { return id >= start && id < start + local; }
-};
+using kernels::VocabRange;
 
 // out row i (row_bytes bytes) = table row ids[i] - start, or zeros; any element type.
 void gather_rows(const std::int32_t* ids, std::int64_t count, VocabRange range, const void* table, std::size_t row_bytes,
@@ -23,12 +20,7 @@ void gather_rows(const std::int32_t* ids, std::int64_t count, VocabRange range, 
 void scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, VocabRange range, const void* grad,
                       std::int64_t row, void* table_grad);
 
-// Where the picked elements sit: the layout iterates the targets' axes; strides[0] are the
-// targets' (and the picked values'), strides[1] the logits'; vocab_stride steps along the vocab.
-struct PickLayout {
-  Layout<2> layout;
-  std::int64_t vocab_stride = 0;
-};
+using kernels::PickLayout;
 
 // out[j] = logits[at target j], or zero for a target outside the range; any element type.
 void pick_forward(const std::int32_t* targets, VocabRange range, const PickLayout& where, const void* logits,

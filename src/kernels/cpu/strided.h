@@ -1,50 +1,19 @@
 #pragma once
-// N-d iteration over strided operands: dimensions are coalesced where every operand's layout
-// allows, then `row` is called once per innermost row with each operand's offset and stride.
+// N-d iteration over strided operands (the Layout of kernels/kernels.h): dimensions are coalesced
+// where every operand's layout allows, then `row` is called once per innermost row with each
+// operand's offset and stride.
 #include <array>
 #include <cstdint>
 
+#include "kernels/kernels.h"
 #include "nax/core/error.h"
 
 namespace nax::cpu {
 
-inline constexpr int kMaxRank = 16;
-using Dims = std::array<std::int64_t, kMaxRank>;
-
-template <int K>
-struct Layout {
-  int rank = 0;
-  Dims sizes{};
-  std::array<Dims, K> strides{};
-};
-
-// Drops size-1 dimensions and merges neighbours that are contiguous for every operand.
-template <int K>
-Layout<K> coalesce(Layout<K> in) {
-  Layout<K> out;
-  for (int d = 0; d < in.rank; ++d) {
-    if (in.sizes[d] == 1) continue;
-    if (out.rank > 0) {
-      bool mergeable = true;
-      for (int k = 0; k < K; ++k)
-        if (out.strides[k][out.rank - 1] != in.strides[k][d] * in.sizes[d]) mergeable = false;
-      if (mergeable) {
-        out.sizes[out.rank - 1] *= in.sizes[d];
-        for (int k = 0; k < K; ++k) out.strides[k][out.rank - 1] = in.strides[k][d];
-        continue;
-      }
-    }
-    out.sizes[out.rank] = in.sizes[d];
-    for (int k = 0; k < K; ++k) out.strides[k][out.rank] = in.strides[k][d];
-    ++out.rank;
-  }
-  if (out.rank == 0) {  // a single element
-    out.rank = 1;
-    out.sizes[0] = 1;
-    for (int k = 0; k < K; ++k) out.strides[k][0] = 1;
-  }
-  return out;
-}
+using kernels::coalesce;
+using kernels::Dims;
+using kernels::kMaxRank;
+using kernels::Layout;
 
 // row(offsets, n, inner_strides) for every innermost row, offsets in elements.
 template <int K, typename Row>

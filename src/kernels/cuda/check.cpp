@@ -40,4 +40,12 @@ DeviceGuard::~DeviceGuard() {
   if (changed_) (void)cudaSetDevice(previous_);
 }
 
+QuietDeviceGuard::QuietDeviceGuard(int device) noexcept {
+  if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) changed_ = cudaSetDevice(device) == cudaSuccess;
+}
+
+QuietDeviceGuard::~QuietDeviceGuard() {
+  if (changed_) (void)cudaSetDevice(previous_);
+}
+
 }  // namespace nax::cuda

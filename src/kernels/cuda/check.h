@@ -26,6 +26,19 @@ class DeviceGuard {
   bool changed_ = false;
 };
 
+// The same for destructors: never throws; where the device cannot be switched it is left as is.
+class QuietDeviceGuard {
+ public:
+  explicit QuietDeviceGuard(int device) noexcept;
+  ~QuietDeviceGuard();
+  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
+  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
 }  // namespace nax::cuda
 
 #define NAX_CUDA_CHECK(call)                                                                          \

@@ -2,6 +2,8 @@
 // CUDA kernels on raw device pointers (DESIGN.md §1): one function per op, each enqueued on
 // `stream` and returning at once; a bad launch raises a nax::Error. bf16 is computed in f32.
 // Pointers need only their type's alignment; 16-byte-aligned ones take a vectorised path.
+// The dtype-generic kernels behind CudaKernels are declared by concept: layout.h, binary.h,
+// reduce.h, norm.h, lookup.h, rotary.h, gemm.h, attention.h.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -26,10 +28,13 @@ void mul(cudaStream_t stream, const float* a, const float* b, float* out, std::s
 void mul(cudaStream_t stream, const bf16_t* a, const bf16_t* b, bf16_t* out, std::size_t n);
 
 // GELU, tanh approximation: y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); dx = dy * y'(x).
+// f64 computes in f64.
 void gelu_forward(cudaStream_t stream, const float* x, float* y, std::size_t n);
 void gelu_forward(cudaStream_t stream, const bf16_t* x, bf16_t* y, std::size_t n);
+void gelu_forward(cudaStream_t stream, const double* x, double* y, std::size_t n);
 void gelu_backward(cudaStream_t stream, const float* x, const float* dy, float* dx, std::size_t n);
 void gelu_backward(cudaStream_t stream, const bf16_t* x, const bf16_t* dy, bf16_t* dx, std::size_t n);
+void gelu_backward(cudaStream_t stream, const double* x, const double* dy, double* dx, std::size_t n);
 
 // One AdamW step (src/nn/optim.cpp's formula), in place on f32 master weights and moments:
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2

@@ -1,0 +1,167 @@
+// bench_cuda_attention: the fused causal attention kernels (src/kernels/cuda/attention.h),
+// forward and backward, bf16, batch*heads = 16*16 matrices of seq x head_dim (contiguous), on
+// device 0. Each pass timed with CUDA events, median of --reps after --warmup runs.
+//
+// FLOP convention (causal: half of the dense score matrix): forward 0.5 * 4 * seq^2 * head_dim
+// per matrix (QK^T and PV), backward 2.5x the forward (QK^T recomputed, dV, dP, dQ, dK). The
+// exponentials and the softmax arithmetic are not counted.
+//
+//   build/bin/bench_cuda_attention [--seq 2048] [--batches 256] [--head-dims 64,128] [--reps 20] [--warmup 3]
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/check.h"
+#include "nax/core/dtype.h"
+
+namespace {
+
+struct Options {
+  std::int64_t seq = 2048, batches = 16 * 16;
+  std::vector<std::int64_t> head_dims{64, 128};
+  int reps = 20, warmup = 3;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--seq") o.seq = std::stoll(next());
+    else if (arg == "--batches") o.batches = std::stoll(next());
+    else if (arg == "--reps") o.reps = std::stoi(next());
+    else if (arg == "--warmup") o.warmup = std::stoi(next());
+    else if (arg == "--head-dims") {
+      o.head_dims.clear();
+      const std::string list = next();
+      for (std::size_t pos = 0; pos < list.size();) {
+        std::size_t end = list.find(',', pos);
+        if (end == std::string::npos) end = list.size();
+        o.head_dims.push_back(std::stoll(list.substr(pos, end - pos)));
+        pos = end + 1;
+      }
+    } else {
+      throw std::runtime_error("unknown argument " + arg + " (--seq, --batches, --head-dims, --reps, --warmup)");
+    }
+  }
+  return o;
+}
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) { NAX_CUDA_CHECK(cudaMalloc(&ptr_, std::max<std::size_t>(bytes, 16))); }
+  ~DeviceBuffer() { (void)cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+// Uniform in [-1, 1) from a 64-bit LCG, as bf16.
+void fill_random(void* device, std::size_t n, std::uint64_t seed) {
+  std::vector<nax::bf16> host(n);
+  std::uint64_t s = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+  for (auto& x : host) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    x = nax::bf16(static_cast<float>(static_cast<double>(s >> 11) * (2.0 / 9007199254740992.0) - 1.0));
+  }
+  NAX_CUDA_CHECK(cudaMemcpy(device, host.data(), n * sizeof(nax::bf16), cudaMemcpyHostToDevice));
+}
+
+template <typename F>
+double median_ms(cudaStream_t stream, int warmup, int reps, F fn) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  NAX_CUDA_CHECK(cudaEventCreate(&start));
+  NAX_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < warmup; ++i) fn();
+  NAX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<float> times;
+  for (int i = 0; i < reps; ++i) {
+    NAX_CUDA_CHECK(cudaEventRecord(start, stream));
+    fn();
+    NAX_CUDA_CHECK(cudaEventRecord(stop, stream));
+    NAX_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    NAX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  NAX_CUDA_CHECK(cudaEventDestroy(start));
+  NAX_CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Options options = parse(argc, argv);
+  if (nax::cuda::cuda_device_count() == 0) {
+    std::puts("no CUDA device: bench_cuda_attention needs a GPU");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  NAX_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t stream = nullptr;
+  NAX_CUDA_CHECK(cudaStreamCreate(&stream));
+  fmt::print("bench_cuda_attention on {}: bf16, causal, {} matrices of seq {}, median of {} after {} warm-up\n", prop.name,
+             options.batches, options.seq, options.reps, options.warmup);
+  fmt::print("FLOPs: forward 0.5 * 4 * seq^2 * head_dim per matrix (causal half), backward 2.5x forward\n");
+
+  for (std::int64_t head_dim : options.head_dims) {
+    nax::kernels::AttentionSizes s;
+    s.dtype = nax::DType::bf16;
+    s.batches = options.batches;
+    s.tq = s.tk = options.seq;
+    s.head_dim = head_dim;
+    s.scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+    const std::size_t elements = static_cast<std::size_t>(s.batches * s.tq * head_dim);
+    const std::size_t bytes = elements * sizeof(nax::bf16);
+    DeviceBuffer q(bytes), k(bytes), v(bytes), out(bytes), dout(bytes), dq(bytes), dk(bytes), dv(bytes);
+    DeviceBuffer lse(static_cast<std::size_t>(s.batches * s.tq) * sizeof(float));
+    const std::int64_t scratch_elements = std::max(nax::cuda::attention_forward_scratch(s), nax::cuda::attention_backward_scratch(s));
+    DeviceBuffer scratch(static_cast<std::size_t>(scratch_elements) * sizeof(nax::bf16));
+    fill_random(q.get(), elements, 1);
+    fill_random(k.get(), elements, 2);
+    fill_random(v.get(), elements, 3);
+    fill_random(dout.get(), elements, 4);
+    std::vector<std::int64_t> offsets(static_cast<std::size_t>(s.batches));
+    for (std::int64_t b = 0; b < s.batches; ++b) offsets[static_cast<std::size_t>(b)] = b * s.tq * head_dim;
+    auto in = [&](const DeviceBuffer& buffer) { return nax::kernels::InMatrices{buffer.get(), offsets.data(), head_dim}; };
+    auto out_of = [&](DeviceBuffer& buffer) { return nax::kernels::OutMatrices{buffer.get(), offsets.data(), head_dim}; };
+
+    auto forward = [&] { nax::cuda::attention_forward(stream, s, in(q), in(k), in(v), out_of(out), lse.get(), scratch.get()); };
+    auto backward = [&] {
+      nax::cuda::attention_backward(stream, s, in(q), in(k), in(v), in(out), in(dout), lse.get(), out_of(dq), out_of(dk), out_of(dv),
+                                    scratch.get());
+    };
+    forward();  // out and lse for the backward
+    const double fwd_ms = median_ms(stream, options.warmup, options.reps, forward);
+    const double bwd_ms = median_ms(stream, options.warmup, options.reps, backward);
+    const double fwd_flops = 0.5 * 4.0 * static_cast<double>(s.tq) * static_cast<double>(s.tk) * static_cast<double>(head_dim) *
+                             static_cast<double>(s.batches);
+    const double bwd_flops = 2.5 * fwd_flops;
+    auto tflops = [](double flops, double ms) { return flops / (ms * 1e-3) / 1e12; };
+    fmt::print("bf16 batches {} seq {} head_dim {:>3}: forward {:8.3f} ms {:6.1f} TFLOP/s | backward {:8.3f} ms {:6.1f} TFLOP/s | "
+               "forward+backward {:6.1f} TFLOP/s\n",
+               s.batches, s.tq, head_dim, fwd_ms, tflops(fwd_flops, fwd_ms), bwd_ms, tflops(bwd_flops, bwd_ms),
+               tflops(fwd_flops + bwd_flops, fwd_ms + bwd_ms));
+  }
+  NAX_CUDA_CHECK(cudaStreamDestroy(stream));
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_cuda_attention: %s\n", e.what());
+  return 1;
+}

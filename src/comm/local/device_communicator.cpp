@@ -1,0 +1,122 @@
+#include "comm/local/device_communicator.h"
+
+#include <algorithm>
+
+#include "kernels/kernels.h"
+
+namespace nax::local {
+
+namespace {
+
+const char* at(const void* base, std::size_t elements, DType dtype) {
+  return static_cast<const char*>(base) + elements * dtype_size(dtype);
+}
+char* at(void* base, std::size_t elements, DType dtype) { return static_cast<char*>(base) + elements * dtype_size(dtype); }
+
+// Device memory for the length of one collective.
+class Scratch {
+ public:
+  Scratch(Allocator& allocator, std::size_t bytes) : allocator_(allocator), bytes_(bytes), data_(allocator.allocate(bytes)) {}
+  ~Scratch() { allocator_.deallocate(data_, bytes_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* data() const { return data_; }
+
+ private:
+  Allocator& allocator_;
+  std::size_t bytes_;
+  void* data_;
+};
+
+}  // namespace
+
+Signature DeviceCommunicator::signature(CollectiveKind kind, DType dtype, std::size_t count, int detail, std::uint64_t pairs_hash) const {
+  return Signature{kind, dtype, count, detail, pairs_hash, &origin()};
+}
+
+void DeviceCommunicator::join(const Signature& sig, const void* send, void* recv) {
+  device_->kernels().synchronize();
+  group_->arrive(rank_, sig, send, recv);
+}
+
+void DeviceCommunicator::leave() {
+  device_->kernels().synchronize();
+  group_->step(rank_);
+}
+
+void DeviceCommunicator::reduce_slice(void* dst, std::size_t offset, std::size_t count, DType dtype, ReduceOp op) {
+  if (count == 0) return;
+  kernels::Kernels& k = device_->kernels();
+  const std::size_t bytes = count * dtype_size(dtype);
+  Scratch peer(device_->allocator(), bytes);
+  k.copy_bytes(dst, at(group_->send(0), offset, dtype), bytes);
+  for (int r = 1; r < size(); ++r) {
+    k.copy_bytes(peer.data(), at(group_->send(r), offset, dtype), bytes);
+    k.accumulate(op, dtype, dst, peer.data(), count);
+  }
+  k.synchronize();  // before `peer` goes back to the allocator
+}
+
+void DeviceCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  record(CollectiveKind::all_reduce, count * dtype_size(dtype));
+  join(signature(CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)), send, recv);
+  // This rank reduces its 1/n slice into scratch (recv may alias send), then writes it to every
+  // rank's recv buffer once all have read their slices.
+  const std::size_t n = static_cast<std::size_t>(size()), r = static_cast<std::size_t>(rank_);
+  const std::size_t begin = count * r / n, end = count * (r + 1) / n, bytes = (end - begin) * dtype_size(dtype);
+  Scratch slice(device_->allocator(), std::max<std::size_t>(bytes, 1));
+  reduce_slice(slice.data(), begin, end - begin, dtype, op);
+  group_->step(rank_);  // every send buffer has been read
+  for (int q = 0; q < size(); ++q) device_->kernels().copy_bytes(at(group_->recv(q), begin, dtype), slice.data(), bytes);
+  leave();
+}
+
+void DeviceCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+  record(CollectiveKind::all_gather, count * dtype_size(dtype));
+  join(signature(CollectiveKind::all_gather, dtype, count), send, recv);
+  for (int r = 0; r < size(); ++r)
+    device_->kernels().copy_bytes(at(recv, count * static_cast<std::size_t>(r), dtype), group_->send(r), count * dtype_size(dtype));
+  leave();
+}
+
+void DeviceCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
+  join(signature(CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)), send, recv);
+  reduce_slice(recv, count * static_cast<std::size_t>(rank_), count, dtype, op);
+  leave();
+}
+
+void DeviceCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype) {
+  record(CollectiveKind::all_to_all, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
+  join(signature(CollectiveKind::all_to_all, dtype, count), send, recv);
+  for (int r = 0; r < size(); ++r)
+    device_->kernels().copy_bytes(at(recv, count * static_cast<std::size_t>(r), dtype),
+                                  at(group_->send(r), count * static_cast<std::size_t>(rank_), dtype), count * dtype_size(dtype));
+  leave();
+}
+
+void DeviceCommunicator::permute(const void* send, void* recv, std::size_t count, DType dtype,
+                                 const std::vector<std::pair<int, int>>& pairs) {
+  check_permute_pairs(pairs, size(), "permute", group_->label());
+  record(CollectiveKind::permute, count * dtype_size(dtype));
+  join(signature(CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)), send, recv);
+  auto source = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.second == rank_; });
+  if (source == pairs.end()) device_->kernels().fill(dtype, recv, static_cast<std::int64_t>(count), 0.0);
+  else device_->kernels().copy_bytes(recv, group_->send(source->first), count * dtype_size(dtype));
+  leave();
+}
+
+void DeviceCommunicator::broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) {
+  if (root < 0 || root >= size()) fail("broadcast", "root {} is out of range for a group of {} ranks", root, size());
+  record(CollectiveKind::broadcast, count * dtype_size(dtype));
+  join(signature(CollectiveKind::broadcast, dtype, count, root), send, recv);
+  if (rank_ != root || send != recv) device_->kernels().copy_bytes(recv, group_->send(root), count * dtype_size(dtype));
+  leave();
+}
+
+void DeviceCommunicator::barrier() {
+  record(CollectiveKind::barrier, 0);
+  join(signature(CollectiveKind::barrier, DType::f32, 0), nullptr, nullptr);
+}
+
+}  // namespace nax::local

@@ -1,0 +1,117 @@
+// The CUDA attention kernels (attention_kernels.cuh) instantiated per dtype and padded head_dim
+// (the shapes: Tiles there), and their launchers (attention_launch.h). The entry points, checks
+// and the batches' offsets are in attention.cpp.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "kernels/cuda/attention_kernels.cuh"
+#include "kernels/cuda/check.h"
+
+namespace nax::cuda::attention_detail {
+
+namespace {
+
+template <typename T, int D, int BN, int W>
+__global__ void __launch_bounds__(32 * W) forward_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(16) char smem[];
+  forward_block<T, D, BN, W>(p, smem, static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x));
+}
+
+template <typename T, int D, int DC, int W>
+__global__ void __launch_bounds__(32 * W) backward_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(16) char smem[];
+  backward_block<T, D, DC, W>(p, smem, static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kRowWarps) delta_kernel(const __grid_constant__ Params p) {
+  delta_rows<T, kRowWarps>(p, static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kRowWarps) dq_kernel(const __grid_constant__ Params p) {
+  dq_rows<T, kRowWarps>(p, static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x));
+}
+
+// attention.cpp keeps every grid under 2^31 blocks.
+unsigned grid(std::int64_t blocks) { return static_cast<unsigned>(blocks); }
+
+// Above 48 KiB of dynamic shared memory a kernel must opt in, on each device: once per kernel
+// and device (a bit per device index; beyond 64 devices, at every launch).
+template <typename Kernel>
+void allow_smem(Kernel kernel, std::size_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  static std::atomic<std::uint64_t> done{0};
+  int device = 0;
+  NAX_CUDA_CHECK(cudaGetDevice(&device));
+  const std::uint64_t bit = device < 64 ? std::uint64_t{1} << device : 0;
+  if (bit != 0 && (done.load(std::memory_order_relaxed) & bit) != 0) return;
+  NAX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  done.fetch_or(bit, std::memory_order_relaxed);
+}
+
+template <typename T>
+void forward_typed(cudaStream_t stream, const Params& p) {
+  Tiles<T>::forward(p.head_dim, [&](auto shape) {
+    using Shape = decltype(shape);
+    const std::int64_t blocks = forward_blocks<Shape>(p);
+    if (blocks == 0) return;
+    auto kernel = forward_kernel<T, Shape::kD, Shape::kBN, Shape::kW>;
+    allow_smem(kernel, Shape::kSmem);
+    kernel<<<grid(blocks), Shape::kThreads, Shape::kSmem, stream>>>(p);
+    NAX_CUDA_CHECK_LAUNCH();
+  });
+}
+
+template <typename T>
+void backward_typed(cudaStream_t stream, const Params& p) {
+  Tiles<T>::backward(p.head_dim, [&](auto shape) {
+    using Shape = decltype(shape);
+    const std::int64_t blocks = backward_blocks<Shape>(p);
+    if (blocks == 0) return;
+    auto kernel = backward_kernel<T, Shape::kD, Shape::kDC, Shape::kW>;
+    allow_smem(kernel, Shape::kSmem);
+    kernel<<<grid(blocks), Shape::kThreads, Shape::kSmem, stream>>>(p);
+    NAX_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+std::int64_t dq_accum_stride(std::int64_t head_dim) { return (head_dim + 7) / 8 * 8; }
+
+std::size_t backward_scratch_bytes(std::int64_t batches, std::int64_t tq, std::int64_t head_dim) {
+  const std::size_t rows = static_cast<std::size_t>(batches) * static_cast<std::size_t>(tq);
+  const std::size_t delta = (rows * sizeof(float) + 255) / 256 * 256;
+  return 256 + delta + rows * static_cast<std::size_t>(dq_accum_stride(head_dim)) * sizeof(float);
+}
+
+void launch_forward(cudaStream_t stream, bool bf16, const Params& p) {
+  if (bf16) forward_typed<bf16_t>(stream, p);
+  else forward_typed<float>(stream, p);
+}
+
+void launch_backward_delta(cudaStream_t stream, bool bf16, const Params& p) {
+  const std::int64_t blocks = row_blocks(p);
+  if (blocks == 0) return;
+  if (bf16) delta_kernel<bf16_t><<<grid(blocks), 32 * kRowWarps, 0, stream>>>(p);
+  else delta_kernel<float><<<grid(blocks), 32 * kRowWarps, 0, stream>>>(p);
+  NAX_CUDA_CHECK_LAUNCH();
+}
+
+void launch_backward_main(cudaStream_t stream, bool bf16, const Params& p) {
+  if (bf16) backward_typed<bf16_t>(stream, p);
+  else backward_typed<float>(stream, p);
+}
+
+void launch_backward_dq(cudaStream_t stream, bool bf16, const Params& p) {
+  const std::int64_t blocks = row_blocks(p);
+  if (blocks == 0) return;
+  if (bf16) dq_kernel<bf16_t><<<grid(blocks), 32 * kRowWarps, 0, stream>>>(p);
+  else dq_kernel<float><<<grid(blocks), 32 * kRowWarps, 0, stream>>>(p);
+  NAX_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace nax::cuda::attention_detail

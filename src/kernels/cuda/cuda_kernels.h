@@ -1,0 +1,87 @@
+#pragma once
+// The CUDA backend of the kernel interface (kernels/kernels.h) for one GPU: every method selects
+// the GPU and enqueues its work on the one compute stream, in call order, and returns; only
+// copy_to_host and synchronize wait. f32, f64, bf16 (f32 arithmetic and accumulation inside the
+// kernels) and i32 where the kernel has integer semantics. Not thread-safe: one worker per GPU.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/resources.h"
+#include "kernels/kernels.h"
+
+namespace nax::cuda {
+
+class CudaKernels final : public kernels::Kernels {
+ public:
+  explicit CudaKernels(int gpu);
+  ~CudaKernels() override;
+  CudaKernels(const CudaKernels&) = delete;
+  CudaKernels& operator=(const CudaKernels&) = delete;
+
+  int gpu() const { return gpu_; }
+  cudaStream_t stream() const { return stream_.get(); }
+
+  Backend backend() const override { return Backend::cuda; }
+  bool computes(DType dtype) const override;
+
+  // From pageable host memory the source may be reused on return (the driver stages it); from
+  // pinned memory the copy is truly asynchronous: leave the source alone until synchronize().
+  void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override;
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override;
+  void copy_bytes(void* dst, const void* src, std::size_t bytes) override;
+  void synchronize() override;
+
+  void binary(kernels::BinaryOp op, DType dtype, const void* a, const void* b, void* out, const kernels::Layout<3>& layout) override;
+  void unary(kernels::UnaryOp op, DType dtype, const void* in, void* out, std::int64_t n) override;
+  void fill(DType dtype, void* out, std::int64_t n, double value) override;
+  void copy(std::size_t element_size, const void* src, void* dst, const kernels::Layout<2>& layout) override;
+  void convert(DType from, const void* src, DType to, void* dst, std::int64_t n) override;
+  void where(DType dtype, const void* cond, const void* a, const void* b, void* out, const kernels::Layout<4>& layout) override;
+  void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const kernels::Layout<2>& layout) override;
+  void accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n) override;
+
+  void gemm(DType dtype, const kernels::GemmShape& shape, const void* a, const void* b, void* c) override;
+
+  void gelu_forward(DType dtype, std::int64_t n, const void* x, void* y) override;
+  void gelu_backward(DType dtype, std::int64_t n, const void* x, const void* dy, void* dx) override;
+  void layer_norm_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* bias, double eps,
+                          void* y, void* mean, void* rstd) override;
+  void layer_norm_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* mean,
+                           const void* rstd, const void* dy, void* dx, void* dscale, void* dbias) override;
+  void softmax_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, void* y, bool log) override;
+  void softmax_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* y, const void* dy, void* dx, bool log) override;
+
+  std::int64_t attention_forward_scratch(const kernels::AttentionSizes& sizes) override;
+  std::int64_t attention_backward_scratch(const kernels::AttentionSizes& sizes) override;
+  void causal_attention_forward(const kernels::AttentionSizes& sizes, const kernels::InMatrices& q, const kernels::InMatrices& k,
+                                const kernels::InMatrices& v, const kernels::OutMatrices& out, void* lse, void* scratch) override;
+  void causal_attention_backward(const kernels::AttentionSizes& sizes, const kernels::InMatrices& q, const kernels::InMatrices& k,
+                                 const kernels::InMatrices& v, const kernels::InMatrices& out, const kernels::InMatrices& dout,
+                                 const void* lse, const kernels::OutMatrices& dq, const kernels::OutMatrices& dk,
+                                 const kernels::OutMatrices& dv, void* scratch) override;
+  void rotary_in_place(const kernels::RotarySizes& sizes, void* data, const std::int64_t* outer_offsets,
+                       std::int64_t outer_count) override;
+
+  void gather_rows(const std::int32_t* ids, std::int64_t count, kernels::VocabRange range, const void* table, std::size_t row_bytes,
+                   void* out) override;
+  void scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, kernels::VocabRange range, const void* grad,
+                        std::int64_t row, void* table_grad) override;
+  void pick_forward(const std::int32_t* targets, kernels::VocabRange range, const kernels::PickLayout& where, const void* logits,
+                    std::size_t element_size, void* out) override;
+  void pick_backward(DType dtype, const std::int32_t* targets, kernels::VocabRange range, const kernels::PickLayout& where,
+                     const void* grad, void* logits_grad, std::int64_t logits_count) override;
+
+ private:
+  int gpu_;
+  int multiprocessors_ = 0;
+  Stream stream_;  // declared first: the members below enqueue frees on it when destroyed
+  GemmContext gemm_;
+  Workspace workspace_;
+  Uploader uploads_;
+};
+
+}  // namespace nax::cuda

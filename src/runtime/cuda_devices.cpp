@@ -1,0 +1,70 @@
+// CUDA devices for the runtimes: one CudaKernels (stream, cuBLASLt, scratch) and one caching
+// allocator per mesh device; NCCL communicators on the device's compute stream, so collectives are
+// ordered with the kernels around them without any host synchronisation.
+#include "runtime/cuda_devices.h"
+
+#include <nccl.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "comm/nccl/nccl_communicator.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/cuda_allocator.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "nax/core/error.h"
+
+namespace nax::detail {
+
+bool cuda_built() { return true; }
+int cuda_gpu_count() { return cuda::cuda_device_count(); }
+
+std::shared_ptr<Device> make_cuda_device(int index, int gpu) {
+  const int gpus = cuda_gpu_count();
+  if (gpu < 0 || gpu >= gpus) fail("cuda device", "device {} asks for GPU {}, but this process sees {} GPU(s)", index, gpu, gpus);
+  return std::make_shared<Device>(index, Backend::cuda, cuda::make_caching_device_allocator(gpu), std::make_shared<cuda::CudaKernels>(gpu));
+}
+
+const cuda::CudaKernels& cuda_kernels_of(const Device& device) {
+  const auto* kernels = dynamic_cast<const cuda::CudaKernels*>(&device.kernels());
+  if (kernels == nullptr) fail("cuda device", "{} is not a CUDA device", device.str());
+  return *kernels;
+}
+
+int gpu_of(const Device& device) { return cuda_kernels_of(device).gpu(); }
+
+namespace {
+
+class ProcessNcclIds final : public NcclIds {
+ public:
+  std::string id(const std::string& group) override {
+    std::lock_guard lock(mutex_);
+    auto [it, fresh] = ids_.try_emplace(group);
+    if (fresh) it->second = new_nccl_id();
+    return it->second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, std::string> ids_;
+};
+
+}  // namespace
+
+std::string new_nccl_id() {
+  const ncclUniqueId made = cuda::make_nccl_id();
+  return std::string(reinterpret_cast<const char*>(&made), sizeof made);
+}
+
+std::shared_ptr<NcclIds> make_nccl_ids() { return std::make_shared<ProcessNcclIds>(); }
+
+std::unique_ptr<Communicator> make_nccl_communicator(const std::string& id, int size, int rank, const Device& device) {
+  ncclUniqueId unique{};
+  if (id.size() != sizeof unique) fail("NCCL", "a group id of {} bytes (expected {})", id.size(), sizeof unique);
+  std::memcpy(&unique, id.data(), sizeof unique);
+  const cuda::CudaKernels& kernels = cuda_kernels_of(device);
+  return std::make_unique<cuda::NcclCommunicator>(unique, size, rank, kernels.gpu(), kernels.stream());
+}
+
+}  // namespace nax::detail

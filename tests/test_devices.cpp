@@ -1,0 +1,99 @@
+// Devices whose memory the host cannot read (as a GPU's), tested on the CPU with the remote
+// double of tests/remote_device.h: every op must go through the device's kernels (a stray host
+// read faults), results must equal the CPU backend's bit for bit, and the device transport (what
+// virtual GPUs use) must give the same collectives as the host one.
+#include <catch2/catch.hpp>
+
+#include <nax/nax.h>
+
+#include "../examples/gptj/config.h"
+#include "../examples/gptj/learner.h"
+#include "../examples/gptj/model.h"
+#include "gptj_helpers.h"
+#include "helpers.h"
+#include "remote_device.h"
+#include "runtime/cuda_devices.h"
+
+using namespace nax;
+using Catch::Matchers::Contains;
+
+namespace {
+
+RuntimeOptions remote_options() {
+  RuntimeOptions options;
+  options.device_factory = testing::make_remote_device;
+  options.transport = Transport::device;
+  return options;
+}
+
+// Every collective's result on each device, as host values, for one runtime.
+std::vector<std::vector<double>> collective_results(Runtime rt) {
+  return rt.run([](Shard& s) {
+    const AxisRules rules{{"rows", "dp"}, {"cols", "mp"}};
+    const Tensor x = s.random_normal(Shape{{"rows", 4}, {"cols", 6}, {"k", 4}}, rules, 7, "x");
+    const Tensor partial = sum(x, "cols") * (1.0 + s.coord("mp"));  // Varying over mp
+    std::vector<double> out;
+    auto append = [&](const Tensor& t) {
+      for (double v : t.to_vector<double>()) out.push_back(v);
+    };
+    append(psum(partial, "mp"));
+    append(pmax(partial, "mp"));
+    append(all_gather(x, "mp", "cols"));
+    append(psum_scatter(partial, "mp", "k"));
+    append(all_to_all(x, "mp", "k", "cols"));
+    append(ppermute(x, "mp", {{0, 1}, {1, 0}}));
+    append(s.gather(x));
+    return out;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("the device transport gives the host transport's collectives, bit for bit", "[devices]") {
+  const Mesh mesh = Mesh::parse("dp=2,mp=2");
+  RuntimeOptions device_on_cpu;
+  device_on_cpu.transport = Transport::device;
+  const auto host = collective_results(Runtime::local(mesh));
+  CHECK(collective_results(Runtime::local(mesh, device_on_cpu)) == host);
+  CHECK(collective_results(Runtime::local(mesh, remote_options())) == host);
+}
+
+TEST_CASE("GPT-J trains on remote devices exactly as on the CPU (no host access to device memory)", "[devices]") {
+  const std::string sharding = GENERATE("hand", "auto");
+  const gptj::Config config = gptj::config_by_name("tiny");
+  gptj::TrainOptions options = testing::tiny("dp=2,mp=2", 2, sharding);
+  auto losses = [&](Runtime rt) {
+    return rt.run([&](Shard& s) {
+      const AxisRules rules = gptj::axis_rules(s.mesh());
+      gptj::Learner learner(s, config, rules, options);
+      std::vector<std::int32_t> tokens;
+      for (std::int64_t i = 0; i < options.batch * (options.seq + 1); ++i) tokens.push_back(static_cast<std::int32_t>((i * 7919 + 13) % config.vocab));
+      const Shape shape{{"batch", options.batch}, {"seq", options.seq + 1}};
+      const Tensor all = s.shard(from_vector(shape, tokens, DType::i32), rules);
+      const Tensor ids = slice(all, "seq", 0, options.seq), targets = slice(all, "seq", 1, options.seq + 1);
+      std::vector<double> out;
+      for (int step = 0; step < 2; ++step) {
+        const auto stats = learner.step(ids, targets, 1e-2);
+        out.push_back(stats.loss);
+        out.push_back(stats.grad_norm);
+      }
+      return out;
+    });
+  };
+  const auto on_cpu = losses(Runtime::local(Mesh::parse(options.mesh)));
+  const auto on_remote = losses(Runtime::local(Mesh::parse(options.mesh), remote_options()));
+  CHECK(on_remote == on_cpu);
+}
+
+TEST_CASE("runtime options that cannot work are refused with the reason", "[devices][errors]") {
+  const Mesh mesh = Mesh::parse("dp=2");
+  RuntimeOptions host_on_remote = remote_options();
+  host_on_remote.transport = Transport::host;
+  REQUIRE_THROWS_WITH(Runtime::local(mesh, host_on_remote), Contains("transport host reads peers' memory from host code"));
+  RuntimeOptions nccl_on_cpu;
+  nccl_on_cpu.transport = Transport::nccl;
+  REQUIRE_THROWS_WITH(Runtime::local(mesh, nccl_on_cpu), Contains("transport nccl needs the cuda backend, not cpu"));
+  RuntimeOptions cuda;
+  cuda.backend = Backend::cuda;
+  if (detail::cuda_gpu_count() == 0) REQUIRE_THROWS_WITH(Runtime::local(mesh, cuda), Contains("backend cuda for mesh dp=2"));
+}
