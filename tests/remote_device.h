@@ -70,6 +70,10 @@ class RemoteKernels final : public kernels::Kernels {
   void accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n) override {
     cpu().accumulate(op, dtype, local(dst), local(src), n);
   }
+  void adamw(std::int64_t n, const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out, float* v_out,
+             const kernels::AdamWStep& step) override {
+    cpu().adamw(n, local(p), local(m), local(v), local(g), local(p_out), local(m_out), local(v_out), step);
+  }
   void gemm(DType dtype, const kernels::GemmShape& shape, const void* a, const void* b, void* c) override {
     cpu().gemm(dtype, shape, local(a), local(b), local(c));
   }

@@ -4,12 +4,38 @@
 #include <map>
 #include <numbers>
 
+#include "kernels/kernels.h"
 #include "nax/autodiff.h"
 #include "nax/collectives.h"
 #include "nax/nn/optim.h"
 #include "nax/ops.h"
 
 namespace nax::nn {
+
+namespace {
+
+// One parameter's AdamW step in one pass of the device's fused kernel (f32); m and v are replaced.
+Tensor fused_step(const Tensor& p, const Tensor& g_in, Tensor& m, Tensor& v, const kernels::AdamWStep& step) {
+  const Tensor g = g_in.shape().names() == p.shape().names() ? g_in : transpose(g_in, p.shape().names());
+  Tensor p_out = Tensor::empty(p.shape(), DType::f32, p.device_ptr()).with_vary(p.vary());
+  Tensor m_out = Tensor::empty(p.shape(), DType::f32, p.device_ptr()).with_vary(m.vary());
+  Tensor v_out = Tensor::empty(p.shape(), DType::f32, p.device_ptr()).with_vary(v.vary());
+  p.device().kernels().adamw(p.numel(), p.data<float>(), m.data<float>(), v.data<float>(), g.data<float>(), p_out.mutable_data<float>(),
+                             m_out.mutable_data<float>(), v_out.mutable_data<float>(), step);
+  m = m_out, v = v_out;
+  return p_out;
+}
+
+// The same with tensor ops, for other dtypes (f64 in tests, bf16 parameters).
+Tensor op_by_op_step(const Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const kernels::AdamWStep& step) {
+  m = m * step.beta1 + g * (1 - step.beta1);
+  v = v * step.beta2 + square(g) * (1 - step.beta2);
+  Tensor direction = (m / step.correction1) / (sqrt(v / step.correction2) + step.eps);
+  if (step.weight_decay > 0) direction = direction + p * step.weight_decay;
+  return (p - direction * step.lr).with_vary(p.vary());
+}
+
+}  // namespace
 
 std::vector<Tensor> AdamW::step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr) {
   if (params.size() != grads.size()) fail("AdamW::step", "{} parameters but {} gradients", params.size(), grads.size());
@@ -30,11 +56,10 @@ std::vector<Tensor> AdamW::step(const std::vector<Tensor>& params, const std::ve
     const Tensor p = stop_gradient(params[i]);
     if (grads[i].shape() != p.shape())
       fail("AdamW::step", "gradient {} does not match parameter {}", grads[i].str(), p.str());
-    m_[i] = m_[i] * b1 + grads[i] * (1 - b1);
-    v_[i] = v_[i] * b2 + square(grads[i]) * (1 - b2);
-    Tensor direction = (m_[i] / correction1) / (sqrt(v_[i] / correction2) + config_.eps);
-    if (p.rank() >= 2 && config_.weight_decay > 0) direction = direction + p * config_.weight_decay;
-    updated.push_back((p - direction * lr).with_vary(p.vary()));
+    const double decay = p.rank() >= 2 ? config_.weight_decay : 0.0;
+    const kernels::AdamWStep step{lr, b1, b2, config_.eps, decay, correction1, correction2};
+    const bool fused = p.dtype() == DType::f32 && grads[i].dtype() == DType::f32 && m_[i].dtype() == DType::f32;
+    updated.push_back(fused ? fused_step(p, grads[i], m_[i], v_[i], step) : op_by_op_step(p, grads[i], m_[i], v_[i], step));
   }
   return updated;
 }

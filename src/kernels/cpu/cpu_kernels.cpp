@@ -43,6 +43,11 @@ class CpuKernels final : public Kernels {
     cpu::accumulate(op, dtype, dst, src, n);
   }
 
+  void adamw(std::int64_t n, const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out, float* v_out,
+             const AdamWStep& step) override {
+    cpu::adamw(n, p, m, v, g, p_out, m_out, v_out, step);
+  }
+
   void gemm(DType dtype, const GemmShape& g, const void* a, const void* b, void* c) override {
     const std::size_t es = dtype_size(dtype);
     for (std::int64_t t = 0; t < g.batch; ++t)

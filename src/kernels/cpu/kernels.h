@@ -40,4 +40,8 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
 
 void set_blas_threads(int threads);
 
+// One fused AdamW step (kernels/kernels.h says the formula), f32, out of place.
+void adamw(std::int64_t n, const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out, float* v_out,
+           const kernels::AdamWStep& step);
+
 }  // namespace nax::cpu

@@ -121,6 +121,12 @@ void CudaKernels::accumulate(ReduceOp op, DType dtype, void* dst, const void* sr
 
 // --- contraction ---
 
+void CudaKernels::adamw(std::int64_t n, const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out,
+                        float* v_out, const kernels::AdamWStep& step) {
+  DeviceGuard guard(gpu_);
+  cuda::adamw_step(stream(), static_cast<std::size_t>(n), p, m, v, g, p_out, m_out, v_out, step);
+}
+
 void CudaKernels::gemm(DType dtype, const kernels::GemmShape& shape, const void* a, const void* b, void* c) {
   DeviceGuard guard(gpu_);
   if (shape.m <= 0 || shape.n <= 0 || shape.batch <= 0) return;

@@ -45,6 +45,8 @@ class CudaKernels final : public kernels::Kernels {
   void accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n) override;
 
   void gemm(DType dtype, const kernels::GemmShape& shape, const void* a, const void* b, void* c) override;
+  void adamw(std::int64_t n, const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out, float* v_out,
+             const kernels::AdamWStep& step) override;
 
   void gelu_forward(DType dtype, std::int64_t n, const void* x, void* y) override;
   void gelu_backward(DType dtype, std::int64_t n, const void* x, const void* dy, void* dx) override;

@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/kernels.h"
+
 namespace nax::cuda {
 
 using bf16_t = __nv_bfloat16;
@@ -47,5 +49,8 @@ struct AdamWConfig {
 };
 void adamw_step(cudaStream_t stream, float* param, float* m, float* v, const float* grad, bf16_t* param_bf16, std::size_t n,
                 const AdamWConfig& config);
+// The same out of place, with the coefficients of the kernel interface (kernels/kernels.h).
+void adamw_step(cudaStream_t stream, std::size_t n, const float* param, const float* m, const float* v, const float* grad,
+                float* param_out, float* m_out, float* v_out, const kernels::AdamWStep& step);
 
 }  // namespace nax::cuda
