@@ -9,7 +9,8 @@
 #      in f64 (test_cuda_kernels), the flash attention kernels (test_cuda_attention), GPT-J on CUDA
 #      against the CPU, on virtual devices, hand = auto, bf16 (test_cuda_gptj);
 #   3. bench_cuda_gemm: 8192^3 bf16 through nax `dot` against direct cuBLASLt (goal >= 95%);
-#   4. bench_cuda_attention: fused causal attention forward+backward TFLOP/s;
+#   4. bench_cuda_attention: fused causal attention forward+backward TFLOP/s; bench_optimizer: the
+#      fused AdamW step against tensor ops over 268M parameters;
 #   5. bench_train --backend cuda --dtype bf16: tokens/s and MFU of 350m and 1.3b at seq 2048 on
 #      one GPU (goal for 1.3b: MFU >= 40% of 989 TFLOP/s);
 #   6. where JAX with a GPU is present: the same 350m model (f32) under JAX jit against nax f32;
@@ -25,7 +26,7 @@ budget=${1:-780}
 start=$(date +%s)
 jobs=$(nproc)
 declare -A status
-for key in configure build ctest gemm attention train_350m train_1_3b jax; do status[$key]="not run"; done
+for key in configure build ctest gemm attention optimizer train_350m train_1_3b jax; do status[$key]="not run"; done
 
 left() { echo $((budget - ($(date +%s) - start))); }
 # run_stage KEY LIMIT LOG COMMAND...: runs COMMAND under min(LIMIT, time left), logs it, records ok/FAIL/TIMEOUT.
@@ -83,7 +84,7 @@ if ! ls /usr/local/cuda/include/nccl.h /usr/include/nccl.h /usr/local/include/nc
 fi
 
 # --- build ---
-targets=(test_cuda test_cuda_kernels test_cuda_attention test_cuda_gptj bench_cuda_gemm bench_cuda_attention bench_train gptj)
+targets=(test_cuda test_cuda_kernels test_cuda_attention test_cuda_gptj bench_cuda_gemm bench_cuda_attention bench_optimizer bench_train gptj)
 if run_stage configure 120 configure.log cmake -S . -B build-gpu -G Ninja "${cmake_args[@]}"; then
   grep "nax:" "$out/configure.log"
   run_stage build 420 build.log cmake --build build-gpu -j "$jobs" --target "${targets[@]}" || tail -30 "$out/build.log"
@@ -99,6 +100,7 @@ if built; then
   grep -q "Skipped" "$out/ctest.log" && status[ctest]="SKIPPED (no GPU seen?)"
   run_stage gemm 90 gemm.log build-gpu/bin/bench_cuda_gemm --sizes 8192 --reps 20 --warmup 5 --json "$out/gemm.json"
   run_stage attention 60 attention.log build-gpu/bin/bench_cuda_attention
+  run_stage optimizer 40 optimizer.log build-gpu/bin/bench_optimizer --backend cuda --elements 268435456 --json "$out/optimizer.json"
   run_stage train_350m 150 train_350m.log build-gpu/bin/bench_train --backend cuda --dtype bf16 --config 350m \
     --meshes "dp=1,mp=1" --batch 8 --seq 2048 --steps 6 --json "$out/train_350m.json"
   run_stage train_1_3b 200 train_1_3b.log build-gpu/bin/bench_train --backend cuda --dtype bf16 --config 1.3b \
@@ -128,13 +130,14 @@ field() {  # field FILE KEY: the first numeric KEY in a JSON file
 fmt_num() { [ -n "$1" ] && python3 -c "import sys; print(f'{float(sys.argv[1]):.{sys.argv[2]}f}')" "$1" "$2" 2> /dev/null || echo "-"; }
 echo
 echo "=== gpu_check summary ($(($(date +%s) - start)) s of ${budget}) ==="
-for key in configure build ctest gemm attention train_350m train_1_3b jax; do printf '%-12s %s\n' "$key" "${status[$key]}"; done
+for key in configure build ctest gemm attention optimizer train_350m train_1_3b jax; do printf '%-12s %s\n' "$key" "${status[$key]}"; done
 echo
 printf '%-44s %s\n' "GEMM 8192^3 bf16: nax dot TFLOP/s" "$(fmt_num "$(field "$out/gemm.json" dot_tflops)" 1)"
 printf '%-44s %s\n' "           direct cuBLASLt (same timing)" "$(fmt_num "$(field "$out/gemm.json" direct_host_timed_tflops)" 1)"
 printf '%-44s %s\n' "           dot / direct (goal >= 0.95)" "$(fmt_num "$(field "$out/gemm.json" dot_ratio)" 3)"
 printf '%-44s %s\n' "           gemm_lt / direct (events)" "$(fmt_num "$(field "$out/gemm.json" ratio)" 3)"
 [ -f "$out/attention.log" ] && grep -E "^bf16" "$out/attention.log" | sed 's/^/attention  /'
+[ -f "$out/optimizer.log" ] && grep -E "fused|speed-up" "$out/optimizer.log" | sed 's/^/AdamW 268M /'
 for config in 350m 1_3b; do
   json="$out/train_$config.json"
   printf '%-44s %s tokens/s, MFU %s%% (goal 1.3b >= 40%%)\n' "gptj train ${config/_/.} bf16 seq 2048, 1 GPU" \
