@@ -37,7 +37,7 @@ class RemoteAllocator final : public Allocator {
   std::shared_ptr<Allocator> host_ = make_caching_host_allocator();
 };
 
-class RemoteKernels final : public kernels::Kernels {
+class RemoteKernels : public kernels::Kernels {
  public:
   Backend backend() const override { return Backend::cpu; }
   bool host_accessible() const override { return false; }

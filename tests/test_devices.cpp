@@ -97,3 +97,27 @@ TEST_CASE("runtime options that cannot work are refused with the reason", "[devi
   cuda.backend = Backend::cuda;
   if (detail::cuda_gpu_count() == 0) REQUIRE_THROWS_WITH(Runtime::local(mesh, cuda), Contains("backend cuda for mesh dp=2"));
 }
+
+namespace {
+
+// Remote kernels whose reductions fail: a device that breaks in the middle of a collective.
+class BrokenReduction final : public testing::RemoteKernels {
+ public:
+  void accumulate(ReduceOp, DType, void*, const void*, std::size_t) override { fail("accumulate", "the device broke"); }
+};
+
+}  // namespace
+
+TEST_CASE("a device failing inside a device-transport collective releases its peers with its error", "[devices][errors]") {
+  RuntimeOptions options = remote_options();
+  options.device_factory = [](int d) {
+    if (d != 1) return testing::make_remote_device(d);
+    return std::make_shared<Device>(d, Backend::cpu, std::make_shared<testing::RemoteAllocator>(), std::make_shared<BrokenReduction>());
+  };
+  Runtime rt = Runtime::local(Mesh::parse("dp=4"), options);
+  // Device 1 fails after every device has joined the all-reduce; the others wait at its next step.
+  REQUIRE_THROWS_WITH(rt.run([](Shard& s) { psum(pvary(s.full(Shape{{"x", 64}}, {}, 1.0), "dp") * (1.0 + s.device()), "dp"); }),
+                      Contains("the device broke"));
+  // The runtime stays usable (of a one-element value device 1 reduces no slice, so nothing breaks).
+  rt.run([](Shard& s) { NAX_EXPECT(pmax(pvary(s.full(Shape{}, {}, 1.0), "dp") * (1.0 + s.device()), "dp").item() == 4.0); });
+}

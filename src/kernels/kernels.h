@@ -128,6 +128,9 @@ class Kernels {
   virtual Backend backend() const = 0;
   // Whether host code may read and write this device's memory directly (CPU devices).
   virtual bool host_accessible() const { return backend() == Backend::cpu; }
+  // Makes this device the calling thread's current one (CUDA: cudaSetDevice), once per worker
+  // thread, so that later calls need not switch devices (nor touch GPU 0's context).
+  virtual void bind_thread() {}
   // Whether the kernels compute `dtype` themselves; the op layer widens other floating dtypes to
   // f32 first (the CPU computes bf16 in f32).
   virtual bool computes(DType dtype) const = 0;

@@ -64,6 +64,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(const std::string& id, int 
   if (id.size() != sizeof unique) fail("NCCL", "a group id of {} bytes (expected {})", id.size(), sizeof unique);
   std::memcpy(&unique, id.data(), sizeof unique);
   const cuda::CudaKernels& kernels = cuda_kernels_of(device);
+  // Joining a group allocates (implicitly synchronising calls): with NCCL kernels of this device's
+  // other groups still spinning on the stream, that can hang; drain the stream first.
+  device.kernels().synchronize();
   return std::make_unique<cuda::NcclCommunicator>(unique, size, rank, kernels.gpu(), kernels.stream());
 }
 

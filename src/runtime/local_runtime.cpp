@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "comm/local/device_communicator.h"
+#include "kernels/kernels.h"
 #include "comm/local/local_communicator.h"
 #include "runtime/cuda_devices.h"
 #include "runtime/runtime_state.h"
@@ -156,6 +157,7 @@ void LocalState::record_failure(int device, std::exception_ptr e, bool released)
 void LocalState::work(int device) {
   std::uint64_t seen = 0;
   detail::DeviceShard& shard = *shards_[static_cast<std::size_t>(device)];
+  bool bound = false;
   while (true) {
     const std::function<void(Shard&)>* fn = nullptr;
     {
@@ -167,6 +169,7 @@ void LocalState::work(int device) {
     }
     detail::set_current_shard(&shard);
     try {
+      if (!bound) shard.device_ptr()->kernels().bind_thread(), bound = true;
       (*fn)(shard);
     } catch (const local::Aborted&) {
       record_failure(device, std::current_exception(), true);

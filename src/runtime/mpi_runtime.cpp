@@ -9,6 +9,7 @@
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_session.h"
 #include "comm/mpi/mpi_world.h"
+#include "kernels/kernels.h"
 #include "runtime/cuda_devices.h"
 #include "runtime/runtime_state.h"
 
@@ -100,6 +101,7 @@ MpiState::MpiState(const Mesh& mesh, const RuntimeOptions& options)
   };
   if (nccl)
     make_comm = [world, device](const std::vector<std::string>& axes) { return make_mpi_nccl_comm(*world, *device, axes); };
+  device->kernels().bind_thread();  // per-shard code runs on this thread
   shard_ = std::make_unique<detail::DeviceShard>(d, mesh_, std::move(device), std::move(make_comm));
 }
 

@@ -128,7 +128,11 @@ void LocalGroup::step(int) {
   }
   if (spin_until_changed(step_generation_, generation)) return;
   std::unique_lock lock(mutex_);
-  cv_.wait(lock, [&] { return step_generation_.load(std::memory_order_acquire) != generation; });
+  // A peer that failed inside the collective (the device transport's copies can) never steps:
+  // its failure aborts the world, which releases the others here.
+  while (!cv_.wait_for(lock, std::chrono::milliseconds(20),
+                       [&] { return step_generation_.load(std::memory_order_acquire) != generation; }))
+    if (world_.aborted()) throw Aborted(fmt::format("{}: released mid-collective because the run is aborting: {}", label_, world_.abort_reason()));
 }
 
 void LocalGroup::wake() {

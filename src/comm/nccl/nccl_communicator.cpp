@@ -61,7 +61,7 @@ void NcclCommunicator::init_scratch() {
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  DeviceGuard guard(device_);
+  QuietDeviceGuard guard(device_);  // a destructor must not throw (after a sticky CUDA error, say)
   if (scratch_ != nullptr) (void)cudaFree(scratch_);
   if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
 }

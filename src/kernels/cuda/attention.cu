@@ -3,7 +3,6 @@
 // and the batches' offsets are in attention.cpp.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "kernels/cuda/attention_kernels.cuh"
@@ -38,18 +37,13 @@ __global__ void __launch_bounds__(32 * kRowWarps) dq_kernel(const __grid_constan
 // attention.cpp keeps every grid under 2^31 blocks.
 unsigned grid(std::int64_t blocks) { return static_cast<unsigned>(blocks); }
 
-// Above 48 KiB of dynamic shared memory a kernel must opt in, on each device: once per kernel
-// and device (a bit per device index; beyond 64 devices, at every launch).
+// Above 48 KiB of dynamic shared memory a kernel must opt in, on each device. Asked at every
+// launch (a host-side attribute write, microseconds): every kernel here has the same type, so a
+// flag kept per template instance would be shared by all of them.
 template <typename Kernel>
 void allow_smem(Kernel kernel, std::size_t bytes) {
   if (bytes <= 48 * 1024) return;
-  static std::atomic<std::uint64_t> done{0};
-  int device = 0;
-  NAX_CUDA_CHECK(cudaGetDevice(&device));
-  const std::uint64_t bit = device < 64 ? std::uint64_t{1} << device : 0;
-  if (bit != 0 && (done.load(std::memory_order_relaxed) & bit) != 0) return;
   NAX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  done.fetch_or(bit, std::memory_order_relaxed);
 }
 
 template <typename T>

@@ -69,7 +69,8 @@ void CudaKernels::copy_to_host(void* host_dst, const void* src, std::size_t byte
 void CudaKernels::copy_bytes(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   DeviceGuard guard(gpu_);
-  NAX_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+  // Default: under the device transport the source may sit on another GPU of the process.
+  NAX_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
 }
 
 void CudaKernels::synchronize() {
@@ -120,6 +121,8 @@ void CudaKernels::accumulate(ReduceOp op, DType dtype, void* dst, const void* sr
 }
 
 // --- contraction ---
+
+void CudaKernels::bind_thread() { NAX_CUDA_CHECK(cudaSetDevice(gpu_)); }
 
 void CudaKernels::adamw(std::int64_t n, const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out,
                         float* v_out, const kernels::AdamWStep& step) {

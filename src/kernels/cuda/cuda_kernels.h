@@ -44,6 +44,7 @@ class CudaKernels final : public kernels::Kernels {
   void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const kernels::Layout<2>& layout) override;
   void accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n) override;
 
+  void bind_thread() override;
   void gemm(DType dtype, const kernels::GemmShape& shape, const void* a, const void* b, void* c) override;
   void adamw(std::int64_t n, const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out, float* v_out,
              const kernels::AdamWStep& step) override;
