@@ -4,8 +4,10 @@
 // canonical x86-64 addresses: a stray read faults at once). Its kernels move them back and run
 // the CPU kernels, so results must equal the CPU backend's bit for bit, and any op that reads
 // device memory on the host instead of going through the device's kernels crashes.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kernels/kernels.h"
 #include "nax/core/allocator.h"
@@ -129,8 +131,10 @@ class RemoteKernels : public kernels::Kernels {
     cpu().pick_backward(dtype, local(targets), range, where, local(grad), local(logits_grad), logits_count);
   }
 
- private:
+ protected:
   static kernels::Kernels& cpu() { return *kernels::cpu_kernels_ptr(); }
+
+ private:
   template <typename P>
   static kernels::Matrices<P> moved(const kernels::Matrices<P>& m) {
     return {local(m.data), m.offsets, m.row_stride};
@@ -140,6 +144,187 @@ class RemoteKernels : public kernels::Kernels {
 // Mesh device d as a remote device (for RuntimeOptions::device_factory).
 inline std::shared_ptr<Device> make_remote_device(int d) {
   return std::make_shared<Device>(d, Backend::cpu, std::make_shared<RemoteAllocator>(), std::make_shared<RemoteKernels>());
+}
+
+}  // namespace nax::testing
+
+namespace nax::testing {
+
+// A remote device whose kernels take bf16 themselves, as CUDA's do (computes(bf16) is true): the
+// op layer then runs its bf16-native paths (no widening; f32 attention lse and layer_norm
+// statistics), which the CPU backend never takes. Each bf16 kernel widens the elements it may
+// touch to f32, runs the CPU kernel and rounds the outputs back, as a GPU kernel computing in f32
+// inside would.
+class Bf16RemoteKernels final : public RemoteKernels {
+ public:
+  bool computes(DType) const override { return true; }
+
+  void binary(kernels::BinaryOp op, DType dtype, const void* a, const void* b, void* out, const kernels::Layout<3>& layout) override {
+    if (dtype != DType::bf16) return RemoteKernels::binary(op, dtype, a, b, out, layout);
+    Wide wa(a, extent(layout, 0)), wb(b, extent(layout, 1)), wo(out, extent(layout, 2));
+    cpu().binary(op, DType::f32, wa.data(), wb.data(), wo.data(), layout);
+    wo.store();
+  }
+  void unary(kernels::UnaryOp op, DType dtype, const void* in, void* out, std::int64_t n) override {
+    if (dtype != DType::bf16) return RemoteKernels::unary(op, dtype, in, out, n);
+    Wide wi(in, n), wo(out, n);
+    cpu().unary(op, DType::f32, wi.data(), wo.data(), n);
+    wo.store();
+  }
+  void where(DType dtype, const void* cond, const void* a, const void* b, void* out, const kernels::Layout<4>& layout) override {
+    if (dtype != DType::bf16) return RemoteKernels::where(dtype, cond, a, b, out, layout);
+    Wide wc(cond, extent(layout, 0)), wa(a, extent(layout, 1)), wb(b, extent(layout, 2)), wo(out, extent(layout, 3));
+    cpu().where(DType::f32, wc.data(), wa.data(), wb.data(), wo.data(), layout);
+    wo.store();
+  }
+  void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const kernels::Layout<2>& layout) override {
+    if (dtype != DType::bf16) return RemoteKernels::reduce(op, dtype, in, out, out_count, layout);
+    Wide wi(in, extent(layout, 0)), wo(out, out_count);
+    cpu().reduce(op, DType::f32, wi.data(), wo.data(), out_count, layout);
+    wo.store();
+  }
+  void gemm(DType dtype, const kernels::GemmShape& g, const void* a, const void* b, void* c) override {
+    if (dtype != DType::bf16) return RemoteKernels::gemm(dtype, g, a, b, c);
+    const std::int64_t rows_a = g.trans_a ? g.k : g.m, cols_a = g.trans_a ? g.m : g.k;
+    const std::int64_t rows_b = g.trans_b ? g.n : g.k, cols_b = g.trans_b ? g.k : g.n;
+    Wide wa(a, (g.batch - 1) * g.stride_a + (rows_a - 1) * g.lda + cols_a);
+    Wide wb(b, (g.batch - 1) * g.stride_b + (rows_b - 1) * g.ldb + cols_b);
+    Wide wc(c, (g.batch - 1) * g.stride_c + (g.m - 1) * g.ldc + g.n, g.beta != 0);
+    cpu().gemm(DType::f32, g, wa.data(), wb.data(), wc.data());
+    wc.store();
+  }
+  void gelu_forward(DType dtype, std::int64_t n, const void* x, void* y) override {
+    if (dtype != DType::bf16) return RemoteKernels::gelu_forward(dtype, n, x, y);
+    Wide wx(x, n), wy(y, n);
+    cpu().gelu_forward(DType::f32, n, wx.data(), wy.data());
+    wy.store();
+  }
+  void gelu_backward(DType dtype, std::int64_t n, const void* x, const void* dy, void* dx) override {
+    if (dtype != DType::bf16) return RemoteKernels::gelu_backward(dtype, n, x, dy, dx);
+    Wide wx(x, n), wdy(dy, n), wdx(dx, n);
+    cpu().gelu_backward(DType::f32, n, wx.data(), wdy.data(), wdx.data());
+    wdx.store();
+  }
+  // Statistics (mean, rstd) are f32 for bf16 rows: passed through.
+  void layer_norm_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* bias,
+                          double eps, void* y, void* mean, void* rstd) override {
+    if (dtype != DType::bf16) return RemoteKernels::layer_norm_forward(dtype, rows, n, x, scale, bias, eps, y, mean, rstd);
+    Wide wx(x, rows * n), ws(scale, n), wb(bias, n), wy(y, rows * n);
+    cpu().layer_norm_forward(DType::f32, rows, n, wx.data(), ws.data(), wb.data(), eps, wy.data(), local(mean), local(rstd));
+    wy.store();
+  }
+  void layer_norm_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* mean,
+                           const void* rstd, const void* dy, void* dx, void* dscale, void* dbias) override {
+    if (dtype != DType::bf16) return RemoteKernels::layer_norm_backward(dtype, rows, n, x, scale, mean, rstd, dy, dx, dscale, dbias);
+    Wide wx(x, rows * n), ws(scale, n), wdy(dy, rows * n), wdx(dx, rows * n), wds(dscale, n), wdb(dbias, n);
+    cpu().layer_norm_backward(DType::f32, rows, n, wx.data(), ws.data(), local(mean), local(rstd), wdy.data(), wdx.data(), wds.data(),
+                              wdb.data());
+    wdx.store(), wds.store(), wdb.store();
+  }
+  void softmax_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, void* y, bool log) override {
+    if (dtype != DType::bf16) return RemoteKernels::softmax_forward(dtype, rows, n, x, y, log);
+    Wide wx(x, rows * n), wy(y, rows * n);
+    cpu().softmax_forward(DType::f32, rows, n, wx.data(), wy.data(), log);
+    wy.store();
+  }
+  void softmax_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* y, const void* dy, void* dx, bool log) override {
+    if (dtype != DType::bf16) return RemoteKernels::softmax_backward(dtype, rows, n, y, dy, dx, log);
+    Wide wy(y, rows * n), wdy(dy, rows * n), wdx(dx, rows * n);
+    cpu().softmax_backward(DType::f32, rows, n, wy.data(), wdy.data(), wdx.data(), log);
+    wdx.store();
+  }
+  // The lse is f32 for bf16 inputs: passed through; the scratch is the CPU kernels' own, in f32.
+  void causal_attention_forward(const kernels::AttentionSizes& s, const kernels::InMatrices& q, const kernels::InMatrices& k,
+                                const kernels::InMatrices& v, const kernels::OutMatrices& out, void* lse, void* scratch) override {
+    if (s.dtype != DType::bf16) return RemoteKernels::causal_attention_forward(s, q, k, v, out, lse, scratch);
+    const kernels::AttentionSizes f = as_f32(s);
+    Wide wq(q.data, extent(s, q, s.tq)), wk(k.data, extent(s, k, s.tk)), wv(v.data, extent(s, v, s.tk)), wo(out.data, extent(s, out, s.tq));
+    std::vector<float> work(static_cast<std::size_t>(cpu().attention_forward_scratch(f)));
+    cpu().causal_attention_forward(f, {wq.data(), q.offsets, q.row_stride}, {wk.data(), k.offsets, k.row_stride},
+                                   {wv.data(), v.offsets, v.row_stride}, {wo.data(), out.offsets, out.row_stride}, local(lse), work.data());
+    wo.store();
+  }
+  void causal_attention_backward(const kernels::AttentionSizes& s, const kernels::InMatrices& q, const kernels::InMatrices& k,
+                                 const kernels::InMatrices& v, const kernels::InMatrices& out, const kernels::InMatrices& dout,
+                                 const void* lse, const kernels::OutMatrices& dq, const kernels::OutMatrices& dk,
+                                 const kernels::OutMatrices& dv, void* scratch) override {
+    if (s.dtype != DType::bf16) return RemoteKernels::causal_attention_backward(s, q, k, v, out, dout, lse, dq, dk, dv, scratch);
+    const kernels::AttentionSizes f = as_f32(s);
+    Wide wq(q.data, extent(s, q, s.tq)), wk(k.data, extent(s, k, s.tk)), wv(v.data, extent(s, v, s.tk));
+    Wide wo(out.data, extent(s, out, s.tq)), wg(dout.data, extent(s, dout, s.tq));
+    Wide wdq(dq.data, extent(s, dq, s.tq)), wdk(dk.data, extent(s, dk, s.tk)), wdv(dv.data, extent(s, dv, s.tk));
+    std::vector<float> work(static_cast<std::size_t>(cpu().attention_backward_scratch(f)));
+    cpu().causal_attention_backward(f, {wq.data(), q.offsets, q.row_stride}, {wk.data(), k.offsets, k.row_stride},
+                                    {wv.data(), v.offsets, v.row_stride}, {wo.data(), out.offsets, out.row_stride},
+                                    {wg.data(), dout.offsets, dout.row_stride}, local(lse), {wdq.data(), dq.offsets, dq.row_stride},
+                                    {wdk.data(), dk.offsets, dk.row_stride}, {wdv.data(), dv.offsets, dv.row_stride}, work.data());
+    wdq.store(), wdk.store(), wdv.store();
+  }
+  void rotary_in_place(const kernels::RotarySizes& s, void* data, const std::int64_t* outer, std::int64_t count) override {
+    if (s.dtype != DType::bf16) return RemoteKernels::rotary_in_place(s, data, outer, count);
+    std::int64_t last = 0;
+    for (std::int64_t i = 0; i < count; ++i) last = std::max(last, outer[i]);
+    kernels::RotarySizes f = s;
+    f.dtype = DType::f32;
+    Wide wd(data, count == 0 ? 0 : last + (s.seq_len - 1) * s.seq_stride + (s.rotary_dims - 1) * s.head_dim_stride + 1);
+    cpu().rotary_in_place(f, wd.data(), outer, count);
+    wd.store();
+  }
+  void scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, kernels::VocabRange range, const void* grad,
+                        std::int64_t row, void* table_grad) override {
+    if (dtype != DType::bf16) return RemoteKernels::scatter_add_rows(dtype, ids, count, range, grad, row, table_grad);
+    Wide wg(grad, count * row), wt(table_grad, range.local * row, false);
+    cpu().scatter_add_rows(DType::f32, local(ids), count, range, wg.data(), row, wt.data());
+    wt.store();
+  }
+  void pick_backward(DType dtype, const std::int32_t* targets, kernels::VocabRange range, const kernels::PickLayout& where,
+                     const void* grad, void* logits_grad, std::int64_t logits_count) override {
+    if (dtype != DType::bf16) return RemoteKernels::pick_backward(dtype, targets, range, where, grad, logits_grad, logits_count);
+    Wide wg(grad, extent(where.layout, 0)), wl(logits_grad, logits_count, false);
+    cpu().pick_backward(DType::f32, local(targets), range, where, wg.data(), wl.data(), logits_count);
+    wl.store();
+  }
+
+ private:
+  // The f32 copy of `count` bf16 elements at a remote address, written back by store().
+  class Wide {
+   public:
+    Wide(const void* remote_bf16, std::int64_t count, bool read = true)
+        : bf16_(static_cast<std::uint16_t*>(const_cast<void*>(local(remote_bf16)))), f32_(static_cast<std::size_t>(std::max<std::int64_t>(count, 0))) {
+      if (read) cpu().convert(DType::bf16, bf16_, DType::f32, f32_.data(), static_cast<std::int64_t>(f32_.size()));
+    }
+    float* data() { return f32_.data(); }
+    void store() { cpu().convert(DType::f32, f32_.data(), DType::bf16, bf16_, static_cast<std::int64_t>(f32_.size())); }
+
+   private:
+    std::uint16_t* bf16_;
+    std::vector<float> f32_;
+  };
+
+  // One past the last element operand k of `layout` reaches (strides are non-negative here).
+  template <int K>
+  static std::int64_t extent(const kernels::Layout<K>& layout, int k) {
+    std::int64_t last = 0;
+    for (int d = 0; d < layout.rank; ++d) {
+      if (layout.sizes[d] == 0) return 0;
+      last += (layout.sizes[d] - 1) * layout.strides[k][d];
+    }
+    return last + 1;
+  }
+  template <typename P>
+  static std::int64_t extent(const kernels::AttentionSizes& s, const kernels::Matrices<P>& m, std::int64_t rows) {
+    std::int64_t last = 0;
+    for (std::int64_t b = 0; b < s.batches; ++b) last = std::max(last, m.offsets[b]);
+    return s.batches == 0 || rows == 0 ? 0 : last + (rows - 1) * m.row_stride + s.head_dim;
+  }
+  static kernels::AttentionSizes as_f32(kernels::AttentionSizes s) {
+    s.dtype = DType::f32;
+    return s;
+  }
+};
+
+inline std::shared_ptr<Device> make_bf16_remote_device(int d) {
+  return std::make_shared<Device>(d, Backend::cpu, std::make_shared<RemoteAllocator>(), std::make_shared<Bf16RemoteKernels>());
 }
 
 }  // namespace nax::testing

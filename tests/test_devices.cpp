@@ -47,6 +47,27 @@ std::vector<std::vector<double>> collective_results(Runtime rt) {
   });
 }
 
+// Loss and gradient norm of two Learner steps of tiny on a fixed batch (every device agrees).
+std::vector<double> train_steps(Runtime rt, const gptj::TrainOptions& options) {
+  const gptj::Config config = gptj::padded_for(gptj::config_by_name("tiny"), rt.mesh());
+  return rt.run([&](Shard& s) {
+    const AxisRules rules = gptj::axis_rules(s.mesh());
+    gptj::Learner learner(s, config, rules, options);
+    std::vector<std::int32_t> tokens;
+    for (std::int64_t i = 0; i < options.batch * (options.seq + 1); ++i) tokens.push_back(static_cast<std::int32_t>((i * 7919 + 13) % config.vocab));
+    const Shape shape{{"batch", options.batch}, {"seq", options.seq + 1}};
+    const Tensor all = s.shard(from_vector(shape, tokens, DType::i32), rules);
+    const Tensor ids = slice(all, "seq", 0, options.seq), targets = slice(all, "seq", 1, options.seq + 1);
+    std::vector<double> out;
+    for (int step = 0; step < 2; ++step) {
+      const auto stats = learner.step(ids, targets, 1e-2);
+      out.push_back(stats.loss);
+      out.push_back(stats.grad_norm);
+    }
+    return out;
+  })[0];
+}
+
 }  // namespace
 
 TEST_CASE("the device transport gives the host transport's collectives, bit for bit", "[devices]") {
@@ -60,28 +81,9 @@ TEST_CASE("the device transport gives the host transport's collectives, bit for 
 
 TEST_CASE("GPT-J trains on remote devices exactly as on the CPU (no host access to device memory)", "[devices]") {
   const std::string sharding = GENERATE("hand", "auto");
-  const gptj::Config config = gptj::config_by_name("tiny");
-  gptj::TrainOptions options = testing::tiny("dp=2,mp=2", 2, sharding);
-  auto losses = [&](Runtime rt) {
-    return rt.run([&](Shard& s) {
-      const AxisRules rules = gptj::axis_rules(s.mesh());
-      gptj::Learner learner(s, config, rules, options);
-      std::vector<std::int32_t> tokens;
-      for (std::int64_t i = 0; i < options.batch * (options.seq + 1); ++i) tokens.push_back(static_cast<std::int32_t>((i * 7919 + 13) % config.vocab));
-      const Shape shape{{"batch", options.batch}, {"seq", options.seq + 1}};
-      const Tensor all = s.shard(from_vector(shape, tokens, DType::i32), rules);
-      const Tensor ids = slice(all, "seq", 0, options.seq), targets = slice(all, "seq", 1, options.seq + 1);
-      std::vector<double> out;
-      for (int step = 0; step < 2; ++step) {
-        const auto stats = learner.step(ids, targets, 1e-2);
-        out.push_back(stats.loss);
-        out.push_back(stats.grad_norm);
-      }
-      return out;
-    });
-  };
-  const auto on_cpu = losses(Runtime::local(Mesh::parse(options.mesh)));
-  const auto on_remote = losses(Runtime::local(Mesh::parse(options.mesh), remote_options()));
+  const gptj::TrainOptions options = testing::tiny("dp=2,mp=2", 2, sharding);
+  const auto on_cpu = train_steps(Runtime::local(Mesh::parse(options.mesh)), options);
+  const auto on_remote = train_steps(Runtime::local(Mesh::parse(options.mesh), remote_options()), options);
   CHECK(on_remote == on_cpu);
 }
 
@@ -120,4 +122,20 @@ TEST_CASE("a device failing inside a device-transport collective releases its pe
                       Contains("the device broke"));
   // The runtime stays usable (of a one-element value device 1 reduces no slice, so nothing breaks).
   rt.run([](Shard& s) { NAX_EXPECT(pmax(pvary(s.full(Shape{}, {}, 1.0), "dp") * (1.0 + s.device()), "dp").item() == 4.0); });
+}
+
+TEST_CASE("bf16 training on a device that computes bf16 itself matches the CPU's widened bf16", "[devices][bf16]") {
+  // The op layer's bf16-native paths (CUDA's: no widening, f32 attention lse and layer_norm
+  // statistics) against the CPU's: both round to bf16 at the same points, so only the order of
+  // a few f32 sums may differ.
+  const std::string sharding = GENERATE("hand", "auto");
+  gptj::TrainOptions options = testing::tiny("dp=2,mp=2", 2, sharding);
+  options.dtype = DType::bf16;
+  RuntimeOptions native;
+  native.device_factory = testing::make_bf16_remote_device;
+  native.transport = Transport::device;
+  const auto on_cpu = train_steps(Runtime::local(Mesh::parse(options.mesh)), options);
+  const auto native_bf16 = train_steps(Runtime::local(Mesh::parse(options.mesh), native), options);
+  INFO("cpu " << Catch::Detail::stringify(on_cpu) << "\nnative " << Catch::Detail::stringify(native_bf16));
+  REQUIRE(nax::testing::max_rel_error(native_bf16, on_cpu) <= 1e-6);
 }
