@@ -104,7 +104,7 @@ if built; then
   run_stage train_350m 150 train_350m.log build-gpu/bin/bench_train --backend cuda --dtype bf16 --config 350m \
     --meshes "dp=1,mp=1" --batch 8 --seq 2048 --steps 6 --json "$out/train_350m.json"
   run_stage train_1_3b 200 train_1_3b.log build-gpu/bin/bench_train --backend cuda --dtype bf16 --config 1.3b \
-    --meshes "dp=1,mp=1" --batch 4 --seq 2048 --steps 6 --json "$out/train_1_3b.json"
+    --meshes "dp=1,mp=1" --batch 8 --seq 2048 --steps 6 --json "$out/train_1_3b.json"
   if python3 -c 'import jax, sys; sys.exit(0 if jax.default_backend() == "gpu" else 1)' > /dev/null 2>&1; then
     # The same 350m run (f32: the JAX script trains in f32) exported, then trained by JAX jit and by nax.
     text="$out/corpus.txt"
