@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_bench_util.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/check.h"
 #include "nax/core/dtype.h"
@@ -42,66 +43,10 @@ Options parse(int argc, char** argv) {
     else if (arg == "--batches") o.batches = std::stoll(next());
     else if (arg == "--reps") o.reps = std::stoi(next());
     else if (arg == "--warmup") o.warmup = std::stoi(next());
-    else if (arg == "--head-dims") {
-      o.head_dims.clear();
-      const std::string list = next();
-      for (std::size_t pos = 0; pos < list.size();) {
-        std::size_t end = list.find(',', pos);
-        if (end == std::string::npos) end = list.size();
-        o.head_dims.push_back(std::stoll(list.substr(pos, end - pos)));
-        pos = end + 1;
-      }
-    } else {
-      throw std::runtime_error("unknown argument " + arg + " (--seq, --batches, --head-dims, --reps, --warmup)");
-    }
+    else if (arg == "--head-dims") o.head_dims = bench::parse_integer_list(next(), arg);
+    else throw std::runtime_error("unknown argument " + arg + " (--seq, --batches, --head-dims, --reps, --warmup)");
   }
   return o;
-}
-
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(std::size_t bytes) { NAX_CUDA_CHECK(cudaMalloc(&ptr_, std::max<std::size_t>(bytes, 16))); }
-  ~DeviceBuffer() { (void)cudaFree(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
-
- private:
-  void* ptr_ = nullptr;
-};
-
-// Uniform in [-1, 1) from a 64-bit LCG, as bf16.
-void fill_random(void* device, std::size_t n, std::uint64_t seed) {
-  std::vector<nax::bf16> host(n);
-  std::uint64_t s = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-  for (auto& x : host) {
-    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-    x = nax::bf16(static_cast<float>(static_cast<double>(s >> 11) * (2.0 / 9007199254740992.0) - 1.0));
-  }
-  NAX_CUDA_CHECK(cudaMemcpy(device, host.data(), n * sizeof(nax::bf16), cudaMemcpyHostToDevice));
-}
-
-template <typename F>
-double median_ms(cudaStream_t stream, int warmup, int reps, F fn) {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  NAX_CUDA_CHECK(cudaEventCreate(&start));
-  NAX_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < warmup; ++i) fn();
-  NAX_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<float> times;
-  for (int i = 0; i < reps; ++i) {
-    NAX_CUDA_CHECK(cudaEventRecord(start, stream));
-    fn();
-    NAX_CUDA_CHECK(cudaEventRecord(stop, stream));
-    NAX_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    NAX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
-  NAX_CUDA_CHECK(cudaEventDestroy(start));
-  NAX_CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
 }
 
 }  // namespace
@@ -129,18 +74,18 @@ int main(int argc, char** argv) try {
     s.scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
     const std::size_t elements = static_cast<std::size_t>(s.batches * s.tq * head_dim);
     const std::size_t bytes = elements * sizeof(nax::bf16);
-    DeviceBuffer q(bytes), k(bytes), v(bytes), out(bytes), dout(bytes), dq(bytes), dk(bytes), dv(bytes);
-    DeviceBuffer lse(static_cast<std::size_t>(s.batches * s.tq) * sizeof(float));
+    bench::DeviceBuffer q(bytes), k(bytes), v(bytes), out(bytes), dout(bytes), dq(bytes), dk(bytes), dv(bytes);
+    bench::DeviceBuffer lse(static_cast<std::size_t>(s.batches * s.tq) * sizeof(float));
     const std::int64_t scratch_elements = std::max(nax::cuda::attention_forward_scratch(s), nax::cuda::attention_backward_scratch(s));
-    DeviceBuffer scratch(static_cast<std::size_t>(scratch_elements) * sizeof(nax::bf16));
-    fill_random(q.get(), elements, 1);
-    fill_random(k.get(), elements, 2);
-    fill_random(v.get(), elements, 3);
-    fill_random(dout.get(), elements, 4);
+    bench::DeviceBuffer scratch(static_cast<std::size_t>(scratch_elements) * sizeof(nax::bf16));
+    bench::fill_random_bf16(q.get(), elements, 1);
+    bench::fill_random_bf16(k.get(), elements, 2);
+    bench::fill_random_bf16(v.get(), elements, 3);
+    bench::fill_random_bf16(dout.get(), elements, 4);
     std::vector<std::int64_t> offsets(static_cast<std::size_t>(s.batches));
     for (std::int64_t b = 0; b < s.batches; ++b) offsets[static_cast<std::size_t>(b)] = b * s.tq * head_dim;
-    auto in = [&](const DeviceBuffer& buffer) { return nax::kernels::InMatrices{buffer.get(), offsets.data(), head_dim}; };
-    auto out_of = [&](DeviceBuffer& buffer) { return nax::kernels::OutMatrices{buffer.get(), offsets.data(), head_dim}; };
+    auto in = [&](const bench::DeviceBuffer& buffer) { return nax::kernels::InMatrices{buffer.get(), offsets.data(), head_dim}; };
+    auto out_of = [&](bench::DeviceBuffer& buffer) { return nax::kernels::OutMatrices{buffer.get(), offsets.data(), head_dim}; };
 
     auto forward = [&] { nax::cuda::attention_forward(stream, s, in(q), in(k), in(v), out_of(out), lse.get(), scratch.get()); };
     auto backward = [&] {
@@ -148,8 +93,8 @@ int main(int argc, char** argv) try {
                                     scratch.get());
     };
     forward();  // out and lse for the backward
-    const double fwd_ms = median_ms(stream, options.warmup, options.reps, forward);
-    const double bwd_ms = median_ms(stream, options.warmup, options.reps, backward);
+    const double fwd_ms = bench::median_ms(stream, options.warmup, options.reps, forward);
+    const double bwd_ms = bench::median_ms(stream, options.warmup, options.reps, backward);
     const double fwd_flops = 0.5 * 4.0 * static_cast<double>(s.tq) * static_cast<double>(s.tk) * static_cast<double>(head_dim) *
                              static_cast<double>(s.batches);
     const double bwd_flops = 2.5 * fwd_flops;

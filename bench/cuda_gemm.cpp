@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_bench_util.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kernels.h"
@@ -51,32 +52,10 @@ Options parse(int argc, char** argv) {
     else if (arg == "--json") o.json = next();
     else if (arg == "--sizes") {
       o.sizes.clear();
-      std::string list = next();
-      for (std::size_t pos = 0; pos < list.size();) {
-        std::size_t end = list.find(',', pos);
-        if (end == std::string::npos) end = list.size();
-        o.sizes.push_back(std::stoi(list.substr(pos, end - pos)));
-        pos = end + 1;
-      }
+      for (std::int64_t size : bench::parse_integer_list(next(), arg)) o.sizes.push_back(static_cast<int>(size));
     } else throw std::runtime_error("unknown argument " + arg + " (--sizes, --reps, --warmup, --json)");
   }
   return o;
-}
-
-// Uniform in [-1, 1) from a 64-bit LCG, rounded to bf16 on the device: random data, never zeros.
-void random_bf16(bf16_t* out, std::size_t n, std::uint64_t seed) {
-  std::vector<float> host(n);
-  std::uint64_t s = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-  for (auto& x : host) {
-    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-    x = static_cast<float>(static_cast<double>(s >> 11) * (2.0 / 9007199254740992.0) - 1.0);
-  }
-  float* staging = nullptr;
-  NAX_CUDA_CHECK(cudaMalloc(&staging, n * sizeof(float)));
-  NAX_CUDA_CHECK(cudaMemcpy(staging, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  nax::cuda::cast(nullptr, staging, out, n);
-  NAX_CUDA_CHECK(cudaDeviceSynchronize());
-  NAX_CUDA_CHECK(cudaFree(staging));
 }
 
 // cuBLASLt directly: the same problem as gemm_lt's row-major C = A B, planned once.
@@ -118,17 +97,6 @@ class DirectGemm {
   cublasLtMatmulHeuristicResult_t result_{};
 };
 
-template <typename F>
-float time_ms(cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop, F fn) {
-  NAX_CUDA_CHECK(cudaEventRecord(start, stream));
-  fn();
-  NAX_CUDA_CHECK(cudaEventRecord(stop, stream));
-  NAX_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  NAX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  return ms;
-}
-
 // Seconds per call of `reps` calls of nax dot on a bf16 size^3 GEMM (after `warmup` calls).
 double dot_seconds(int size, int reps, int warmup) {
   nax::RuntimeOptions options;
@@ -159,12 +127,6 @@ double host_timed_seconds(cudaStream_t stream, int reps, F fn) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
 }
 
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -176,10 +138,8 @@ int main(int argc, char** argv) try {
   cudaDeviceProp prop{};
   NAX_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t stream = nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
   NAX_CUDA_CHECK(cudaStreamCreate(&stream));
-  NAX_CUDA_CHECK(cudaEventCreate(&start));
-  NAX_CUDA_CHECK(cudaEventCreate(&stop));
+  bench::EventTimer timer;
   nax::cuda::GemmContext context(0);
   nlohmann::json results = nlohmann::json::array();
   std::vector<std::string> rows;
@@ -190,8 +150,8 @@ int main(int argc, char** argv) try {
     NAX_CUDA_CHECK(cudaMalloc(&a, elements * sizeof(bf16_t)));
     NAX_CUDA_CHECK(cudaMalloc(&b, elements * sizeof(bf16_t)));
     NAX_CUDA_CHECK(cudaMalloc(&c, elements * sizeof(bf16_t)));
-    random_bf16(a, elements, 1);
-    random_bf16(b, elements, 2);
+    bench::fill_random_bf16(a, elements, 1);
+    bench::fill_random_bf16(b, elements, 2);
     DirectGemm direct(context.handle(), size, context.workspace(), context.workspace_bytes());
     nax::cuda::GemmArgs args;
     args.m = args.n = args.k = size;
@@ -203,13 +163,13 @@ int main(int argc, char** argv) try {
       run_direct();
     }
     NAX_CUDA_CHECK(cudaStreamSynchronize(stream));
-    std::vector<float> nax_ms, direct_ms;
+    std::vector<double> nax_ms, direct_ms;
     for (int i = 0; i < options.reps; ++i) {
-      nax_ms.push_back(time_ms(stream, start, stop, run_nax));
-      direct_ms.push_back(time_ms(stream, start, stop, run_direct));
+      nax_ms.push_back(timer.ms(stream, run_nax));
+      direct_ms.push_back(timer.ms(stream, run_direct));
     }
     const double flops = 2.0 * size * size * static_cast<double>(size);
-    const double t_nax = median(nax_ms), t_direct = median(direct_ms);
+    const double t_nax = bench::median(nax_ms), t_direct = bench::median(direct_ms);
     const double tf_nax = flops / (t_nax * 1e-3) / 1e12, tf_direct = flops / (t_direct * 1e-3) / 1e12;
     const double tf_direct_host = flops / host_timed_seconds(stream, options.reps, run_direct) / 1e12;
     const double tf_dot = flops / dot_seconds(size, options.reps, options.warmup) / 1e12;
@@ -241,8 +201,6 @@ int main(int argc, char** argv) try {
     std::ofstream out(options.json);
     out << nlohmann::json{{"bench", "cuda_gemm"}, {"device", prop.name}, {"results", results}}.dump(2) << "\n";
   }
-  NAX_CUDA_CHECK(cudaEventDestroy(start));
-  NAX_CUDA_CHECK(cudaEventDestroy(stop));
   NAX_CUDA_CHECK(cudaStreamDestroy(stream));
   return 0;
 } catch (const std::exception& e) {

@@ -42,7 +42,7 @@ Options parse(int argc, char** argv) {
     if (arg == "--elements") o.elements = bench::parse_integer(bench::flag_value(argc, argv, i), arg);
     else if (arg == "--tensors") o.tensors = bench::parse_integer(bench::flag_value(argc, argv, i), arg);
     else if (arg == "--reps") o.reps = static_cast<int>(bench::parse_integer(bench::flag_value(argc, argv, i), arg));
-    else if (arg == "--backend") o.backend = bench::flag_value(argc, argv, i) == "cuda" ? nax::Backend::cuda : nax::Backend::cpu;
+    else if (arg == "--backend") o.backend = nax::parse_backend(bench::flag_value(argc, argv, i));
     else if (arg == "--json") o.json = bench::flag_value(argc, argv, i);
     else nax::fail("bench_optimizer", "unknown argument '{}' (usage: see the file's first lines)", arg);
   }

@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
       else if (arg == "--batch") batch = bench::parse_integer(bench::flag_value(argc, argv, i), "--batch");
       else if (arg == "--seq") seq = bench::parse_integer(bench::flag_value(argc, argv, i), "--seq");
       else if (arg == "--json") json_path = bench::flag_value(argc, argv, i);
-      else if (arg == "--backend") backend = bench::flag_value(argc, argv, i) == "cuda" ? nax::Backend::cuda : nax::Backend::cpu;
+      else if (arg == "--backend") backend = nax::parse_backend(bench::flag_value(argc, argv, i));
       else if (arg == "--dtype") dtype = gptj::parse_compute_dtype(bench::flag_value(argc, argv, i));
       else nax::fail("bench_train", "unknown argument '{}' (try --help)", arg);
     }
@@ -78,8 +78,8 @@ int main(int argc, char** argv) {
       fmt::print("MFU is against the one-thread sgemm rate times min(devices, {} cores); goals: 1x2 and 2x1 >= 1.6x of 1x1, MFU at 1x1 >= 50%\n",
                  std::max(1u, std::thread::hardware_concurrency()));
     else
-      fmt::print("MFU is against the datasheet peak of the GPUs in use ({} TFLOP/s each in {}); goal: 1.3b at seq 2048 in bf16 >= 40%\n",
-                 dtype == nax::DType::bf16 ? 989 : 67, nax::dtype_name(dtype));
+      fmt::print("MFU is against the datasheet peak of the GPUs in use ({:.0f} TFLOP/s each in {}); goal: 1.3b at seq 2048 in bf16 >= 40%\n",
+                 gptj::gpu_peak_flops(dtype) * 1e-12, nax::dtype_name(dtype));
     if (!json_path.empty()) bench::write_text_file(json_path, bench::json_array(rows) + "\n");
     return 0;
   } catch (const std::exception& e) {

@@ -122,8 +122,8 @@ std::string megabytes(double bytes) { return fmt::format("{:.2f}", bytes * 1e-6)
 std::vector<Cluster> declared_clusters() {
   const Link nvlink{"nvlink", 5e-6, 350e9}, infiniband{"infiniband", 10e-6, 45e9};
   return {
-      {"8 GPUs, one node, NVLink", 8, 989e12, {{"mp", nvlink}, {"dp", nvlink}}},
-      {"64 GPUs, 8 nodes, InfiniBand between nodes", 64, 989e12, {{"mp", nvlink}, {"dp", infiniband}}},
+      {"8 GPUs, one node, NVLink", 8, kGpuPeakBf16Flops, {{"mp", nvlink}, {"dp", nvlink}}},
+      {"64 GPUs, 8 nodes, InfiniBand between nodes", 64, kGpuPeakBf16Flops, {{"mp", nvlink}, {"dp", infiniband}}},
   };
 }
 
@@ -217,8 +217,8 @@ void print_comparison(const std::vector<CompareRow>& rows, const CompareOptions&
                r.first_loss, r.final_loss);
   }
   fmt::print("\nprojected step time on declared clusters (weak scaling: each device keeps its share of the batch; compute at {:.0f}% "
-             "MFU of 989 TFLOP/s; counted collectives priced by the alpha-beta model; no overlap)\n",
-             100 * o.projected_mfu);
+             "MFU of {:.0f} TFLOP/s; counted collectives priced by the alpha-beta model; no overlap)\n",
+             100 * o.projected_mfu, kGpuPeakBf16Flops * 1e-12);
   fmt::print("{:<46} {:<8} {:>11} {:>10} {:>10} {:>12}\n", "cluster", "sharding", "compute ms", "comm ms", "step ms", "tokens/s");
   for (const auto& cluster : declared_clusters())
     for (const auto& r : rows) {

@@ -40,7 +40,7 @@ struct CompareRow {
 struct Cluster {
   std::string name;
   int devices = 8;
-  double peak_flops = 989e12;  // per device (H100/H200 dense bf16)
+  double peak_flops = kGpuPeakBf16Flops;  // per device
   std::map<std::string, nax::Link> links;  // by mesh axis
 };
 std::vector<Cluster> declared_clusters();

@@ -38,6 +38,11 @@ std::int64_t parameter_count(const Config& c);
 // Training FLOPs per token, PaLM's formula: 6 N + 12 L H Q T.
 double flops_per_token(const Config& c, std::int64_t seq);
 
+// Dense peak of one H100/H200 SXM (NVIDIA's datasheet): bf16 tensor cores, and f32 without TF32
+// (CUBLAS_COMPUTE_32F, what nax's f32 GEMMs ask for). MFU on GPUs and the cluster projections use it.
+inline constexpr double kGpuPeakBf16Flops = 989e12, kGpuPeakF32Flops = 67e12;
+inline double gpu_peak_flops(nax::DType compute) { return compute == nax::DType::bf16 ? kGpuPeakBf16Flops : kGpuPeakF32Flops; }
+
 // Mixed precision: the parameters stay the (f32) master weights and are cast to bf16 where the model
 // uses them, so activations and their gradients are bf16 and the cast's backward hands f32
 // gradients to the parameters. Any other compute dtype means no cast: the model computes in the

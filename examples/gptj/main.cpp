@@ -59,18 +59,12 @@ double stod_plain(const std::string& v, std::size_t* used) { return std::stod(v,
 std::int64_t to_int(const std::string& flag, const std::string& v) { return parse_value<long long>(flag, v, "an integer", stoll_base10); }
 double to_double(const std::string& flag, const std::string& v) { return parse_value<double>(flag, v, "a number", stod_plain); }
 
-// --backend cpu | cuda (whether this build and machine can run cuda, the runtime says).
-nax::Backend parse_backend(const std::string& v) {
-  if (v == "cpu") return nax::Backend::cpu;
-  if (v == "cuda") return nax::Backend::cuda;
-  nax::fail("gptj", "--backend expects cpu or cuda, got '{}'", v);
-}
 
 // The flags that say what to train on, shared by train, compare and export.
 std::map<std::string, Handler> run_flags(gptj::TrainOptions& o, std::map<std::string, Handler> more) {
   std::map<std::string, Handler> flags{
       {"--config", [&o](const std::string& v) { o.config = v; }},
-      {"--backend", [&o](const std::string& v) { o.backend = parse_backend(v); }},
+      {"--backend", [&o](const std::string& v) { o.backend = nax::parse_backend(v); }},
       {"--mesh", [&o](const std::string& v) { o.mesh = v; }},
       {"--data", [&o](const std::string& v) { o.data.push_back(v); }},
       {"--steps", [&o](const std::string& v) { o.steps = to_int("--steps", v); }},
@@ -246,7 +240,7 @@ int run_sample(int argc, char** argv) {
   gptj::SampleOptions o;
   parse_flags(argc, argv, 2,
               {{"--ckpt", [&](const std::string& v) { o.ckpt_dir = v; }},
-               {"--backend", [&](const std::string& v) { o.backend = parse_backend(v); }},
+               {"--backend", [&](const std::string& v) { o.backend = nax::parse_backend(v); }},
                {"--mesh", [&](const std::string& v) { o.mesh = v; }},
                {"--prompt", [&](const std::string& v) { o.prompt = v; }},
                {"--tokens", [&](const std::string& v) { o.tokens = to_int("--tokens", v); }},

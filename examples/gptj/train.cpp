@@ -23,10 +23,6 @@ namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Dense peaks of one H100/H200 SXM (NVIDIA's datasheet): bf16 tensor cores, and f32 without TF32
-// (CUBLAS_COMPUTE_32F, what nax's f32 GEMMs ask for).
-constexpr double kGpuPeakBf16Gflops = 989e3, kGpuPeakF32Gflops = 67e3;
-
 // The mesh's f32 GEMM peak in GFLOP/s: one thread's sgemm rate on 1024^3 (a simulated device is
 // one thread) times the devices that can run at once (at most the cores).
 double measure_peak_gflops(int devices) {
@@ -48,7 +44,7 @@ double measure_peak_gflops(int devices) {
 double peak_gflops(const TrainOptions& o, int devices) {
   if (o.backend == Backend::cpu) return measure_peak_gflops(devices);
   const int gpus = std::max(1, std::min(devices, cuda_gpu_count()));
-  return gpus * (o.dtype == DType::bf16 ? kGpuPeakBf16Gflops : kGpuPeakF32Gflops);
+  return gpus * gpu_peak_flops(o.dtype) * 1e-9;
 }
 
 struct Checkpoint {

@@ -30,7 +30,6 @@ class LocalState final : public Runtime::State {
   }
 
  private:
-  std::shared_ptr<Device> make_device(int d, Backend backend) const;
   detail::CommFactory comm_factory(int d, const std::shared_ptr<Device>& device, Transport transport);
   void work(int device);
   void record_failure(int device, std::exception_ptr e, bool released);
@@ -77,20 +76,12 @@ void check_transport(Transport transport, const std::vector<std::shared_ptr<Devi
          mesh.str(), mesh.size(), detail::cuda_gpu_count());
 }
 
-void check_backend(Backend backend, const Mesh& mesh) {
-  if (backend != Backend::cuda) return;
-  if (!detail::cuda_built())
-    fail("Runtime::local", "backend cuda for mesh {}: nax was built without the CUDA backend (NAX_WITH_CUDA=OFF or no toolkit found)",
-         mesh.str());
-  if (detail::cuda_gpu_count() == 0) fail("Runtime::local", "backend cuda for mesh {}: this process sees no CUDA GPU", mesh.str());
-}
-
 LocalState::LocalState(const Mesh& mesh, const RuntimeOptions& options)
     : mesh_(mesh), world_(std::make_shared<local::LocalWorld>(mesh, detail::collective_timeout_s(options))) {
-  if (!options.device_factory) check_backend(options.backend, mesh_);
   std::vector<std::shared_ptr<Device>> devices;
   for (int d = 0; d < mesh_.size(); ++d) {
-    devices.push_back(options.device_factory ? options.device_factory(d) : make_device(d, options.backend));
+    devices.push_back(options.device_factory ? options.device_factory(d)
+                                             : detail::make_device(d, options.backend, d, "Runtime::local", mesh_));
     if (!devices.back()) fail("Runtime::local", "the device factory made no device {}", d);
   }
   const Transport transport = resolve(options.transport, devices, mesh_);
@@ -102,11 +93,6 @@ LocalState::LocalState(const Mesh& mesh, const RuntimeOptions& options)
     shards_.push_back(std::make_unique<detail::DeviceShard>(d, mesh_, devices[static_cast<std::size_t>(d)], std::move(make_comm)));
   }
   for (int d = 0; d < mesh_.size(); ++d) workers_.emplace_back([this, d] { work(d); });
-}
-
-std::shared_ptr<Device> LocalState::make_device(int d, Backend backend) const {
-  if (backend == Backend::cuda) return detail::make_cuda_device(d, d % detail::cuda_gpu_count());
-  return std::make_shared<Device>(d, Backend::cpu, make_caching_host_allocator());
 }
 
 detail::CommFactory LocalState::comm_factory(int d, const std::shared_ptr<Device>& device, Transport transport) {

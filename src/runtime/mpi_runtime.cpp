@@ -60,14 +60,6 @@ int node_local_rank() {
   return rank;
 }
 
-std::shared_ptr<Device> make_mpi_device(int d, Backend backend) {
-  if (backend == Backend::cpu) return std::make_shared<Device>(d, Backend::cpu, make_caching_host_allocator());
-  const int gpus = detail::cuda_gpu_count();
-  if (gpus == 0)
-    fail("Runtime::mpi", "backend cuda: device {} sees no CUDA GPU{}", d, detail::cuda_built() ? "" : " (nax was built without CUDA)");
-  return detail::make_cuda_device(d, node_local_rank() % gpus);
-}
-
 // NCCL over the group of `axes`: its rank 0 makes the id and MPI broadcasts it to the others.
 std::unique_ptr<Communicator> make_mpi_nccl_comm(mpi::MpiWorld& world, const Device& device, const std::vector<std::string>& axes) {
   const std::vector<int> members = world.mesh().group(world.device(), axes);
@@ -88,7 +80,9 @@ MpiState::MpiState(const Mesh& mesh, const RuntimeOptions& options)
   const int d = world_->device();
   devices_ = {d};
   auto world = world_;
-  auto device = options.device_factory ? options.device_factory(d) : make_mpi_device(d, options.backend);
+  auto device = options.device_factory
+                    ? options.device_factory(d)
+                    : detail::make_device(d, options.backend, options.backend == Backend::cuda ? node_local_rank() : 0, "Runtime::mpi", mesh_);
   const bool nccl = device->backend() == Backend::cuda;
   if (!nccl && !device->host_accessible())
     fail("Runtime::mpi", "{} keeps its memory off the host, and MPI moves host memory only (use the cuda backend, whose "

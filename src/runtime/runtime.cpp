@@ -59,6 +59,14 @@ double collective_timeout_s(const RuntimeOptions& options) {
   return value;
 }
 
+std::shared_ptr<Device> make_device(int d, Backend backend, int slot, std::string_view op, const Mesh& mesh) {
+  if (backend == Backend::cpu) return std::make_shared<Device>(d, Backend::cpu, make_caching_host_allocator());
+  if (!cuda_built())
+    fail(op, "backend cuda for mesh {}: nax was built without the CUDA backend (NAX_WITH_CUDA=OFF or no toolkit found)", mesh.str());
+  if (cuda_gpu_count() == 0) fail(op, "backend cuda for mesh {}: this process sees no CUDA GPU", mesh.str());
+  return make_cuda_device(d, slot % cuda_gpu_count());
+}
+
 void configure_blas_threads(const RuntimeOptions& options) {
   if (options.blas_threads > 0) cpu::set_blas_threads(options.blas_threads);
   else if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) cpu::set_blas_threads(1);

@@ -30,6 +30,10 @@ bool launched_by_mpirun();
 // options.collective_timeout_s, else $NAX_COLLECTIVE_TIMEOUT_S, else 300 s.
 double collective_timeout_s(const RuntimeOptions& options);
 
+// Mesh device d on `backend`: a host-memory device on the CPU; on CUDA, GPU `slot` modulo the GPUs
+// this process sees. Fails, naming `op` and the mesh, where the backend cannot run.
+std::shared_ptr<Device> make_device(int d, Backend backend, int slot, std::string_view op, const Mesh& mesh);
+
 // One BLAS thread per device unless the options or $OPENBLAS_NUM_THREADS say otherwise.
 void configure_blas_threads(const RuntimeOptions& options);
 

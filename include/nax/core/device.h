@@ -16,6 +16,7 @@ class Kernels;  // the backend's raw compute: src/kernels/kernels.h
 
 enum class Backend { cpu, cuda };
 std::string_view backend_name(Backend backend);
+Backend parse_backend(std::string_view name);  // "cpu" or "cuda"; anything else is an error naming it
 
 class Device {
  public:

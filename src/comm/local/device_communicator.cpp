@@ -2,16 +2,12 @@
 
 #include <algorithm>
 
+#include "comm/element_at.h"
 #include "kernels/kernels.h"
 
 namespace nax::local {
 
 namespace {
-
-const char* at(const void* base, std::size_t elements, DType dtype) {
-  return static_cast<const char*>(base) + elements * dtype_size(dtype);
-}
-char* at(void* base, std::size_t elements, DType dtype) { return static_cast<char*>(base) + elements * dtype_size(dtype); }
 
 // Device memory for the length of one collective.
 class Scratch {
@@ -49,9 +45,9 @@ void DeviceCommunicator::reduce_slice(void* dst, std::size_t offset, std::size_t
   kernels::Kernels& k = device_->kernels();
   const std::size_t bytes = count * dtype_size(dtype);
   Scratch peer(device_->allocator(), bytes);
-  k.copy_bytes(dst, at(group_->send(0), offset, dtype), bytes);
+  k.copy_bytes(dst, comm::element_at(group_->send(0), offset, dtype), bytes);
   for (int r = 1; r < size(); ++r) {
-    k.copy_bytes(peer.data(), at(group_->send(r), offset, dtype), bytes);
+    k.copy_bytes(peer.data(), comm::element_at(group_->send(r), offset, dtype), bytes);
     k.accumulate(op, dtype, dst, peer.data(), count);
   }
   k.synchronize();  // before `peer` goes back to the allocator
@@ -67,7 +63,7 @@ void DeviceCommunicator::all_reduce(const void* send, void* recv, std::size_t co
   Scratch slice(device_->allocator(), std::max<std::size_t>(bytes, 1));
   reduce_slice(slice.data(), begin, end - begin, dtype, op);
   group_->step(rank_);  // every send buffer has been read
-  for (int q = 0; q < size(); ++q) device_->kernels().copy_bytes(at(group_->recv(q), begin, dtype), slice.data(), bytes);
+  for (int q = 0; q < size(); ++q) device_->kernels().copy_bytes(comm::element_at(group_->recv(q), begin, dtype), slice.data(), bytes);
   leave();
 }
 
@@ -75,7 +71,7 @@ void DeviceCommunicator::all_gather(const void* send, void* recv, std::size_t co
   record(CollectiveKind::all_gather, count * dtype_size(dtype));
   join(signature(CollectiveKind::all_gather, dtype, count), send, recv);
   for (int r = 0; r < size(); ++r)
-    device_->kernels().copy_bytes(at(recv, count * static_cast<std::size_t>(r), dtype), group_->send(r), count * dtype_size(dtype));
+    device_->kernels().copy_bytes(comm::element_at(recv, count * static_cast<std::size_t>(r), dtype), group_->send(r), count * dtype_size(dtype));
   leave();
 }
 
@@ -90,8 +86,8 @@ void DeviceCommunicator::all_to_all(const void* send, void* recv, std::size_t co
   record(CollectiveKind::all_to_all, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
   join(signature(CollectiveKind::all_to_all, dtype, count), send, recv);
   for (int r = 0; r < size(); ++r)
-    device_->kernels().copy_bytes(at(recv, count * static_cast<std::size_t>(r), dtype),
-                                  at(group_->send(r), count * static_cast<std::size_t>(rank_), dtype), count * dtype_size(dtype));
+    device_->kernels().copy_bytes(comm::element_at(recv, count * static_cast<std::size_t>(r), dtype),
+                                  comm::element_at(group_->send(r), count * static_cast<std::size_t>(rank_), dtype), count * dtype_size(dtype));
   leave();
 }
 

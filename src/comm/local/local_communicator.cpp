@@ -5,16 +5,12 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/element_at.h"
 #include "kernels/cpu/kernels.h"
 
 namespace nax::local {
 
 namespace {
-
-const char* at(const void* base, std::size_t elements, DType dtype) {
-  return static_cast<const char*>(base) + elements * dtype_size(dtype);
-}
-char* at(void* base, std::size_t elements, DType dtype) { return static_cast<char*>(base) + elements * dtype_size(dtype); }
 
 // Above this many bytes written, results go out with non-temporal stores: they will not fit in
 // the cache anyway, and streaming spares reading every destination line first.
@@ -41,9 +37,9 @@ void LocalCommunicator::reduce_block(const std::vector<void*>& dsts, std::size_t
   const bool large = count * es * dsts.size() >= kStreamBytes;
   for (std::size_t begin = 0; begin < count; begin += chunk) {
     const std::size_t n = std::min(chunk, count - begin);
-    std::memcpy(tmp, at(group_->send(0), offset + begin, dtype), n * es);
-    for (int r = 1; r < size(); ++r) cpu::accumulate(op, dtype, tmp, at(group_->send(r), offset + begin, dtype), n);
-    for (void* dst : dsts) copy_out(at(dst, begin, dtype), tmp, n * es, large);
+    std::memcpy(tmp, comm::element_at(group_->send(0), offset + begin, dtype), n * es);
+    for (int r = 1; r < size(); ++r) cpu::accumulate(op, dtype, tmp, comm::element_at(group_->send(r), offset + begin, dtype), n);
+    for (void* dst : dsts) copy_out(comm::element_at(dst, begin, dtype), tmp, n * es, large);
   }
 }
 
@@ -55,7 +51,7 @@ void LocalCommunicator::all_reduce(const void* send, void* recv, std::size_t cou
   const std::size_t n = static_cast<std::size_t>(size()), r = static_cast<std::size_t>(rank_);
   const std::size_t begin = count * r / n, end = count * (r + 1) / n;
   std::vector<void*> dsts;
-  for (int q = 0; q < size(); ++q) dsts.push_back(at(group_->recv(q), begin, dtype));
+  for (int q = 0; q < size(); ++q) dsts.push_back(comm::element_at(group_->recv(q), begin, dtype));
   reduce_block(dsts, begin, end - begin, dtype, op);
   group_->step(rank_);
 }
@@ -64,7 +60,7 @@ void LocalCommunicator::all_gather(const void* send, void* recv, std::size_t cou
   record(CollectiveKind::all_gather, count * dtype_size(dtype));
   group_->arrive(rank_, signature(CollectiveKind::all_gather, dtype, count), send, recv);
   const bool large = count * dtype_size(dtype) * static_cast<std::size_t>(size()) >= kStreamBytes;
-  for (int r = 0; r < size(); ++r) copy_out(at(recv, count * static_cast<std::size_t>(r), dtype), group_->send(r), count * dtype_size(dtype), large);
+  for (int r = 0; r < size(); ++r) copy_out(comm::element_at(recv, count * static_cast<std::size_t>(r), dtype), group_->send(r), count * dtype_size(dtype), large);
   group_->step(rank_);
 }
 
@@ -79,7 +75,7 @@ void LocalCommunicator::all_to_all(const void* send, void* recv, std::size_t cou
   record(CollectiveKind::all_to_all, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
   group_->arrive(rank_, signature(CollectiveKind::all_to_all, dtype, count), send, recv);
   for (int r = 0; r < size(); ++r)
-    std::memcpy(at(recv, count * static_cast<std::size_t>(r), dtype), at(group_->send(r), count * static_cast<std::size_t>(rank_), dtype),
+    std::memcpy(comm::element_at(recv, count * static_cast<std::size_t>(r), dtype), comm::element_at(group_->send(r), count * static_cast<std::size_t>(rank_), dtype),
                 count * dtype_size(dtype));
   group_->step(rank_);
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "comm/element_at.h"
 #include "kernels/cuda/check.h"
 #include "nax/core/error.h"
 
@@ -29,11 +30,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   }
   fail("nccl", "unknown reduce op {}", static_cast<int>(op));
 }
-
-const char* at(const void* base, std::size_t elements, DType dtype) {
-  return static_cast<const char*>(base) + elements * dtype_size(dtype);
-}
-char* at(void* base, std::size_t elements, DType dtype) { return static_cast<char*>(base) + elements * dtype_size(dtype); }
 
 }  // namespace
 
@@ -96,8 +92,8 @@ void NcclCommunicator::all_to_all(const void* send, void* recv, std::size_t coun
   NAX_NCCL_CHECK(ncclGroupStart());
   for (int r = 0; r < size_; ++r) {
     const std::size_t offset = count * static_cast<std::size_t>(r);
-    NAX_NCCL_CHECK(ncclSend(at(send, offset, dtype), count, type, r, comm_, stream_));
-    NAX_NCCL_CHECK(ncclRecv(at(recv, offset, dtype), count, type, r, comm_, stream_));
+    NAX_NCCL_CHECK(ncclSend(comm::element_at(send, offset, dtype), count, type, r, comm_, stream_));
+    NAX_NCCL_CHECK(ncclRecv(comm::element_at(recv, offset, dtype), count, type, r, comm_, stream_));
   }
   NAX_NCCL_CHECK(ncclGroupEnd());
 }
