@@ -6,15 +6,6 @@
 
 namespace nax {
 
-std::string_view reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::max: return "max";
-    case ReduceOp::min: return "min";
-  }
-  return "?";
-}
-
 void check_permute_pairs(const std::vector<std::pair<int, int>>& pairs, int n, std::string_view op, std::string_view group,
                          const std::function<std::string()>& detail) {
   auto suffix = [&] { return detail ? ": " + detail() : std::string(); };

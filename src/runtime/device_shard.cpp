@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 #include "nax/collectives.h"
 #include "ops/internal.h"
 

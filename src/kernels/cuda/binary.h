@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 #include "nax/comm/communicator.h"
 #include "nax/core/dtype.h"
 

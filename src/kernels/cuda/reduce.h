@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/resources.h"
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 #include "nax/comm/communicator.h"
 #include "nax/core/dtype.h"
 

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "nax/comm/communicator.h"
+#include "nax/core/reduce_op.h"
 #include "nax/core/device.h"
 #include "nax/core/dtype.h"
 
