@@ -1,36 +1,4 @@
 #pragma once
-// The recorded graph: one Node per op output that needs a gradient. A node keeps its inputs (and
-// through them their nodes) and a backward function holding what the op saved; both are released
-// when backward has run through the node.
-#include <functional>
-#include <string>
-#include <vector>
-
-#include "nax/autodiff.h"
-
-namespace nax::autodiff {
-
-// d loss / d inputs from d loss / d output; an undefined Tensor means "no gradient".
-using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
-
-struct Node {
-  std::string op;
-  std::vector<Tensor> inputs;  // empty for a parameter leaf
-  BackwardFn backward;
-  bool leaf = false;
-  bool released = false;
-  // The op is the same elementwise linear map on every device (cast): a gradient still to be
-  // summed over mesh axes may pass through it unsummed and be summed at the input instead (where
-  // it joins the other parameters' sums, in the input's dtype).
-  bool passes_partial_sums = false;
-};
-
-// Records `out` as computed by `op` from `inputs` when grad mode is on and an input requires a
-// gradient; returns `out`, carrying its node. `backward` receives the gradient of `out` and
-// returns one gradient per input, in order.
-Tensor record(std::string op, const Tensor& out, std::vector<Tensor> inputs, BackwardFn backward);
-
-// Whether any of `inputs` needs a gradient (and grad mode is on): ops skip saving otherwise.
-bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
-
-}  // namespace nax::autodiff
+// Moved to src/ops/node.h (the tape is the op layer's; autodiff walks it). This forwarder keeps
+// branches written before the move compiling; scripts/check_layers.py flags its users in src/ops.
+#include "ops/node.h"

@@ -1,6 +1,6 @@
 // cumsum: a prefix sum along one whole axis, as log2(n) shifted adds (Hillis-Steele) of the
 // layout and elementwise ops, so every backend runs it. Its gradient is the reverse prefix sum.
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "nax/index_ops.h"
 #include "ops/row_ops.h"
 

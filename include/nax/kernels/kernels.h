@@ -1,5 +1,5 @@
 #pragma once
-// The kernel layer's interface (DESIGN.md §1, §6): the raw compute one kind of device offers, on
+// The kernel layer's interface (docs/architecture.md): the raw compute one kind of device offers, on
 // pointers into that device's memory. The op layer checks shapes, dtypes and vary types, then calls
 // its tensors' device's Kernels; CPU (kernels/cpu) and CUDA (kernels/cuda) implement it.
 // Work may be enqueued and run later (CUDA: on the device's stream, in order); to_host waits.
