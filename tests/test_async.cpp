@@ -246,3 +246,27 @@ TEST_CASE("mismatched starts across devices are errors on every device, not hang
   auto ok = rt.run([](Shard&) { return start_psum(pvary(ones(Shape{{"i", 4}}), "mp"), "mp").wait().to_vector<double>(); });
   REQUIRE(ok[0] == std::vector<double>(4, 2.0));
 }
+
+TEST_CASE("a start on threads returns before its peers arrive: other groups can meet in between", "[mesh][async]") {
+  // Legal in each group's order (one psum over mp, one over (dp,mp)), but only when a start does
+  // not wait for the group: device 0 starts over mp, then meets device 1 over (dp,mp), which
+  // starts over mp only afterwards. A blocking start would be a deadlock (reported as one).
+  Runtime rt = Runtime::local(Mesh::parse("dp=1,mp=2"));
+  auto results = rt.run([](Shard& s) {
+    const Tensor x = pvary(full(Shape{{"i", 3}}, s.device() + 1.0), {"dp", "mp"});
+    Tensor over_both, over_mp;
+    if (s.device() == 0) {
+      Pending<Tensor> p = start_psum(x, "mp");
+      over_both = psum(x, {"dp", "mp"});
+      over_mp = p.wait();
+    } else {
+      over_both = psum(x, {"dp", "mp"});
+      over_mp = start_psum(x, "mp").wait();
+    }
+    return std::pair{over_mp.to_vector<double>(), over_both.to_vector<double>()};
+  });
+  for (const auto& [over_mp, over_both] : results) {
+    REQUIRE(over_mp == std::vector<double>(3, 3.0));
+    REQUIRE(over_both == std::vector<double>(3, 3.0));
+  }
+}
