@@ -1,26 +1,27 @@
 #include "comm/local/comm_worker.h"
 
+#include "comm/local/local_world.h"
+
 #include <utility>
 
 namespace nax::local {
 
-namespace {
-
-class WorkerRequest final : public Communicator::Request {
+class CommWorker::WorkerRequest final : public Communicator::Request {
  public:
-  explicit WorkerRequest(std::future<void> done) : done_(std::move(done)) {}
+  explicit WorkerRequest(std::future<Outcome> done) : done_(std::move(done)) {}
   ~WorkerRequest() override {
     if (done_.valid()) done_.wait();  // the buffers must outlive the collective
   }
   void wait() override {
-    if (done_.valid()) done_.get();
+    if (!done_.valid()) return;
+    const Outcome outcome = done_.get();
+    if (outcome.kind == Outcome::Kind::aborted) throw Aborted(outcome.message);
+    if (outcome.kind == Outcome::Kind::error) throw Error(outcome.message);
   }
 
  private:
-  std::future<void> done_;
+  std::future<Outcome> done_;
 };
-
-}  // namespace
 
 CommWorker::~CommWorker() {
   {
@@ -32,7 +33,16 @@ CommWorker::~CommWorker() {
 }
 
 std::unique_ptr<Communicator::Request> CommWorker::submit(std::function<void()> task) {
-  std::packaged_task<void()> packaged(std::move(task));
+  std::packaged_task<Outcome()> packaged([task = std::move(task)] {
+    try {
+      task();
+    } catch (const Aborted& e) {
+      return Outcome{Outcome::Kind::aborted, e.what()};
+    } catch (const std::exception& e) {
+      return Outcome{Outcome::Kind::error, e.what()};
+    }
+    return Outcome{};
+  });
   auto done = packaged.get_future();
   {
     std::lock_guard lock(mutex_);
@@ -53,11 +63,11 @@ void CommWorker::loop() {
   while (true) {
     cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping, nothing left
-    std::packaged_task<void()> task = std::move(queue_.front());
+    std::packaged_task<Outcome()> task = std::move(queue_.front());
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    task();  // an exception is stored for the request
+    task();
     lock.lock();
     busy_ = false;
     cv_.notify_all();

@@ -7,6 +7,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "nax/comm/communicator.h"
@@ -30,7 +31,15 @@ class CommWorker {
 
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<std::packaged_task<void()>> queue_;
+  // What a task raised, carried to the waiting thread as text and raised there afresh (an
+  // exception object shared between threads is freed by whichever lets go last, which TSan cannot
+  // follow through libstdc++).
+  struct Outcome {
+    enum class Kind { ok, error, aborted } kind = Kind::ok;
+    std::string message;
+  };
+  class WorkerRequest;
+  std::deque<std::packaged_task<Outcome()>> queue_;
   bool busy_ = false, stopping_ = false;
   std::thread thread_;
 };
