@@ -3,6 +3,7 @@
 //   gptj train --config small --mesh dp=2,mp=2 --data FILE... --steps N [...]
 //   gptj sample --ckpt DIR --prompt TEXT --tokens N [...]
 //   gptj export --config tiny --mesh dp=1,mp=2 --data FILE... --steps K --out DIR [...]
+//   gptj tokenize --tokenizer tokenizer.json --text TEXT
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include "compare.h"
 #include "export.h"
 #include "learner.h"
+#include "tokenize.h"
 #include "train.h"
 
 namespace {
@@ -236,6 +238,26 @@ int run_logits(int argc, char** argv) {
   return 0;
 }
 
+int run_tokenize(int argc, char** argv) {
+  gptj::TokenizeOptions o;
+  parse_flags(argc, argv, 2,
+              {{"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }},
+               {"--text",
+                [&](const std::string& v) {
+                  o.text = v;
+                  o.has_text = true;
+                }},
+               {"--data", [&](const std::string& v) { o.data = v; }},
+               {"--out", [&](const std::string& v) { o.out = v; }}},
+              [] {
+                fmt::print("usage: gptj tokenize --tokenizer tokenizer.json (--text TEXT | --data FILE [--out FILE.tokens]) [--quiet]\n"
+                           "--text prints the ids as JSON; --data writes a token file (docs/tokenizer.md).\n");
+              },
+              {{"--quiet", [&](const std::string&) { o.quiet = true; }}});
+  gptj::tokenize_command(o);
+  return 0;
+}
+
 int run_sample(int argc, char** argv) {
   gptj::SampleOptions o;
   parse_flags(argc, argv, 2,
@@ -263,11 +285,12 @@ int main(int argc, char** argv) {
     if (command == "logits") return run_logits(argc, argv);
     if (command == "export") return run_export(argc, argv);
     if (command == "compare") return run_compare(argc, argv);
+    if (command == "tokenize") return run_tokenize(argc, argv);
     if (command == "--help" || command == "-h" || command == "help") {
-      fmt::print("usage: gptj <train|sample|logits|compare|export> [flags]   (gptj <command> --help for the flags)\n");
+      fmt::print("usage: gptj <train|sample|logits|compare|export|tokenize> [flags]   (gptj <command> --help for the flags)\n");
       return argc > 1 ? 0 : 2;
     }
-    nax::fail("gptj", "unknown command '{}' (expected train, sample, logits, compare or export)", command);
+    nax::fail("gptj", "unknown command '{}' (expected train, sample, logits, compare, export or tokenize)", command);
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;
