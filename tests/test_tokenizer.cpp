@@ -131,6 +131,28 @@ TEST_CASE("tokenizer: special and added tokens", "[tokenizer]") {
   CHECK_FALSE(tok.token_to_id("no such token").has_value());
 }
 
+// Added tokens decode as `tokenizers` 0.23.3 decodes them (checked there by hand): one whose
+// characters are all byte-level ones ("ü" is byte 0xFC's) stands for those bytes, so "<|ü|>"
+// decodes to invalid UTF-8, replaced; one with other characters stands for its own UTF-8.
+TEST_CASE("tokenizer: added tokens with non-ASCII characters decode as tokenizers does", "[tokenizer]") {
+  const auto tok = BpeTokenizer::from_json(edited([](json& j) {
+    j["added_tokens"].push_back({{"id", 1001}, {"content", "<|\u00fc|>"}, {"special", false}, {"normalized", true}});
+    j["added_tokens"].push_back({{"id", 1002}, {"content", "<|\u65e5\u672c|>"}, {"special", false}, {"normalized", true}});
+    j["added_tokens"].push_back({{"id", 1003}, {"content", "[SP\u00c9CIAL]"}, {"special", true}, {"normalized", false}});
+  }));
+  CHECK(tok.vocab_size() == 1004);
+  const auto a = tok.encode("a<|\u00fc|>b");
+  CHECK(a == std::vector<std::int32_t>{65, 1001, 66});
+  CHECK(tok.decode(a) == "a<|\xEF\xBF\xBD|>b");
+  const auto x = tok.encode("x<|\u65e5\u672c|>y");
+  CHECK(x == std::vector<std::int32_t>{88, 1002, 89});
+  CHECK(tok.decode(x) == "x<|\u65e5\u672c|>y");
+  const auto q = tok.encode("q[SP\u00c9CIAL]r");
+  CHECK(q == std::vector<std::int32_t>{81, 1003, 82});
+  CHECK(tok.decode(q) == "q[SP\xEF\xBF\xBD" "CIAL]r");
+  CHECK(tok.decode(q, true) == "qr");
+}
+
 TEST_CASE("tokenizer: bad files and fields are errors naming the file and the field", "[tokenizer]") {
   require_error([] { BpeTokenizer::from_file("/nonexistent/tokenizer.json"); }, {"/nonexistent/tokenizer.json", "cannot read"});
   require_error([] { BpeTokenizer::from_json("{\"model\": ", "bad.json"); }, {"bad.json", "not valid JSON"});

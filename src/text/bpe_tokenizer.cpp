@@ -4,7 +4,6 @@
 #include <sstream>
 
 #include "nax/core/error.h"
-#include "text/byte_level.h"
 #include "text/tokenizer_impl.h"
 #include "text/utf8.h"
 
@@ -114,14 +113,7 @@ std::string BpeTokenizer::decode_bytes(std::span<const std::int32_t> ids, bool s
       fail("tokenizer decode", "id {} is not in the vocabulary of {} ({} ids)", id, t.source, t.tokens.size());
     }
     if (skip_special_tokens && t.special[static_cast<std::size_t>(id)]) continue;
-    const std::string& token = t.tokens[static_cast<std::size_t>(id)];
-    // As `tokenizers`' ByteLevel decoder: a token whose characters are not all byte-level ones
-    // (an added token such as "<|ü|>") stands for its own UTF-8 bytes.
-    if (auto bytes = byte_level().bytes_of(token)) {
-      out += *bytes;
-    } else {
-      out += token;
-    }
+    out += t.bytes[static_cast<std::size_t>(id)];
   }
   return out;
 }

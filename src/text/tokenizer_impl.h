@@ -23,6 +23,7 @@ struct BpeTokenizer::Impl {
   std::unique_ptr<AddedTokenMatcher> raw_matcher;         // added tokens matched on the raw text
   std::unique_ptr<AddedTokenMatcher> normalized_matcher;  // then those matched on normalized text
   std::vector<std::string> tokens;  // id -> token ("" for ids that are none)
+  std::vector<std::string> bytes;   // id -> the bytes decoding gives for it
   std::vector<bool> has_token;
   std::vector<bool> special;
   std::unordered_map<std::string, std::int32_t> added_ids;

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nax/core/error.h"
+#include "text/byte_level.h"
 #include "text/tokenizer_impl.h"
 
 namespace nax::text {
@@ -154,6 +155,10 @@ void index_tokens(BpeTokenizer::Impl& t) {
     t.added_ids[a.content] = a.id;
     (a.normalized ? normalized : raw).push_back(&a);
   }
+  // As `tokenizers`' ByteLevel decoder: a token whose characters are not all byte-level ones (an
+  // added token such as "<|ü|>") stands for its own UTF-8 bytes.
+  t.bytes.resize(t.tokens.size());
+  for (std::size_t id = 0; id < t.tokens.size(); ++id) t.bytes[id] = byte_level().bytes_of(t.tokens[id]).value_or(t.tokens[id]);
   t.raw_matcher = std::make_unique<AddedTokenMatcher>(raw);
   t.normalized_matcher = std::make_unique<AddedTokenMatcher>(normalized);
 }

@@ -39,18 +39,24 @@ std::size_t sequence_length(std::string_view bytes, std::size_t i, std::size_t& 
 std::string to_valid_utf8(std::string_view bytes) {
   std::string out;
   out.reserve(bytes.size());
-  std::size_t i = 0;
+  std::size_t i = 0, valid_from = 0;  // bytes[valid_from, i) are valid and not yet copied
   while (i < bytes.size()) {
+    if (static_cast<unsigned char>(bytes[i]) < 0x80) {
+      ++i;
+      continue;
+    }
     std::size_t prefix = 1;
     const std::size_t length = sequence_length(bytes, i, prefix);
     if (length > 0) {
-      out.append(bytes.substr(i, length));
       i += length;
-    } else {
-      out += "\xEF\xBF\xBD";
-      i += prefix;
+      continue;
     }
+    out.append(bytes.substr(valid_from, i - valid_from));
+    out += "\xEF\xBF\xBD";
+    i += prefix;
+    valid_from = i;
   }
+  out.append(bytes.substr(valid_from));
   return out;
 }
 
