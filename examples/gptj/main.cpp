@@ -106,6 +106,9 @@ void train_help() {
       "  --resume           continue from the checkpoint in --ckpt-dir\n"
       "  --eval-every K     held-out loss every K steps                   (default 50)\n"
       "  --metrics FILE     one JSON object per step (step, loss, tokens_per_s, mfu, ...)\n"
+      "  --tokenizer FILE   a Hugging Face tokenizer.json (byte-level BPE) instead of bytes; the text\n"
+      "                     is tokenized once into FILE.tokens (docs/tokenizer.md)\n"
+      "  --token-cache DIR  where those token files go                  (default: beside the data)\n"
       "  --quiet            no progress line\n");
 }
 
@@ -120,7 +123,8 @@ void sample_help() {
       "  --tokens N         tokens to generate                            (default 100)\n"
       "  --temperature X    0 picks the most likely token                 (default 0.8)\n"
       "  --top-k K          sample among the K most likely tokens         (default 40)\n"
-      "  --seed S           sampling seed                                 (default 0)\n");
+      "  --seed S           sampling seed                                 (default 0)\n"
+      "  --tokenizer FILE   the tokenizer.json the model was trained with (default: bytes)\n");
 }
 
 int run_train(int argc, char** argv) {
@@ -133,11 +137,14 @@ int run_train(int argc, char** argv) {
                             {"--eval-every", [&](const std::string& v) { o.eval_every = to_int("--eval-every", v); }},
                             {"--metrics", [&](const std::string& v) { o.metrics = v; }},
                             {"--sharding", [&](const std::string& v) { o.sharding = v; }},
-                            {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }}}),
+                            {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }},
+                            {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }},
+                            {"--token-cache", [&](const std::string& v) { o.token_cache = v; }}}),
               train_help,
               {{"--resume", [&](const std::string&) { o.resume = true; }}, {"--quiet", [&](const std::string&) { o.quiet = true; }}});
   if (o.steps < 1 || o.batch < 1 || o.seq < 1) nax::fail("gptj", "--steps, --batch and --seq must be positive");
-  auto result = gptj::train(o, gptj::TextData::load(o.data));
+  auto result = gptj::train(o, o.tokenizer.empty() ? gptj::TextData::load(o.data)
+                                                   : gptj::TextData::load_tokenized(o.data, o.tokenizer, o.token_cache, o.quiet));
   if (nax::process_index() != 0) return 0;  // under mpirun, process 0 reports
   fmt::print("final: train loss {:.4f}, held-out loss {:.4f}, {:.0f} tokens/s, MFU {:.1f}% of {:.0f} GFLOP/s, {} compute\n",
              result.losses.empty() ? 0.0 : result.losses.back(), result.heldout_loss, result.tokens_per_s, 100 * result.mfu,
@@ -228,8 +235,9 @@ int run_logits(int argc, char** argv) {
   parse_flags(argc, argv, 2,
               {{"--ckpt", [&](const std::string& v) { o.ckpt_dir = v; }},
                {"--mesh", [&](const std::string& v) { o.mesh = v; }},
-               {"--prompt", [&](const std::string& v) { o.prompt = v; }}},
-              [] { fmt::print("usage: gptj logits --ckpt DIR --prompt TEXT [--mesh SPEC]\nPrints the logits of every prompt position as JSON.\n"); });
+               {"--prompt", [&](const std::string& v) { o.prompt = v; }},
+               {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }}},
+              [] { fmt::print("usage: gptj logits --ckpt DIR --prompt TEXT [--mesh SPEC] [--tokenizer FILE]\nPrints the logits of every prompt position as JSON.\n"); });
   const auto rows = gptj::prompt_logits(o);
   if (nax::process_index() != 0) return 0;
   std::vector<std::string> lines;
@@ -268,7 +276,8 @@ int run_sample(int argc, char** argv) {
                {"--tokens", [&](const std::string& v) { o.tokens = to_int("--tokens", v); }},
                {"--temperature", [&](const std::string& v) { o.temperature = to_double("--temperature", v); }},
                {"--top-k", [&](const std::string& v) { o.top_k = to_int("--top-k", v); }},
-               {"--seed", [&](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }}},
+               {"--seed", [&](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }},
+               {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }}},
               sample_help);
   const std::string text = gptj::sample(o);
   if (nax::process_index() == 0) fmt::print("{}{}\n", o.prompt, text);
