@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 namespace {
 
@@ -151,6 +152,27 @@ TEST_CASE("tokenizer: added tokens with non-ASCII characters decode as tokenizer
   CHECK(q == std::vector<std::int32_t>{81, 1003, 82});
   CHECK(tok.decode(q) == "q[SP\xEF\xBF\xBD" "CIAL]r");
   CHECK(tok.decode(q, true) == "qr");
+}
+
+TEST_CASE("tokenizer: one tokenizer encodes from several threads at once", "[tokenizer]") {
+  const auto tok = BpeTokenizer::from_file(fixtures + "/tokenizer.json");
+  std::vector<std::string> texts;
+  std::vector<std::vector<std::int32_t>> want;
+  for (const auto& c : reference()["tokenizer"]) {
+    texts.push_back(from_hex(c["bytes_hex"]));
+    want.push_back(c["ids"].get<std::vector<std::int32_t>>());
+  }
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        for (std::size_t i = 0; i < texts.size(); ++i) mismatches[static_cast<std::size_t>(t)] += tok.encode(texts[i]) != want[i];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(mismatches == std::vector<int>(4, 0));
 }
 
 TEST_CASE("tokenizer: bad files and fields are errors naming the file and the field", "[tokenizer]") {
