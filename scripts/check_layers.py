@@ -11,6 +11,7 @@ The layers, lowest first (docs/architecture.md describes each):
   autodiff  src/autodiff (the backward pass over the tape: grad, value_and_grad)
   global    include/nax/global, src/global
   nn        include/nax/nn, src/nn
+  text      include/nax/text, src/text (the tokenizer, its own library nax::text; it uses core only)
   (all)     include/nax/nax.h, the umbrella header, may include everything.
 
 A file may include its own layer and any layer below it. A new header at include/nax/ must be
@@ -22,7 +23,7 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["core", "kernels", "comm", "runtime", "ops", "autodiff", "global", "nn"]
+LAYERS = ["core", "kernels", "comm", "runtime", "ops", "autodiff", "global", "nn", "text"]
 TOP_LEVEL_HEADERS = {
     "tensor.h": "core",  # the value type; its methods are defined by the op layer (src/ops/tensor.cpp)
     "runtime.h": "runtime",

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <unordered_map>
@@ -110,8 +111,9 @@ std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings)
 // One value's finished gradient.
 Tensor finish(const Pending& p) { return finish_bucketed({&p})[0]; }
 
-// Nodes reachable from `root`, each after every node that consumes it. The list owns them: the
-// walk frees each node's inputs, which may be the last other reference to a node still to come.
+// Nodes reachable from `root`, each after every node that consumes it: latest made first (see
+// Node::sequence). The list owns them: the walk frees each node's inputs, which may be the last
+// other reference to a node still to come.
 std::vector<std::shared_ptr<Node>> reverse_topological(const std::shared_ptr<Node>& root) {
   std::vector<std::shared_ptr<Node>> post_order;
   std::unordered_set<Node*> visited;
@@ -130,7 +132,8 @@ std::vector<std::shared_ptr<Node>> reverse_topological(const std::shared_ptr<Nod
     post_order.push_back(node);
     stack.pop_back();
   }
-  return {post_order.rbegin(), post_order.rend()};
+  std::sort(post_order.begin(), post_order.end(), [](const auto& a, const auto& b) { return a->sequence > b->sequence; });
+  return post_order;
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // backward pass that walks it is the autodiff layer's (src/autodiff/autodiff.cpp).
 #include "ops/node.h"
 
+#include <atomic>
+
 #include "nax/core/error.h"
 
 namespace nax {
@@ -25,6 +27,11 @@ Tensor parameter(const Tensor& x) {
 Tensor stop_gradient(const Tensor& x) { return x.requires_grad() ? x.with_grad_node(nullptr) : x; }
 
 namespace autodiff {
+
+std::uint64_t Node::next_sequence() {
+  static std::atomic<std::uint64_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed);
+}
 
 bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
   if (!g_grad_enabled) return false;
