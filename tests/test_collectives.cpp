@@ -90,7 +90,7 @@ TEST_CASE("all_gather and all_gather_invariant along leading, inner and new axes
                          [&](int d) { return concat(member_inputs(mesh, d, axes), axis); });
       }
       INFO("mesh " << spec << " stacking along a new axis");
-      check_collective(rt, [&](Shard& s) { return all_gather(varying_input(s), axes, "stack"); },
+      check_collective(rt, [&](Shard& s) { return all_gather_stacked(varying_input(s), axes, "stack"); },
                        [&](int d) {
                          std::vector<Tensor> parts;
                          for (const auto& x : member_inputs(mesh, d, axes))
@@ -213,7 +213,7 @@ TEST_CASE("collectives on f32, bf16 and i32 values", "[mesh][collectives]") {
     Tensor f = cast(i, DType::f32) + 0.5;
     Tensor h = cast(f, DType::bf16);
     return std::vector<double>{psum(i, "mp").item(), psum(f, "mp").item(), psum(h, "mp").item(), pmax(h, "mp").item(),
-                               all_gather(i, "mp", "r").to_vector<double>()[3]};
+                               all_gather_stacked(i, "mp", "r").to_vector<double>()[3]};
   });
   for (const auto& r : results) REQUIRE(r == std::vector<double>{6, 8, 8, 3.5, 3});
 }

@@ -1,5 +1,5 @@
 #pragma once
-// The named collectives of per-shard code (DESIGN.md §3). Each takes one or several mesh axes;
+// The named collectives of per-shard code (DESIGN.md §3; the full table with costs: docs/collectives.md). Each takes one or several mesh axes;
 // several axes act as one group, ranked row-major over the axes in the order given (except that
 // the gathers and all_to_all rank a group by the order in which its mesh axes cut the gathered
 // or concatenated tensor axis, so that blocks join in the tensor's order). Each records its call
@@ -11,6 +11,8 @@
 //  pvary(x, m)                     Invariant -> Varying             psum
 //  all_gather(x, m, a)             Split(a)/Varying -> Varying      psum_scatter(., m, a)
 //  all_gather_invariant(x, m, a)   Split(a)/Varying -> Invariant    own-block slice
+//  all_gather_stacked(x, m, r)     Varying -> Varying (new axis r)  psum_scatter, drop r
+//  all_gather_invariant_stacked    Varying -> Invariant             own-block slice, drop r
 //  psum_scatter(x, m, a)           Varying -> Split(a)              all_gather(., m, a)
 //  ppermute(x, m, pairs)           -> Varying                       ppermute(inverted pairs)
 //  all_to_all(x, m, s, c)          Split(c) -> Split(s)             all_to_all(., m, c, s)
@@ -30,12 +32,18 @@ Tensor pmax(const Tensor& x, const Names& mesh_axes, std::source_location where 
 Tensor pmin(const Tensor& x, const Names& mesh_axes, std::source_location where = std::source_location::current());
 Tensor pvary(const Tensor& x, const Names& mesh_axes, std::source_location where = std::source_location::current());
 
-// Concatenates the group's blocks along tensor axis `axis`, or stacks them along a new leading
-// axis `axis` when x has no such axis.
+// Concatenates the group's blocks along tensor axis `axis` of x. Refused: an axis x lacks (a typo
+// would silently stack; stacking is all_gather_stacked), and a value Invariant over a gathered
+// mesh axis (the devices' copies are equal: gathering them is a tiling, not a gather).
 Tensor all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis,
                   std::source_location where = std::source_location::current());
 Tensor all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis,
                             std::source_location where = std::source_location::current());
+// Stacks the group's values along a new leading axis `new_axis` (size: the group's size).
+Tensor all_gather_stacked(const Tensor& x, const Names& mesh_axes, const std::string& new_axis,
+                          std::source_location where = std::source_location::current());
+Tensor all_gather_invariant_stacked(const Tensor& x, const Names& mesh_axes, const std::string& new_axis,
+                                    std::source_location where = std::source_location::current());
 // Sums over the group and keeps this device's block of `axis`.
 Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis,
                     std::source_location where = std::source_location::current());

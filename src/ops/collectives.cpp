@@ -134,8 +134,25 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
 }
 
 // all_gather and all_gather_invariant.
+// What a gather cannot gather correctly: a missing (or, stacking, an existing) tensor axis, and a
+// value that is already the same on every device of the group.
+void check_gatherable(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool stack) {
+  checked_shard(op, &x, mesh_axes);
+  if (!stack && !x.shape().has(axis))
+    fail(op, "{} has no axis '{}' to gather along over mesh axes {}: name one of its axes (to stack the devices' values along "
+         "a new axis, call {}_stacked)", x.str(), axis, mesh_axes.str(), op);
+  if (stack && x.shape().has(axis))
+    fail(op, "{} already has an axis '{}': stacking over mesh axes {} needs a new axis name (or gather along it with {})", x.str(),
+         axis, mesh_axes.str(), op.substr(0, op.size() - std::string_view("_stacked").size()));
+  for (const auto& m : mesh_axes.list())
+    if (x.vary().kind(m) == Vary::Invariant)
+      fail(op, "{} is Invariant over mesh axis '{}': every device holds the same value, so the gather would return {} copies "
+           "of it (use it as it is; to tile it on purpose, pvary it over '{}' first)", x.str(), m, axis_size(mesh_axes), m);
+}
+
 Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant,
-                         const CallSite& site) {
+                         const CallSite& site, bool stack) {
+  check_gatherable(op, x, mesh_axes, axis, stack);
   Context c = enter(op, &x, mesh_axes, site);
   const auto& group_axes = mesh_axes.list();
   VaryType vary = x.vary();
@@ -147,7 +164,6 @@ Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh
   join_cuts(vary, x, axis, group_axes);
 
   std::vector<Axis> axes = x.shape().axes();
-  const bool stack = !x.shape().has(axis);
   if (stack) axes.insert(axes.begin(), Axis{axis, 1});
   const int i = stack ? 0 : x.shape().index_of(axis);
   axes[static_cast<std::size_t>(i)].size *= c.n;
@@ -322,43 +338,41 @@ Tensor pvary(const Tensor& x, const Names& mesh_axes, std::source_location where
 }
 
 namespace {
-// An Invariant input to a gather meets the varying group: mark it (an implicit pvary, whose
-// transpose sums the gradient).
-Tensor vary_over(const Tensor& x, const Names& mesh_axes, const CallSite& site) {
-  std::vector<std::string> invariant;
-  for (const auto& m : mesh_axes.list())
-    if (x.defined() && x.vary().kind(m) == Vary::Invariant) invariant.push_back(m);
-  if (invariant.empty() || !x.requires_grad()) return x;
-  BackwardOf scope("all_gather", site);  // the implicit pvary's psum runs in all_gather's backward
-  return pvary(x, invariant);
-}
-
 // Drops the size-1 axis that a stacking gather added back (its gradient's own block).
 Tensor unstack(const Tensor& g, const Tensor& x, const std::string& axis) { return x.shape().has(axis) ? g : sum(g, axis); }
 }  // namespace
 
-Tensor all_gather(const Tensor& x_in, const Names& mesh_axes, const std::string& axis, std::source_location where) {
-  const CallSite site = site_of(where);
-  Tensor x = vary_over(x_in, mesh_axes, site);
+namespace {
+Tensor gather(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant, bool stack,
+              const CallSite& site) {
   const Names group = cut_order(x, mesh_axes, axis);
-  Tensor out = gather_collective("all_gather", x, group, axis, false, site);
+  Tensor out = gather_collective(op, x, group, axis, invariant, site, stack);
   if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record("all_gather", out, {x}, [x, group, axis, site](const Tensor& g) {
-    BackwardOf scope("all_gather", site);
-    return std::vector<Tensor>{unstack(psum_scatter(g, group, axis), x, axis)};
-  });
-}
-
-Tensor all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
-  const CallSite site = site_of(where);
-  const Names group = cut_order(x, mesh_axes, axis);
-  Tensor out = gather_collective("all_gather_invariant", x, group, axis, true, site);
-  if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record("all_gather_invariant", out, {x}, [x, group, axis](const Tensor& g) {
+  if (!invariant)
+    return autodiff::record(std::string(op), out, {x}, [x, group, axis, site, op](const Tensor& g) {
+      BackwardOf scope(op.data(), site);  // a literal
+      return std::vector<Tensor>{unstack(psum_scatter(g, group, axis), x, axis)};
+    });
+  return autodiff::record(std::string(op), out, {x}, [x, group, axis](const Tensor& g) {
     const std::int64_t block = x.shape().has(axis) ? x.shape().size(axis) : 1;
     const auto r = static_cast<std::int64_t>(axis_index(group).item());
     return std::vector<Tensor>{unstack(slice(g, axis, r * block, (r + 1) * block), x, axis)};
   });
+}
+}  // namespace
+
+Tensor all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
+  return gather("all_gather", x, mesh_axes, axis, false, false, site_of(where));
+}
+Tensor all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
+  return gather("all_gather_invariant", x, mesh_axes, axis, true, false, site_of(where));
+}
+Tensor all_gather_stacked(const Tensor& x, const Names& mesh_axes, const std::string& new_axis, std::source_location where) {
+  return gather("all_gather_stacked", x, mesh_axes, new_axis, false, true, site_of(where));
+}
+Tensor all_gather_invariant_stacked(const Tensor& x, const Names& mesh_axes, const std::string& new_axis,
+                                    std::source_location where) {
+  return gather("all_gather_invariant_stacked", x, mesh_axes, new_axis, true, true, site_of(where));
 }
 
 Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
