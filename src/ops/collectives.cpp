@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "autodiff/node.h"
+#include "ops/collective_forward.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -113,7 +114,8 @@ void join_cuts(VaryType& vary, const Tensor& x, const std::string& axis, const s
 }
 
 // psum and friends: the value must vary over every reduced mesh axis, and is invariant after.
-Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_in, const Names& mesh_axes, const CallSite& site) {
+Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_in, const Names& mesh_axes, const CallSite& site,
+                         detail::Launch& launch) {
   Context c = enter(op, &x_in, mesh_axes, site);
   VaryType vary = x_in.vary();
   for (const auto& m : mesh_axes.list()) {
@@ -129,8 +131,9 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
   if (c.n == 1) return x_in.with_vary(vary);  // a group of one: nothing to reduce, nothing sent
   Tensor x = reduce == ReduceOp::sum ? summed_form(x_in) : x_in;
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
-  c.comm.all_reduce(x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), reduce);
-  return detail::narrow_to(out, x_in.dtype());
+  launch.keep({x});
+  launch.all_reduce(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), reduce);
+  return launch.then([out, dtype = x_in.dtype()] { return detail::narrow_to(out, dtype); });
 }
 
 // all_gather and all_gather_invariant.
@@ -151,7 +154,7 @@ void check_gatherable(std::string_view op, const Tensor& x, const Names& mesh_ax
 }
 
 Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant,
-                         const CallSite& site, bool stack) {
+                         const CallSite& site, bool stack, detail::Launch& launch) {
   check_gatherable(op, x, mesh_axes, axis, stack);
   Context c = enter(op, &x, mesh_axes, site);
   const auto& group_axes = mesh_axes.list();
@@ -171,14 +174,17 @@ Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh
   if (c.n == 1) return x.with_shape(shape).with_vary(vary);
   Tensor out = detail::make_result(shape, x.dtype(), vary, x.device_ptr());
   const std::int64_t outer = stack ? 1 : outer_size(x.shape(), axis);
+  launch.keep({x});
   if (outer == 1) {
-    c.comm.all_gather(x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype());
-    return out;
+    launch.all_gather(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype());
+    return launch.then([out] { return out; });
   }
   Tensor staging = Tensor::empty(Shape{{"rank", c.n}, {"block", x.numel()}}, x.dtype(), x.device_ptr());
-  c.comm.all_gather(x.raw(), staging.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype());
-  regroup(staging, out, outer, c.n, x.numel() / outer, true);
-  return out;
+  launch.all_gather(c.comm, x.raw(), staging.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype());
+  return launch.then([staging, out, outer, n = c.n, chunk = x.numel() / outer]() mutable {
+    regroup(staging, out, outer, n, chunk, true);
+    return out;
+  });
 }
 
 Tensor pvary_forward(const Tensor& x, const Names& mesh_axes) {
@@ -193,7 +199,8 @@ Tensor pvary_forward(const Tensor& x, const Names& mesh_axes) {
   return x.with_vary(vary);
 }
 
-Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const std::string& axis, const CallSite& site) {
+Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const std::string& axis, const CallSite& site,
+                            detail::Launch& launch) {
   Context c = enter("psum_scatter", &x_in, mesh_axes, site);
   const int i = x_in.shape().require(axis, "psum_scatter");
   const std::int64_t size = x_in.shape()[i].size;
@@ -219,13 +226,15 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
   const std::int64_t outer = outer_size(x.shape(), axis);
   const std::size_t block = static_cast<std::size_t>(out.numel());
   if (outer == 1) {
-    c.comm.reduce_scatter(x.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);
+    launch.keep({x});
+    launch.reduce_scatter(c.comm, x.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);
   } else {
     Tensor staging = Tensor::empty(Shape{{"rank", c.n}, {"block", out.numel()}}, x.dtype(), x.device_ptr());
     regroup(x, staging, outer, c.n, out.numel() / outer, false);
-    c.comm.reduce_scatter(staging.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);
+    launch.keep({staging});
+    launch.reduce_scatter(c.comm, staging.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);
   }
-  return detail::narrow_to(out, x_in.dtype());
+  return launch.then([out, dtype = x_in.dtype()] { return detail::narrow_to(out, dtype); });
 }
 
 std::string pairs_text(const std::vector<std::pair<int, int>>& pairs) {
@@ -234,15 +243,17 @@ std::string pairs_text(const std::vector<std::pair<int, int>>& pairs) {
   return text;
 }
 
-Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, const CallSite& site) {
+Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, const CallSite& site,
+                        detail::Launch& launch) {
   Context c = enter("ppermute", &x, mesh_axes, site, fmt::format(", pairs [{}]", pairs_text(pairs)));
   check_permute_pairs(pairs, c.n, "ppermute", "the group over " + mesh_axes.str(), [&] { return x.str(); });
   VaryType vary = x.vary();
   for (const auto& m : mesh_axes.list()) vary.set_varying(m);
   if (c.n == 1 && !pairs.empty()) return x.with_vary(vary);  // (0, 0): the block stays
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
-  c.comm.permute(x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), pairs);
-  return out;
+  launch.keep({x});
+  launch.permute(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), pairs);
+  return launch.then([out] { return out; });
 }
 
 Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::string& split_axis, const std::string& concat_axis,
@@ -294,7 +305,8 @@ Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::st
 
 namespace {
 Tensor summed(std::string_view op, const Tensor& x, const Names& mesh_axes, const CallSite& site) {
-  Tensor out = reduce_collective(op, ReduceOp::sum, x, mesh_axes, site);
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = reduce_collective(op, ReduceOp::sum, x, mesh_axes, site, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
   return autodiff::record(std::string(op), out, {x}, [mesh_axes, site, op](const Tensor& g) {
     BackwardOf scope(op.data(), site);  // a literal: "psum" or "pmean"
@@ -312,7 +324,8 @@ Tensor pmean(const Tensor& x, const Names& mesh_axes, std::source_location where
 
 namespace {
 Tensor not_differentiable(std::string_view op, ReduceOp reduce, const Tensor& x, const Names& mesh_axes, const CallSite& site) {
-  Tensor out = reduce_collective(op, reduce, x, mesh_axes, site);
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = reduce_collective(op, reduce, x, mesh_axes, site, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
   return autodiff::record(std::string(op), out, {x}, [op = std::string(op), x_str = x.str(), mesh_axes](const Tensor&) -> std::vector<Tensor> {
     fail("grad", "{}({}, {}) is not differentiable: apply it to stop_gradient(x) (as the vocab-parallel loss does for its max)",
@@ -346,7 +359,8 @@ namespace {
 Tensor gather(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant, bool stack,
               const CallSite& site) {
   const Names group = cut_order(x, mesh_axes, axis);
-  Tensor out = gather_collective(op, x, group, axis, invariant, site, stack);
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = gather_collective(op, x, group, axis, invariant, site, stack, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
   if (!invariant)
     return autodiff::record(std::string(op), out, {x}, [x, group, axis, site, op](const Tensor& g) {
@@ -377,7 +391,8 @@ Tensor all_gather_invariant_stacked(const Tensor& x, const Names& mesh_axes, con
 
 Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
   const CallSite site = site_of(where);
-  Tensor out = psum_scatter_forward(x, mesh_axes, axis, site);
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = psum_scatter_forward(x, mesh_axes, axis, site, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
   return autodiff::record("psum_scatter", out, {x}, [mesh_axes, axis, site](const Tensor& g) {
     BackwardOf scope("psum_scatter", site);
@@ -387,7 +402,8 @@ Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& 
 
 Tensor ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, std::source_location where) {
   const CallSite site = site_of(where);
-  Tensor out = ppermute_forward(x, mesh_axes, pairs, site);
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = ppermute_forward(x, mesh_axes, pairs, site, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
   std::vector<std::pair<int, int>> inverse;
   for (auto [src, dst] : pairs) inverse.push_back({dst, src});
@@ -408,6 +424,25 @@ Tensor all_to_all(const Tensor& x, const Names& mesh_axes, const std::string& sp
     return std::vector<Tensor>{all_to_all(g, group, concat_axis, split_axis)};
   });
 }
+
+namespace detail {
+// For the start forms (async_collectives.cpp): the same checks, vary rules, call sites and packing.
+Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch, std::source_location where) {
+  return reduce_collective("psum", ReduceOp::sum, x, mesh_axes, site_of(where), launch);
+}
+Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch, std::source_location where) {
+  return gather_collective("all_gather", x, cut_order(x, mesh_axes, axis), axis, false, site_of(where), false, launch);
+}
+Tensor launch_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch, std::source_location where) {
+  return psum_scatter_forward(x, mesh_axes, axis, site_of(where), launch);
+}
+Tensor launch_ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, Launch& launch,
+                       std::source_location where) {
+  return ppermute_forward(x, mesh_axes, pairs, site_of(where), launch);
+}
+Names gather_order(const Tensor& x, const Names& mesh_axes, const std::string& axis) { return cut_order(x, mesh_axes, axis); }
+Tensor unstack_gradient(const Tensor& g, const Tensor& x, const std::string& axis) { return unstack(g, x, axis); }
+}  // namespace detail
 
 Tensor axis_index(const Names& mesh_axes) {
   Shard& shard = checked_shard("axis_index", nullptr, mesh_axes);
