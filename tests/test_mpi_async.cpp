@@ -53,7 +53,7 @@ std::vector<double> started_program(Shard& s, const std::vector<std::string>& ax
         const Tensor shifted_dot = sum(start_ppermute(p[0] * p[0], axes, ring(n)).wait() * p[0], {"a", "b"});
         return start_psum(gathered_sum + shifted_dot, axes).wait();
       },
-      {x});
+      {x}, {.allow_varying_loss = true});  // summed over `axes` only: still per-device over the others
   const auto g = grads[0].to_vector<double>();
   out.insert(out.end(), g.begin(), g.end());
   out.push_back(loss.item());
