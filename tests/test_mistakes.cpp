@@ -7,6 +7,7 @@
 #include <map>
 
 #include "helpers.h"
+#include "nax/vary_checks.h"
 
 using namespace nax;
 using Catch::Matchers::Contains;
@@ -160,6 +161,15 @@ std::vector<Mistake> catalog() {
       {"dot of a block with a whole tensor", "mp=2",
        [](Shard& s) { dot(split_over_mp(s), arange({"i", 8}), {"i"}); }, {"dot", "'i'"}},
       {"add of a block and a whole tensor", "mp=2", [](Shard& s) { add(split_over_mp(s), arange({"i", 8})); }, {"add", "'i'"}},
+      // --- checked casts and assertions
+      {"as_split of an Invariant value", "mp=2", [](Shard&) { as_split(arange({"i", 4}), "mp", "i"); }, {"as_split", "Invariant", "'mp'"}},
+      {"as_split along a missing axis", "mp=2", [](Shard& s) { as_split(per_device(s), "mp", "j"); }, {"as_split", "'j'"}},
+      {"as_varying of a Varying value", "mp=2", [](Shard& s) { as_varying(per_device(s), "mp"); }, {"as_varying", "not Split", "'mp'"}},
+      {"expect_vary of a Split value expected Varying", "mp=2", [](Shard& s) { expect_vary(split_over_mp(s), "mp=varying"); },
+       {"expect_vary", "'mp'", "mp=varying", "test_mistakes.cpp"}},
+      {"expect_vary of a Varying value expected Invariant", "dp=2,mp=2", [](Shard& s) { expect_vary(per_device(s), "dp=varying"); },
+       {"expect_vary", "'mp'", "invariant"}},
+      {"expect_vary with a malformed spec", "mp=2", [](Shard& s) { expect_vary(per_device(s), "mp"); }, {"expect_vary", "mesh_axis=varying"}},
       {"slice out of a block's bounds", "mp=2", [](Shard& s) { slice(split_over_mp(s), "i", 0, 8); }, {"slice", "out of bounds"}},
   };
 }
@@ -235,4 +245,45 @@ TEST_CASE("a per-device loss still differentiates when asked to", "[mistakes]") 
   });
   // Each device's own data (psum-ed onto the Invariant w by the implicit pvary's transpose).
   REQUIRE(grads[0] == grads[1]);
+}
+
+TEST_CASE("checked casts round-trip and keep gradients", "[mistakes]") {
+  Runtime rt = Runtime::local(Mesh::parse("dp=2,mp=2"));
+  rt.run([](Shard& s) {
+    Tensor x = parameter(s.shard(arange({"i", 8}, DType::f64), {{"i", {"dp", "mp"}}}));
+    Tensor v = as_varying(x, {"dp", "mp"});
+    expect_vary(v, "dp=varying,mp=varying");
+    Tensor back = as_split(v, {"dp", "mp"}, "i");
+    expect_vary(back, "dp=i,mp=i");
+    NAX_EXPECT(back.vary() == x.vary());
+    Tensor g = grad(pmean(sum(as_varying(x, "mp") * 3.0, "i"), {"dp", "mp"}), {x})[0];
+    NAX_EXPECT(g.vary() == x.vary());
+    NAX_EXPECT(g.to_vector<double>() == std::vector<double>(2, 0.75));
+  });
+}
+
+TEST_CASE("NAX_CHECK=1 catches a per-device value typed Invariant at gather and expect_vary", "[mistakes]") {
+  Runtime rt = Runtime::local(Mesh::parse("mp=2"));
+  auto program = [](bool assert_type) {
+    return [assert_type](Shard& s) {
+      Tensor wrong = full(Shape{{"i", 2}}, static_cast<double>(s.device()));  // per-device, never marked Varying
+      if (assert_type) expect_vary(wrong, "");
+      else s.gather(wrong);
+    };
+  };
+  REQUIRE_NOTHROW(rt.run(program(false)));  // unchecked: device 0's copy, silently
+  ::setenv("NAX_CHECK", "1", 1);
+  for (bool assert_type : {false, true}) {
+    std::string message;
+    try {
+      rt.run(program(assert_type));
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    INFO(message);
+    REQUIRE_THAT(message, Contains("NAX_CHECK") && Contains("Invariant") && Contains("pvary") &&
+                              Contains(assert_type ? "expect_vary" : "gather"));
+  }
+  REQUIRE_NOTHROW(rt.run([](Shard& s) { s.gather(psum(per_device(s), "mp")); }));  // truly Invariant: passes
+  ::unsetenv("NAX_CHECK");
 }

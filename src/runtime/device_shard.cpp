@@ -6,6 +6,7 @@
 
 #include "kernels/kernels.h"
 #include "nax/collectives.h"
+#include "nax/vary_checks.h"
 #include "ops/internal.h"
 
 namespace nax::detail {
@@ -75,6 +76,7 @@ Tensor DeviceShard::gather(const Tensor& t) {
     if (e.kind == Vary::Varying)
       fail("gather", "{} is Varying over mesh axis '{}' (a partial sum or a per-device value): reduce it with psum/pmean or "
            "all_gather_invariant first", t.str(), e.mesh_axis);
+  if (checking_enabled()) check_invariant(t, "gather");
   Tensor whole = t;
   for (const auto& axis : t.shape().axes()) {
     auto mesh_axes = t.vary().split_mesh_axes(axis.name);
