@@ -36,6 +36,8 @@ struct TrainOptions {
   // Compute dtype. bf16: mixed precision (bf16 parameters and activations in the model, f32 master
   // weights, optimizer state and loss); f32: everything f32.
   nax::DType dtype = nax::DType::f32;
+  // Time forward, backward and optimizer separately (drains the device queue at each boundary).
+  bool time_phases = false;
 };
 
 struct TrainResult {
@@ -48,6 +50,8 @@ struct TrainResult {
   std::map<std::string, double> bytes_per_step;
   double collectives_per_step = 0;
   std::size_t peak_bytes = 0;  // device 0's allocator high-water mark over the run
+  // With time_phases: device 0's median seconds per step in each phase (steps after the first).
+  double forward_s = 0, backward_s = 0, optimizer_s = 0;
 };
 
 TrainResult train(const TrainOptions& options, const TextData& data);
