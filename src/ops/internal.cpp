@@ -1,4 +1,5 @@
 #include "ops/internal.h"
+#include "ops/vocab_parallel.h"
 
 #include <fmt/format.h>
 
@@ -112,7 +113,10 @@ Tensor transfer(const Tensor& x, const std::shared_ptr<Device>& device) {
   Tensor out = make_result(x.shape(), x.dtype(), x.vary(), device);
   const Device& from = x.device();
   if (from.host_accessible()) device->kernels().copy_from_host(out.raw_mutable(), x.raw(), x.nbytes());
-  else if (device->host_accessible()) from.kernels().copy_to_host(out.raw_mutable(), x.raw(), x.nbytes());
+  else if (device->host_accessible()) {
+    from.kernels().copy_to_host(out.raw_mutable(), x.raw(), x.nbytes());
+    resolve_deferred_id_checks();
+  }
   else return transfer(transfer(x, Device::host()), device);
   return out;
 }
