@@ -52,8 +52,9 @@ std::shared_ptr<Device> make_cuda_device(int index, int gpu) { return cuda("cuda
 int gpu_of(const Device& device) { return cuda("cuda device").gpu_of(device); }
 std::shared_ptr<NcclIds> make_nccl_ids() { return cuda("NCCL").make_nccl_ids(); }
 std::string new_nccl_id() { return cuda("NCCL").new_nccl_id(); }
-std::unique_ptr<Communicator> make_nccl_communicator(const std::string& id, int size, int rank, const Device& device) {
-  return cuda("NCCL").make_nccl_communicator(id, size, rank, device);
+std::unique_ptr<Communicator> make_nccl_communicator(const std::string& id, int size, int rank, const Device& device,
+                                                     const NcclGuardOptions& guard) {
+  return cuda("NCCL").make_nccl_communicator(id, size, rank, device, guard);
 }
 
 }  // namespace nax::detail

@@ -20,7 +20,8 @@ struct CudaComponent {
   int (*gpu_of)(const Device& device);
   std::shared_ptr<NcclIds> (*make_nccl_ids)();
   std::string (*new_nccl_id)();
-  std::unique_ptr<Communicator> (*make_nccl_communicator)(const std::string& id, int size, int rank, const Device& device);
+  std::unique_ptr<Communicator> (*make_nccl_communicator)(const std::string& id, int size, int rank, const Device& device,
+                                                          const NcclGuardOptions& guard);
 };
 
 struct MpiComponent {
