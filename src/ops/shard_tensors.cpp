@@ -87,37 +87,4 @@ Tensor DeviceShard::full(const Shape& global, const AxisRules& rules, double val
   return out;
 }
 
-Tensor DeviceShard::gather(const Tensor& t) {
-  check_operands("gather", {&t});
-  for (const auto& e : t.vary().entries())
-    if (e.kind == Vary::Varying)
-      fail("gather", "{} is Varying over mesh axis '{}' (a partial sum or a per-device value): reduce it with psum/pmean or "
-           "all_gather_invariant first", t.str(), e.mesh_axis);
-  Tensor whole = t;
-  for (const auto& axis : t.shape().axes()) {
-    auto mesh_axes = t.vary().split_mesh_axes(axis.name);
-    if (!mesh_axes.empty()) whole = all_gather_invariant(whole, mesh_axes, axis.name);
-  }
-  return transfer(whole.with_vary(VaryType{}), Device::host());
-}
-
-Tensor DeviceShard::random_normal(const Shape& global, const AxisRules& rules, std::uint64_t seed, std::string_view name,
-                                  double stddev, DType dtype) {
-  Block b = block_of(global, rules, "random_normal");
-  return random_block(global, b.local, b.offsets, seed, name, dtype, true, stddev, 0).with_vary(b.vary);
-}
-
-Tensor DeviceShard::random_uniform(const Shape& global, const AxisRules& rules, std::uint64_t seed, std::string_view name,
-                                   double low, double high, DType dtype) {
-  Block b = block_of(global, rules, "random_uniform");
-  return random_block(global, b.local, b.offsets, seed, name, dtype, false, low, high).with_vary(b.vary);
-}
-
-Tensor DeviceShard::full(const Shape& global, const AxisRules& rules, double value, DType dtype) {
-  Block b = block_of(global, rules, "full");
-  Tensor out = make_result(b.local, dtype, b.vary, dev_);
-  detail::kernels_of(out).fill(dtype, out.raw_mutable(), out.numel(), value);
-  return out;
-}
-
 }  // namespace nax::detail
