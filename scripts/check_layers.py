@@ -32,6 +32,7 @@ TOP_LEVEL_HEADERS = {
     "async_collectives.h": "ops",
     "index_ops.h": "ops",
     "transformer_ops.h": "ops",
+    "vary_checks.h": "ops",
     # Declares grad mode, parameter and stop_gradient, which ops consult and src/ops/node.cpp defines
     # with the tape, and grad / value_and_grad, which the autodiff layer (src/autodiff) defines.
     "autodiff.h": "ops",
