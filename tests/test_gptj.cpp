@@ -105,7 +105,7 @@ TEST_CASE("corrupt, truncated or mismatched checkpoints are refused", "[e2e][gpt
   gptj::write_file_atomically(path, flipped);
   REQUIRE_THROWS_WITH(gptj::load_safetensors(path), Contains("checksum") && Contains(path));
   gptj::write_file_atomically(path, bytes.substr(0, bytes.size() - 10));
-  REQUIRE_THROWS_WITH(gptj::load_safetensors(path), Contains("load_safetensors") && Contains(path));
+  REQUIRE_THROWS_WITH(gptj::load_safetensors(path), Contains("safetensors") && Contains(path));
   gptj::write_file_atomically(path, bytes.substr(0, 5));
   REQUIRE_THROWS_WITH(gptj::load_safetensors(path), Contains("truncated"));
   REQUIRE_THROWS_WITH(gptj::load_safetensors(dir + "/missing.safetensors"), Contains("cannot read"));
@@ -165,20 +165,17 @@ TEST_CASE("gptj export writes the trainer's initial parameters, batches and sett
   REQUIRE(info["lr_per_step"][1].get<double>() == nn::warmup_cosine(1, 2, 3, 1e-2));
 
   // The parameters are the trainer's initial ones: on the first batch they give its first loss.
-  const gptj::Config config = gptj::config_from_json(gptj::read_file(dir + "/config.json"));
+  const gptj::ModelFiles files = gptj::open_model(dir);  // a folder with config.json, as Hugging Face's
+  const gptj::Config& config = files.config;
   REQUIRE(config.name == "tiny");
   const auto specs = gptj::parameter_specs(config);
-  const auto file = gptj::load_safetensors(dir + "/model.safetensors");
-  REQUIRE(file.size() == specs.size());
-  std::vector<Tensor> globals;
-  for (const auto& spec : specs) globals.push_back(gptj::from_hf_layout(file, spec.name, spec.global, "model.safetensors"));
+  REQUIRE(files.weights.tensors().size() == specs.size());
   const Mesh mesh = Mesh::parse("dp=1,mp=2");
   const AxisRules rules = gptj::axis_rules(mesh);
   double first_loss = 0;
   Runtime rt = Runtime::local(mesh);
   rt.run([&](Shard& s) {
-    std::vector<Tensor> values;
-    for (const auto& g : globals) values.push_back(s.shard(g, rules));
+    std::vector<Tensor> values = checkpoint::load_sharded(s, files.weights, gptj::model_reads(specs), rules);
     const gptj::Model model(config, nn::Parameters::from_values(specs, values));
     NoGrad no_grad;
     const double loss = model.loss(s.shard(batches.at("ids.0").with_shape(Shape{{"batch", 4}, {"seq", 16}}), rules),

@@ -18,6 +18,7 @@ struct Config {
   std::int64_t d_ff = 256;  // 4 d_model
   std::int64_t rotary_dims = 8;
   std::int64_t max_seq = 2048;
+  double layer_norm_eps = 1e-5;  // Hugging Face's layer_norm_epsilon
 };
 
 // tiny, small, 125m, 350m, 1.3b, 6b; throws naming the known ones otherwise.

@@ -98,10 +98,14 @@ void train_help() {
       "  --warmup N         warmup steps                                  (default 20)\n"
       "  --seed S           init and data seed                            (default 0)\n"
       "  --micro-batches M  gradient accumulation over M micro-batches    (default 1)\n"
-      "  --ckpt-dir DIR     write checkpoints there (at the end, or every --save-every steps)\n"
+      "  --ckpt-dir DIR     write checkpoints there, DIR/step_NNNNNN/ (at the end, or every\n"
+      "                     --save-every steps); a new run needs an empty or new folder\n"
       "  --save-every N     checkpoint period in steps                    (default 0: at the end)\n"
+      "  --keep K           keep the newest K checkpoints                 (default 0: all)\n"
       "  --stop-after N     stop (and checkpoint) after step N, as if interrupted\n"
-      "  --resume           continue from the checkpoint in --ckpt-dir\n"
+      "  --resume           continue from the newest checkpoint in --ckpt-dir; the run's settings\n"
+      "                     must match the checkpoint's (the mesh may change)\n"
+      "  --allow-extend-steps  with --resume: a larger --steps, the cosine schedule stretched over it\n"
       "  --eval-every K     held-out loss every K steps                   (default 50)\n"
       "  --metrics FILE     one JSON object per step (step, loss, tokens_per_s, mfu, ...)\n"
       "  --quiet            no progress line\n");
@@ -111,7 +115,7 @@ void sample_help() {
   fmt::print(
       "usage: gptj sample --ckpt DIR [flags]\n"
       "Generates text from a checkpoint, on any mesh, with a KV cache.\n\n"
-      "  --ckpt DIR         a checkpoint written by gptj train             (required)\n"
+      "  --ckpt DIR         a run folder of gptj train (its newest checkpoint) or a step folder\n"
       "  --mesh SPEC        e.g. dp=1,mp=2                                (default dp=1,mp=1)\n"
       "  --backend B        cpu or cuda, as for gptj train                (default cpu)\n"
       "  --prompt TEXT      the text to continue\n"
@@ -127,13 +131,16 @@ int run_train(int argc, char** argv) {
               run_flags(o, {{"--micro-batches", [&](const std::string& v) { o.micro_batches = to_int("--micro-batches", v); }},
                             {"--ckpt-dir", [&](const std::string& v) { o.ckpt_dir = v; }},
                             {"--save-every", [&](const std::string& v) { o.save_every = to_int("--save-every", v); }},
+                            {"--keep", [&](const std::string& v) { o.keep = to_int("--keep", v); }},
                             {"--stop-after", [&](const std::string& v) { o.stop_after = to_int("--stop-after", v); }},
                             {"--eval-every", [&](const std::string& v) { o.eval_every = to_int("--eval-every", v); }},
                             {"--metrics", [&](const std::string& v) { o.metrics = v; }},
                             {"--sharding", [&](const std::string& v) { o.sharding = v; }},
                             {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }}}),
               train_help,
-              {{"--resume", [&](const std::string&) { o.resume = true; }}, {"--quiet", [&](const std::string&) { o.quiet = true; }}});
+              {{"--resume", [&](const std::string&) { o.resume = true; }},
+               {"--allow-extend-steps", [&](const std::string&) { o.allow_extend_steps = true; }},
+               {"--quiet", [&](const std::string&) { o.quiet = true; }}});
   if (o.steps < 1 || o.batch < 1 || o.seq < 1) nax::fail("gptj", "--steps, --batch and --seq must be positive");
   auto result = gptj::train(o, gptj::TextData::load(o.data));
   if (nax::process_index() != 0) return 0;  // under mpirun, process 0 reports

@@ -26,6 +26,9 @@ struct TrainOptions {
   std::string ckpt_dir;  // empty: no checkpoints
   bool resume = false;
   std::int64_t save_every = 0;  // 0: only at the end
+  std::int64_t keep = 0;        // committed step folders kept (the newest); 0: all
+  // --resume may raise --steps: the cosine schedule is then stretched over the new total.
+  bool allow_extend_steps = false;
   std::int64_t stop_after = 0;  // stop (and checkpoint) after this step, as if interrupted; 0: run all
   std::int64_t eval_every = 50;
   std::int64_t eval_batches = 4;

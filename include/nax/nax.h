@@ -1,6 +1,7 @@
 #pragma once
 // Everything public in nax.
 #include "nax/autodiff.h"
+#include "nax/checkpoint.h"
 #include "nax/collectives.h"
 #include "nax/comm/communicator.h"
 #include "nax/core/allocator.h"
