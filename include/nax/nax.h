@@ -14,6 +14,7 @@
 #include "nax/core/rng.h"
 #include "nax/core/shape.h"
 #include "nax/core/vary.h"
+#include "nax/index_ops.h"
 #include "nax/ops.h"
 #include "nax/runtime.h"
 #include "nax/tensor.h"
