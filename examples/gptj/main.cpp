@@ -5,6 +5,8 @@
 //   gptj export --config tiny --mesh dp=1,mp=2 --data FILE... --steps K --out DIR [...]
 #include <fmt/format.h>
 
+#include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -57,7 +59,11 @@ long long stoll_base10(const std::string& v, std::size_t* used) { return std::st
 double stod_plain(const std::string& v, std::size_t* used) { return std::stod(v, used); }
 
 std::int64_t to_int(const std::string& flag, const std::string& v) { return parse_value<long long>(flag, v, "an integer", stoll_base10); }
-double to_double(const std::string& flag, const std::string& v) { return parse_value<double>(flag, v, "a number", stod_plain); }
+double to_double(const std::string& flag, const std::string& v) {
+  const double x = parse_value<double>(flag, v, "a number", stod_plain);
+  if (!std::isfinite(x)) nax::fail("gptj", "{} expects a finite number, got '{}'", flag, v);
+  return x;
+}
 
 
 // The flags that say what to train on, shared by train, compare and export.
@@ -141,7 +147,7 @@ int run_train(int argc, char** argv) {
               {{"--resume", [&](const std::string&) { o.resume = true; }},
                {"--allow-extend-steps", [&](const std::string&) { o.allow_extend_steps = true; }},
                {"--quiet", [&](const std::string&) { o.quiet = true; }}});
-  if (o.steps < 1 || o.batch < 1 || o.seq < 1) nax::fail("gptj", "--steps, --batch and --seq must be positive");
+  gptj::check_options(o);  // before the data is read
   auto result = gptj::train(o, gptj::TextData::load(o.data));
   if (nax::process_index() != 0) return 0;  // under mpirun, process 0 reports
   fmt::print("final: train loss {:.4f}, held-out loss {:.4f}, {:.0f} tokens/s, MFU {:.1f}% of {:.0f} GFLOP/s, {} compute\n",
@@ -263,6 +269,7 @@ int run_sample(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::signal(SIGXFSZ, SIG_IGN);  // a file size limit: a write error naming the file, not a kill
   try {
     const std::string command = argc > 1 ? argv[1] : "--help";
     if (command == "train") return run_train(argc, argv);

@@ -56,13 +56,19 @@ Model model_on(Shard& s, const Loaded& m) {
   return Model(m.files.config, nn::Parameters::from_values(m.specs, checkpoint::load_sharded(s, m.files.weights, model_reads(m.specs), m.rules)));
 }
 
-std::vector<std::int32_t> prompt_tokens(const SampleOptions& o) { return encode(o.prompt.empty() ? std::string("\n") : o.prompt); }
+std::vector<std::int32_t> prompt_tokens(const SampleOptions& o, const Loaded& m, std::int64_t generated) {
+  auto tokens = encode(o.prompt.empty() ? std::string("\n") : o.prompt);
+  const auto context = m.files.config.max_seq, prompt = static_cast<std::int64_t>(tokens.size());
+  if (prompt > context || generated > context - prompt)  // subtracted, so that no sum overflows
+    fail("sample", "the prompt ({} tokens) plus {} generated exceeds the model's context of {} tokens", prompt, generated, context);
+  return tokens;
+}
 
 }  // namespace
 
 std::vector<std::vector<double>> prompt_logits(const SampleOptions& o) {
   const Loaded m = load_for_inference(o);
-  const auto tokens = prompt_tokens(o);
+  const auto tokens = prompt_tokens(o, m, 0);
   Runtime rt = Runtime::from_env(m.mesh, runtime_options(o.backend));
   return rt.run([&](Shard& s) {
     NoGrad no_grad;
@@ -76,12 +82,18 @@ std::vector<std::vector<double>> prompt_logits(const SampleOptions& o) {
   })[static_cast<std::size_t>(rt.local_devices().front())];  // every device has them; under MPI only ours is here
 }
 
-std::string sample(const SampleOptions& o) {
+void check_options(const SampleOptions& o) {
   if (o.tokens < 0) fail("sample", "--tokens must be at least 0, got {}", o.tokens);
+  if (!std::isfinite(o.temperature) || o.temperature < 0 || o.temperature > 1000)
+    fail("sample", "--temperature must be a finite number in [0, 1000], got {}", o.temperature);
+  if (o.top_k < 0) fail("sample", "--top-k must be at least 0 (0: the whole vocabulary), got {}", o.top_k);
+  if (static_cast<std::int64_t>(o.seed) < 0) fail("sample", "--seed must be at least 0, got {}", static_cast<std::int64_t>(o.seed));
+}
+
+std::string sample(const SampleOptions& o) {
+  check_options(o);
   const Loaded m = load_for_inference(o);
-  const auto tokens = prompt_tokens(o);
-  if (static_cast<std::int64_t>(tokens.size()) + o.tokens > m.files.config.max_seq)
-    fail("sample", "prompt ({} tokens) plus --tokens {} exceeds the context of {}", tokens.size(), o.tokens, m.files.config.max_seq);
+  const auto tokens = prompt_tokens(o, m, o.tokens);
   const AxisRules& rules = m.rules;
   Runtime rt = Runtime::from_env(m.mesh, runtime_options(o.backend));
   return rt.run([&](Shard& s) {

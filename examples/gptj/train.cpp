@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -55,8 +56,12 @@ namespace ckpt = nax::checkpoint;
 nlohmann::json run_record(const TrainOptions& o) {
   const Config c = config_by_name(o.config);  // unpadded: the padding follows the mesh
   nlohmann::json data = nlohmann::json::array();
-  for (const auto& path : o.data)
-    data.push_back({{"bytes", std::filesystem::file_size(path)}, {"checksum", ckpt::file_checksum(path)}});
+  for (const auto& path : o.data) {
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(path, ec);
+    if (ec) fail("train", "--data '{}': {}", path, ec.message());
+    data.push_back({{"bytes", bytes}, {"checksum", ckpt::file_checksum(path)}});
+  }
   return {{"config", {{"name", c.name}, {"vocab", c.vocab}, {"d_model", c.d_model}, {"n_layers", c.n_layers}, {"n_heads", c.n_heads},
                       {"d_ff", c.d_ff}, {"rotary_dims", c.rotary_dims}, {"max_seq", c.max_seq}, {"layer_norm_eps", c.layer_norm_eps}}},
           {"steps", o.steps}, {"warmup", o.warmup}, {"lr", o.lr}, {"schedule", "warmup_cosine"}, {"clip", o.clip},
@@ -174,6 +179,35 @@ class Progress {
 
 }  // namespace
 
+void check_options(const TrainOptions& o) {
+  constexpr std::int64_t kBillion = 1'000'000'000;
+  auto range = [](const char* flag, std::int64_t v, std::int64_t lo, std::int64_t hi) {
+    if (v < lo || v > hi) fail("gptj", "{} must be in [{}, {}], got {}", flag, lo, hi, v);
+  };
+  range("--steps", o.steps, 1, kBillion);
+  range("--batch", o.batch, 1, 1 << 24);
+  range("--seq", o.seq, 1, 1 << 20);
+  range("--warmup", o.warmup, 0, kBillion);
+  range("--micro-batches", o.micro_batches, 1, 1 << 24);
+  range("--save-every", o.save_every, 0, kBillion);
+  range("--stop-after", o.stop_after, 0, kBillion);
+  range("--eval-every", o.eval_every, 0, kBillion);
+  range("--keep", o.keep, 0, kBillion);
+  if (static_cast<std::int64_t>(o.seed) < 0) fail("gptj", "--seed must be at least 0, got {}", static_cast<std::int64_t>(o.seed));
+  if (!std::isfinite(o.lr) || o.lr <= 0 || o.lr > 10) fail("gptj", "--lr must be a finite number in (0, 10], got {}", o.lr);
+  if (o.resume && o.ckpt_dir.empty()) fail("train", "--resume needs --ckpt-dir");
+  if (o.allow_extend_steps && !o.resume) fail("train", "--allow-extend-steps goes with --resume");
+}
+
+void check_memory(const Config& config, std::int64_t batch, std::int64_t seq) {
+  const double need = training_bytes_lower_bound(config, batch, seq);
+  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE)) * process_count();
+  if (need > have)
+    fail("train", "config {} at batch {} x seq {} needs at least {:.1f} GB (parameters, gradients, AdamW state and activations), "
+         "more than this machine's {:.1f} GB of memory",
+         config.name, batch, seq, need * 1e-9, have * 1e-9);
+}
+
 RuntimeOptions runtime_options(Backend backend) {
   RuntimeOptions options;
   options.backend = backend;
@@ -181,9 +215,11 @@ RuntimeOptions runtime_options(Backend backend) {
 }
 
 TrainResult train(const TrainOptions& o, const TextData& data) {
+  check_options(o);
   const Mesh mesh = Mesh::parse(o.mesh);
   const Config config = padded_for(config_by_name(o.config), mesh);
   check_fits(config, mesh, o.batch);
+  check_memory(config, o.batch, o.seq);
   check_sharding(o.sharding);
   check_compute_dtype(o.dtype);
   if (o.micro_batches < 1 || (o.batch / mesh.axis_size("dp")) % o.micro_batches != 0)

@@ -53,6 +53,13 @@ struct TrainResult {
   std::size_t peak_bytes = 0;  // device 0's allocator high-water mark over the run
 };
 
+// Checks every number of the options (ranges, finite, no overflow), before any work.
+void check_options(const TrainOptions& options);
+
+// Refuses a run whose training_bytes_lower_bound exceeds the machine's memory (times the
+// processes under mpirun), naming both.
+void check_memory(const Config& config, std::int64_t batch, std::int64_t seq);
+
 TrainResult train(const TrainOptions& options, const TextData& data);
 
 // The runtime options of a --backend.
@@ -68,6 +75,9 @@ struct SampleOptions {
   std::int64_t top_k = 40;
   std::uint64_t seed = 0;
 };
+
+// Checks --tokens, --temperature and --top-k.
+void check_options(const SampleOptions& options);
 
 // The prompt's continuation (without the prompt).
 std::string sample(const SampleOptions& options);
