@@ -325,3 +325,20 @@ TEST_CASE("--resume compares the run's settings and names what differs", "[e2e][
   REQUIRE_THROWS_WITH(gptj::sample(gptj::SampleOptions{.ckpt_dir = dir}), Contains(weights));
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("prompts beyond the context are refused, without overflow", "[e2e][gptj][errors]") {
+  const std::string dir = scratch_dir("context");
+  auto o = tiny("dp=1,mp=1", 1);
+  o.ckpt_dir = dir;
+  gptj::train(o, corpus());
+  gptj::SampleOptions s;
+  s.ckpt_dir = dir, s.prompt = std::string(2049, 'a');
+  REQUIRE_THROWS_WITH(gptj::prompt_logits(s), Contains("the prompt (2049 tokens) plus 0 generated exceeds the model's context of 2048"));
+  s.prompt = "abc", s.tokens = std::numeric_limits<std::int64_t>::max();
+  REQUIRE_THROWS_WITH(gptj::sample(s), Contains("exceeds the model's context of 2048"));
+  s.prompt = std::string(2044, 'a'), s.tokens = 4, s.temperature = 0;  // exactly the context
+  REQUIRE(gptj::sample(s).empty() == false);
+  s.temperature = std::nan("");
+  REQUIRE_THROWS_WITH(gptj::sample(s), Contains("--temperature must be a finite number"));
+  std::filesystem::remove_all(dir);
+}

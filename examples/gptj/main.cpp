@@ -89,7 +89,7 @@ void train_help() {
       "Trains a GPT-J-style model written per shard on a simulated device mesh (threads), or\n"
       "under mpirun -np <devices> on one process per device.\n\n"
       "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
-      "  --mesh SPEC        mesh axes dp and mp, e.g. dp=2,mp=2           (default dp=2,mp=2)\n"
+      "  --mesh SPEC        mesh axes dp and mp, e.g. dp=2,mp=2, at most 256 devices (default dp=2,mp=2)\n"
       "  --backend B        cpu: simulated devices (threads); cuda: device d on GPU d % GPUs,\n"
       "                     NCCL when each device has a GPU, else virtual devices (default cpu)\n"
       "  --sharding MODE    hand: the model written per shard; auto: the same model in the global\n"
@@ -214,7 +214,7 @@ int run_compare(int argc, char** argv) {
               {{"--with-jax", [&](const std::string&) { c.with_jax = true; }},
                {"--install-jax", [&](const std::string&) { c.install_jax = true; }},
                {"--quiet", [&](const std::string&) { o.quiet = true; }}});
-  if (o.steps < 1 || o.batch < 1 || o.seq < 1) nax::fail("gptj", "--steps, --batch and --seq must be positive");
+  gptj::check_options(o);
   if (c.timing_skip < 0 || c.timing_skip >= o.steps) nax::fail("gptj", "--warmup-steps must be at least 0 and below --steps ({})", o.steps);
   if (c.projected_mfu <= 0 || c.projected_mfu > 1) nax::fail("gptj", "--mfu must be in (0, 1]");
   const auto rows = gptj::compare(c, gptj::TextData::load(o.data));
@@ -229,6 +229,7 @@ int run_export(int argc, char** argv) {
   gptj::TrainOptions& o = e.train;
   parse_flags(argc, argv, 2, run_flags(o, {{"--out", [&](const std::string& v) { e.out = v; }}}), export_help);
   if (e.out.empty()) nax::fail("gptj", "export needs --out DIR");
+  gptj::check_options(o);
   gptj::export_run(e, gptj::TextData::load(o.data));
   fmt::print("exported config {} for mesh {} ({} steps of batch {} x seq {}) to {}\n", o.config, o.mesh, o.steps, o.batch, o.seq, e.out);
   return 0;
