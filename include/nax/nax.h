@@ -1,5 +1,6 @@
 #pragma once
 // Everything public in nax.
+#include "nax/async_collectives.h"
 #include "nax/autodiff.h"
 #include "nax/checkpoint.h"
 #include "nax/collectives.h"
