@@ -29,6 +29,10 @@ std::vector<std::string> config_names();
 // can cut it; other vocabularies are returned as they are.
 Config padded_for(Config c, const nax::Mesh& mesh);
 
+// `c` with room for `vocab` ids: a larger vocabulary (a tokenizer's) rounded up to a multiple of
+// mp, as GPT-J pads 50257 to 50400; a config that already has room is returned as it is.
+Config with_vocab_at_least(Config c, std::int64_t vocab, const nax::Mesh& mesh);
+
 // The most devices a mesh may have here: a simulated device is a thread, and a mesh beyond this
 // is a typo (dp=1024,mp=4) rather than a plan; under mpirun, a process each.
 inline constexpr int kMaxDevices = 256;

@@ -8,6 +8,8 @@
 #include "checkpoint.h"
 #include "train.h"
 
+#include <nax/text/bpe_tokenizer.h>
+
 namespace gptj {
 
 using namespace nax;
@@ -57,11 +59,24 @@ Model model_on(Shard& s, const Loaded& m) {
 }
 
 std::vector<std::int32_t> prompt_tokens(const SampleOptions& o, const Loaded& m, std::int64_t generated) {
-  auto tokens = encode(o.prompt.empty() ? std::string("\n") : o.prompt);
-  const auto context = m.files.config.max_seq, prompt = static_cast<std::int64_t>(tokens.size());
+  const Config& c = m.files.config;
+  std::vector<std::int32_t> tokens;
+  if (o.tokenizer.empty()) {
+    tokens = encode(o.prompt.empty() ? std::string("\n") : o.prompt);
+  } else {
+    const auto tokenizer = nax::text::BpeTokenizer::from_file(o.tokenizer);
+    if (tokenizer.vocab_size() > c.vocab) fail("sample", "tokenizer {} has {} ids, more than the model's vocabulary {}", o.tokenizer, tokenizer.vocab_size(), c.vocab);
+    tokens = tokenizer.encode(o.prompt);
+    if (tokens.empty()) tokens.push_back(tokenizer.token_to_id("<|endoftext|>").value_or(0));
+  }
+  const auto context = c.max_seq, prompt = static_cast<std::int64_t>(tokens.size());
   if (prompt > context || generated > context - prompt)  // subtracted, so that no sum overflows
     fail("sample", "the prompt ({} tokens) plus {} generated exceeds the model's context of {} tokens", prompt, generated, context);
   return tokens;
+}
+
+std::string text_of(const SampleOptions& o, const std::vector<std::int32_t>& tokens) {
+  return o.tokenizer.empty() ? decode(tokens) : nax::text::BpeTokenizer::from_file(o.tokenizer).decode(tokens);
 }
 
 }  // namespace
@@ -110,7 +125,7 @@ std::string sample(const SampleOptions& o) {
       generated.push_back(token);
       input = from_vector(Shape{{"batch", 1}, {"seq", 1}}, std::vector<std::int32_t>{token});
     }
-    return decode(generated);
+    return text_of(o, generated);
   })[static_cast<std::size_t>(rt.local_devices().front())];  // the same text on every device
 }
 

@@ -66,7 +66,8 @@ nlohmann::json run_record(const TrainOptions& o) {
                       {"d_ff", c.d_ff}, {"rotary_dims", c.rotary_dims}, {"max_seq", c.max_seq}, {"layer_norm_eps", c.layer_norm_eps}}},
           {"steps", o.steps}, {"warmup", o.warmup}, {"lr", o.lr}, {"schedule", "warmup_cosine"}, {"clip", o.clip},
           {"weight_decay", o.weight_decay}, {"batch", o.batch}, {"seq", o.seq}, {"seed", o.seed},
-          {"dtype", std::string(dtype_name(o.dtype))}, {"micro_batches", o.micro_batches}, {"data", data}};
+          {"dtype", std::string(dtype_name(o.dtype))}, {"micro_batches", o.micro_batches}, {"data", data},
+          {"tokenizer", o.tokenizer.empty() ? std::string("bytes") : ckpt::file_checksum(o.tokenizer)}};
 }
 
 // A difference between the checkpoint's run and this one is an error naming the field and both
@@ -217,7 +218,7 @@ RuntimeOptions runtime_options(Backend backend) {
 TrainResult train(const TrainOptions& o, const TextData& data) {
   check_options(o);
   const Mesh mesh = Mesh::parse(o.mesh);
-  const Config config = padded_for(config_by_name(o.config), mesh);
+  const Config config = with_vocab_at_least(padded_for(config_by_name(o.config), mesh), data.vocab_size(), mesh);
   check_fits(config, mesh, o.batch);
   check_memory(config, o.batch, o.seq);
   check_sharding(o.sharding);

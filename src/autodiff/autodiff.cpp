@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <unordered_map>
@@ -31,6 +32,11 @@ Tensor parameter(const Tensor& x) {
 Tensor stop_gradient(const Tensor& x) { return x.requires_grad() ? x.with_grad_node(nullptr) : x; }
 
 namespace autodiff {
+
+std::uint64_t Node::next_sequence() {
+  static std::atomic<std::uint64_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed);
+}
 
 bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
   if (!g_grad_enabled) return false;
@@ -150,8 +156,9 @@ std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings)
 // One value's finished gradient.
 Tensor finish(const Pending& p) { return finish_bucketed({&p})[0]; }
 
-// Nodes reachable from `root`, each after every node that consumes it. The list owns them: the
-// walk frees each node's inputs, which may be the last other reference to a node still to come.
+// Nodes reachable from `root`, each after every node that consumes it: latest made first (see
+// Node::sequence). The list owns them: the walk frees each node's inputs, which may be the last
+// other reference to a node still to come.
 std::vector<std::shared_ptr<Node>> reverse_topological(const std::shared_ptr<Node>& root) {
   std::vector<std::shared_ptr<Node>> post_order;
   std::unordered_set<Node*> visited;
@@ -170,7 +177,8 @@ std::vector<std::shared_ptr<Node>> reverse_topological(const std::shared_ptr<Nod
     post_order.push_back(node);
     stack.pop_back();
   }
-  return {post_order.rbegin(), post_order.rend()};
+  std::sort(post_order.begin(), post_order.end(), [](const auto& a, const auto& b) { return a->sequence > b->sequence; });
+  return post_order;
 }
 
 }  // namespace

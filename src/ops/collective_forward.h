@@ -1,6 +1,7 @@
 #pragma once
 // The forward halves of the collectives that have start forms (collectives.cpp), for
 // async_collectives.cpp: the same checks, vary rules and packing, blocking or started by `launch`.
+#include <source_location>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,10 +11,13 @@
 
 namespace nax::detail {
 
-Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch);
-Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch);
-Tensor launch_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch);
-Tensor launch_ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, Launch& launch);
+// `where`: the user's call of the start form (or of the forward start whose transpose this is).
+Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch, const std::source_location& where);
+Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch, const std::source_location& where);
+Tensor launch_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch,
+                           const std::source_location& where);
+Tensor launch_ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, Launch& launch,
+                       const std::source_location& where);
 // An Invariant x marked Varying over the group (an implicit pvary) when it takes a gradient.
 Tensor vary_over_group(const Tensor& x, const Names& mesh_axes);
 // The gradient of a gather's input from the gradient of its result's own block.

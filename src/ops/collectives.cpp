@@ -331,16 +331,20 @@ Tensor all_to_all(const Tensor& x, const Names& mesh_axes, const std::string& sp
 
 namespace detail {
 // For the start forms (async_collectives.cpp): the same forward functions and gradient helpers.
-Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch) {
+// The call site is not yet part of what a group compares (`where` is kept for when it is).
+Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch, const std::source_location& /*where*/) {
   return reduce_collective("psum", ReduceOp::sum, x, mesh_axes, launch);
 }
-Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch) {
+Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch,
+                         const std::source_location& /*where*/) {
   return gather_collective("all_gather", x, mesh_axes, axis, false, launch);
 }
-Tensor launch_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch) {
+Tensor launch_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch,
+                           const std::source_location& /*where*/) {
   return psum_scatter_forward(x, mesh_axes, axis, launch);
 }
-Tensor launch_ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, Launch& launch) {
+Tensor launch_ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, Launch& launch,
+                       const std::source_location& /*where*/) {
   return ppermute_forward(x, mesh_axes, pairs, launch);
 }
 Tensor vary_over_group(const Tensor& x, const Names& mesh_axes) { return vary_over(x, mesh_axes); }
