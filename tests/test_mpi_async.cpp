@@ -57,7 +57,7 @@ std::vector<double> started_program(Shard& s, const std::vector<std::string>& ax
           if (std::find(axes.begin(), axes.end(), m) == axes.end()) others.push_back(m);
         return others.empty() ? total : psum(total, others);
       },
-      {x});
+      {x}, {.allow_varying_loss = true});  // summed over `axes` only: still per-device over the others
   const auto g = grads[0].to_vector<double>();
   out.insert(out.end(), g.begin(), g.end());
   out.push_back(loss.item());

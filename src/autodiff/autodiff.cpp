@@ -184,10 +184,15 @@ std::vector<std::shared_ptr<Node>> reverse_topological(const std::shared_ptr<Nod
 }  // namespace
 }  // namespace autodiff
 
-std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params) {
+std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params, GradOptions options) {
   if (!loss.defined()) fail("grad", "the loss is undefined");
   if (loss.rank() != 0) fail("grad", "the loss must be a scalar, got {}", loss.str());
   if (!loss.requires_grad()) fail("grad", "the loss {} does not depend on any parameter (make them with parameter())", loss.str());
+  if (!options.allow_varying_loss)
+    for (const auto& m : loss.vary().varying_mesh_axes())
+      fail("grad", "the loss {} is Varying over mesh axis '{}': each device would differentiate only its own part; reduce it with "
+           "pmean/psum over '{}' first (or pass GradOptions{{.allow_varying_loss = true}} for per-device gradients)",
+           loss.str(), m, m);
   std::unordered_set<autodiff::Node*> wanted;
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (!params[i].defined() || !params[i].requires_grad())
@@ -245,11 +250,11 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params) 
 }
 
 std::pair<Tensor, std::vector<Tensor>> value_and_grad(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
-                                                      const std::vector<Tensor>& params) {
+                                                      const std::vector<Tensor>& params, GradOptions options) {
   std::vector<Tensor> leaves;
   for (const auto& p : params) leaves.push_back(parameter(p));
   Tensor loss = fn(leaves);
-  auto grads = grad(loss, leaves);
+  auto grads = grad(loss, leaves, options);
   return {stop_gradient(loss), std::move(grads)};
 }
 

@@ -83,13 +83,13 @@ Pending<Tensor> start_psum(const Tensor& x, const Names& mesh_axes, std::source_
   });
 }
 
-Pending<Tensor> start_all_gather(const Tensor& x_in, const Names& mesh_axes, const std::string& axis, std::source_location where) {
-  const std::string what = fmt::format("start_all_gather({}, {}, {}) at {}", x_in.str(), mesh_axes.str(), axis, call_site(where));
-  const Tensor x = detail::vary_over_group(x_in, mesh_axes);
+Pending<Tensor> start_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
+  const std::string what = fmt::format("start_all_gather({}, {}, {}) at {}", x.str(), mesh_axes.str(), axis, call_site(where));
   detail::Launch launch = detail::Launch::started();
   Tensor ready = detail::launch_all_gather(x, mesh_axes, axis, launch, where);
-  return with_gradient("start_all_gather", x, pending_of(what, std::move(launch), ready), [x, mesh_axes, axis, where](const Tensor& g) {
-    return then(start_psum_scatter(g, mesh_axes, axis, where), [x, axis](const Tensor& s) { return detail::unstack_gradient(s, x, axis); });
+  const Names group = detail::gather_order(x, mesh_axes, axis);
+  return with_gradient("start_all_gather", x, pending_of(what, std::move(launch), ready), [x, group, axis, where](const Tensor& g) {
+    return then(start_psum_scatter(g, group, axis, where), [x, axis](const Tensor& s) { return detail::unstack_gradient(s, x, axis); });
   });
 }
 
