@@ -11,6 +11,7 @@ The layers, lowest first (docs/architecture.md describes each):
   autodiff  src/autodiff (the backward pass over the tape: grad, value_and_grad)
   global    include/nax/global, src/global
   nn        include/nax/nn, src/nn
+  checkpoint include/nax/checkpoint.h, include/nax/checkpoint, src/checkpoint (files, safetensors, sharded)
   text      include/nax/text, src/text (the tokenizer, its own library nax::text; it uses core only)
   (all)     include/nax/nax.h, the umbrella header, may include everything.
 
@@ -23,7 +24,7 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["core", "kernels", "comm", "runtime", "ops", "autodiff", "global", "nn", "text"]
+LAYERS = ["core", "kernels", "comm", "runtime", "ops", "autodiff", "global", "nn", "checkpoint", "text"]
 TOP_LEVEL_HEADERS = {
     "tensor.h": "core",  # the value type; its methods are defined by the op layer (src/ops/tensor.cpp)
     "runtime.h": "runtime",
@@ -36,6 +37,7 @@ TOP_LEVEL_HEADERS = {
     # Declares grad mode, parameter and stop_gradient, which ops consult and src/ops/node.cpp defines
     # with the tape, and grad / value_and_grad, which the autodiff layer (src/autodiff) defines.
     "autodiff.h": "ops",
+    "checkpoint.h": "checkpoint",
     "nax.h": None,  # the umbrella header
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
