@@ -49,12 +49,17 @@ struct Track {
   std::size_t peak = 0;
 };
 
-void step_and_track(Shard& s, Learner& learner, Learner& other, Track& track, const Tensor& x, const Tensor& y, double lr) {
+void step_and_track(Shard& s, Learner& learner, Learner& other, Track& track, const Tensor& x, const Tensor& y, double lr,
+                    std::int64_t step) {
   const std::size_t others = resident_bytes(other);
   s.device_ptr()->allocator().reset_peak();
   const auto comm_before = s.comm_stats();
   const auto t0 = Clock::now();
+  trace::Span step_span("step", "step", [&] {
+    return fmt::format("\"step\": {}, \"sharding\": {}", step, trace::quote(learner.sharding()));
+  });
   const auto stats = learner.step(x, y, lr);
+  step_span.close();
   track.step_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   track.last_comm = s.comm_stats_since(comm_before);
   track.losses.push_back(stats.loss);
@@ -179,11 +184,11 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
       Track& at = s.device() == 0 ? auto_track : scratch;
       // Alternate which goes first, so that neither always follows the other's cache footprint.
       if (step % 2 == 0) {
-        step_and_track(s, h, a, ht, x, y, lr);
-        step_and_track(s, a, h, at, x, y, lr);
+        step_and_track(s, h, a, ht, x, y, lr, step);
+        step_and_track(s, a, h, at, x, y, lr, step);
       } else {
-        step_and_track(s, a, h, at, x, y, lr);
-        step_and_track(s, h, a, ht, x, y, lr);
+        step_and_track(s, a, h, at, x, y, lr, step);
+        step_and_track(s, h, a, ht, x, y, lr, step);
       }
       if (s.device() == 0 && !o.train.quiet)
         fmt::print(stderr, "\rcompare: step {}/{} | hand loss {:.4f} {:.0f} ms | auto loss {:.4f} {:.0f} ms   ", step + 1, o.train.steps,

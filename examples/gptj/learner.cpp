@@ -49,10 +49,16 @@ Learner::StepStats Learner::step(const Tensor& ids, const Tensor& targets, doubl
   nn::GradAccumulator acc;
   StepStats stats;
   for (std::int64_t m = 0; m < micro; ++m) {
-    Tensor l = loss(micro_batch(ids, m, micro), micro_batch(targets, m, micro));
+    Tensor l;
+    {
+      const trace::Span phase("phase", "forward");
+      l = loss(micro_batch(ids, m, micro), micro_batch(targets, m, micro));
+    }
+    const trace::Span phase("phase", "backward");
     acc.add(grad(l, model_.params().values()));
     stats.loss += l.item() / static_cast<double>(micro);
   }
+  const trace::Span phase("phase", "optimizer");
   auto grads = acc.mean();
   stats.grad_norm = nn::clip_by_global_norm(grads, options_.clip);
   model_.params().assign(optimizer_.step(model_.params().values(), grads, lr));

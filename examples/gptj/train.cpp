@@ -179,10 +179,12 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       const auto t0 = Clock::now();
       const auto comm_before = s.comm_stats();
       const double lr = nn::warmup_cosine(step, o.warmup, o.steps, o.lr);
+      trace::Span step_span("step", "step", [&] { return fmt::format("\"step\": {}, \"sharding\": {}", step, trace::quote(o.sharding)); });
       auto [inputs, targets] = data.batch(TextData::Split::train, step, o.batch, o.seq, o.seed);
       Tensor x = s.shard(inputs, rules), y = s.shard(targets, rules);
       const auto [loss, norm] = learner.step(x, y, lr);
       const double step_s = seconds_since(t0);
+      step_span.close();
       nlohmann::json comm_bytes = nlohmann::json::object(), comm_kinds = nlohmann::json::object();
       std::size_t calls = 0;
       for (const auto& [axes, step_stats] : s.comm_stats_since(comm_before)) {

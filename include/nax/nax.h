@@ -16,6 +16,7 @@
 #include "nax/ops.h"
 #include "nax/runtime.h"
 #include "nax/tensor.h"
+#include "nax/trace.h"
 #include "nax/transformer_ops.h"
 #include "nax/nn/optim.h"
 #include "nax/nn/parameters.h"
