@@ -16,6 +16,7 @@
 #include "checkpoint.h"
 #include "export.h"
 #include "learner.h"
+#include "progress.h"
 
 #ifndef NAX_SOURCE_DIR
 #define NAX_SOURCE_DIR "."
@@ -173,6 +174,7 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   const AxisRules rules = axis_rules(mesh);
   Runtime rt = Runtime::from_env(mesh, runtime_options(o.train.backend));
   Track hand_track, auto_track;
+  Progress progress(o.train.quiet || process_index() != 0, o.train.steps);
   rt.run([&](Shard& s) {
     Learner h(s, config, rules, hand), a(s, config, rules, automatic);
     for (std::int64_t step = 0; step < o.train.steps; ++step) {
@@ -190,12 +192,12 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
         step_and_track(s, a, h, at, x, y, lr, step);
         step_and_track(s, h, a, ht, x, y, lr, step);
       }
-      if (s.device() == 0 && !o.train.quiet)
-        fmt::print(stderr, "\rcompare: step {}/{} | hand loss {:.4f} {:.0f} ms | auto loss {:.4f} {:.0f} ms   ", step + 1, o.train.steps,
-                   ht.losses.back(), 1e3 * ht.step_s.back(), at.losses.back(), 1e3 * at.step_s.back());
+      if (s.device() == 0)
+        progress.update(step, fmt::format("compare: step {}/{} | hand loss {:.4f} {:.0f} ms | auto loss {:.4f} {:.0f} ms", step + 1,
+                                          o.train.steps, ht.losses.back(), 1e3 * ht.step_s.back(), at.losses.back(), 1e3 * at.step_s.back()));
     }
   });
-  if (!o.train.quiet) fmt::print(stderr, "\n");
+  progress.finish();
   std::vector<CompareRow> rows;
   if (process_index() != 0) return rows;
   rows.push_back(row_of("hand", hand_track, o));

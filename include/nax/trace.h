@@ -26,6 +26,8 @@ inline bool enabled() { return detail::g_enabled.load(std::memory_order_relaxed)
 void start();
 // Stops recording (what was recorded is kept until the next start).
 void stop();
+// Records again after stop(), keeping what was recorded.
+void resume();
 // Writes what was recorded as trace-event JSON to `path` (an error naming the path when it cannot).
 // `process` names this process's track group; pid is this process's index under mpirun, else 0.
 // Under mpirun (a process count above 1) each process writes its own file, process_path(path).

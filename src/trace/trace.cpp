@@ -105,6 +105,8 @@ void start() {
 
 void stop() { detail::g_enabled.store(false, std::memory_order_relaxed); }
 
+void resume() { detail::g_enabled.store(true, std::memory_order_relaxed); }
+
 std::size_t event_count() {
   Recorder& r = recorder();
   std::lock_guard lock(r.mutex);
