@@ -137,8 +137,9 @@ def plot(rows, path):
         ax.set_xlabel("ms per step")
         ax.set_xlim(0, top)
         ax.invert_yaxis()
-    axes[0][0].legend(loc="lower right", fontsize="small")
-    fig.tight_layout()
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=3, fontsize="small", frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
 
