@@ -1,5 +1,6 @@
 #pragma once
 // Everything public in nax.
+#include "nax/async_collectives.h"
 #include "nax/autodiff.h"
 #include "nax/collectives.h"
 #include "nax/comm/communicator.h"
@@ -13,6 +14,7 @@
 #include "nax/core/rng.h"
 #include "nax/core/shape.h"
 #include "nax/core/vary.h"
+#include "nax/index_ops.h"
 #include "nax/ops.h"
 #include "nax/runtime.h"
 #include "nax/tensor.h"

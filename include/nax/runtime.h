@@ -91,6 +91,14 @@ class Shard {
 
   // The shard the calling thread is running, or nullptr outside Runtime::run.
   static Shard* current();
+
+  // An error found where it cannot be thrown (a destructor: a started collective never waited
+  // for): the runtime raises it when the program returns. take_deferred_error() hands it over.
+  void defer_error(std::string message);
+  std::string take_deferred_error();
+
+ private:
+  std::string deferred_error_;
 };
 
 class Runtime {

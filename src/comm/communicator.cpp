@@ -56,6 +56,36 @@ CommStats& operator+=(CommStats& a, const CommStats& b) {
   return a;
 }
 
+namespace {
+class FinishedRequest final : public Communicator::Request {
+ public:
+  void wait() override {}
+};
+}  // namespace
+
+std::unique_ptr<Communicator::Request> Communicator::start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                                                      ReduceOp op) {
+  all_reduce(send, recv, count, dtype, op);
+  return std::make_unique<FinishedRequest>();
+}
+
+std::unique_ptr<Communicator::Request> Communicator::start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+  all_gather(send, recv, count, dtype);
+  return std::make_unique<FinishedRequest>();
+}
+
+std::unique_ptr<Communicator::Request> Communicator::start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
+                                                                          ReduceOp op) {
+  reduce_scatter(send, recv, count, dtype, op);
+  return std::make_unique<FinishedRequest>();
+}
+
+std::unique_ptr<Communicator::Request> Communicator::start_permute(const void* send, void* recv, std::size_t count, DType dtype,
+                                                                   const std::vector<std::pair<int, int>>& pairs) {
+  permute(send, recv, count, dtype, pairs);
+  return std::make_unique<FinishedRequest>();
+}
+
 std::string_view collective_name(CollectiveKind kind) {
   switch (kind) {
     case CollectiveKind::all_reduce: return "all_reduce";

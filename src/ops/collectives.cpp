@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "autodiff/node.h"
+#include "ops/collective_forward.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -84,7 +85,7 @@ void join_cuts(VaryType& vary, const Tensor& x, const std::string& axis, const s
 }
 
 // psum and friends: the value must vary over every reduced mesh axis, and is invariant after.
-Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_in, const Names& mesh_axes) {
+Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_in, const Names& mesh_axes, detail::Launch& launch) {
   Context c = enter(op, &x_in, mesh_axes);
   VaryType vary = x_in.vary();
   for (const auto& m : mesh_axes.list()) {
@@ -100,12 +101,14 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
   if (c.n == 1) return x_in.with_vary(vary);  // a group of one: nothing to reduce, nothing sent
   Tensor x = reduce == ReduceOp::sum ? summed_form(x_in) : x_in;
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
-  c.comm.all_reduce(x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), reduce);
-  return detail::narrow_to(out, x_in.dtype());
+  launch.keep({x});
+  launch.all_reduce(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), reduce);
+  return launch.then([out, dtype = x_in.dtype()] { return detail::narrow_to(out, dtype); });
 }
 
 // all_gather and all_gather_invariant.
-Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant) {
+Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant,
+                         detail::Launch& launch) {
   Context c = enter(op, &x, mesh_axes);
   const auto& group_axes = mesh_axes.list();
   VaryType vary = x.vary();
@@ -125,14 +128,17 @@ Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh
   if (c.n == 1) return x.with_shape(shape).with_vary(vary);
   Tensor out = detail::make_result(shape, x.dtype(), vary, x.device_ptr());
   const std::int64_t outer = stack ? 1 : outer_size(x.shape(), axis);
+  launch.keep({x});
   if (outer == 1) {
-    c.comm.all_gather(x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype());
-    return out;
+    launch.all_gather(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype());
+    return launch.then([out] { return out; });
   }
   Tensor staging = Tensor::empty(Shape{{"rank", c.n}, {"block", x.numel()}}, x.dtype(), x.device_ptr());
-  c.comm.all_gather(x.raw(), staging.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype());
-  regroup(staging, out, outer, c.n, x.numel() / outer, true);
-  return out;
+  launch.all_gather(c.comm, x.raw(), staging.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype());
+  return launch.then([staging, out, outer, n = c.n, chunk = x.numel() / outer]() mutable {
+    regroup(staging, out, outer, n, chunk, true);
+    return out;
+  });
 }
 
 Tensor pvary_forward(const Tensor& x, const Names& mesh_axes) {
@@ -147,7 +153,7 @@ Tensor pvary_forward(const Tensor& x, const Names& mesh_axes) {
   return x.with_vary(vary);
 }
 
-Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const std::string& axis) {
+Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const std::string& axis, detail::Launch& launch) {
   Context c = enter("psum_scatter", &x_in, mesh_axes);
   const int i = x_in.shape().require(axis, "psum_scatter");
   const std::int64_t size = x_in.shape()[i].size;
@@ -173,24 +179,27 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
   const std::int64_t outer = outer_size(x.shape(), axis);
   const std::size_t block = static_cast<std::size_t>(out.numel());
   if (outer == 1) {
-    c.comm.reduce_scatter(x.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);
+    launch.keep({x});
+    launch.reduce_scatter(c.comm, x.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);
   } else {
     Tensor staging = Tensor::empty(Shape{{"rank", c.n}, {"block", out.numel()}}, x.dtype(), x.device_ptr());
     regroup(x, staging, outer, c.n, out.numel() / outer, false);
-    c.comm.reduce_scatter(staging.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);
+    launch.keep({staging});
+    launch.reduce_scatter(c.comm, staging.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);
   }
-  return detail::narrow_to(out, x_in.dtype());
+  return launch.then([out, dtype = x_in.dtype()] { return detail::narrow_to(out, dtype); });
 }
 
-Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs) {
+Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, detail::Launch& launch) {
   Context c = enter("ppermute", &x, mesh_axes);
   check_permute_pairs(pairs, c.n, "ppermute", "the group over " + mesh_axes.str(), [&] { return x.str(); });
   VaryType vary = x.vary();
   for (const auto& m : mesh_axes.list()) vary.set_varying(m);
   if (c.n == 1 && !pairs.empty()) return x.with_vary(vary);  // (0, 0): the block stays
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
-  c.comm.permute(x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), pairs);
-  return out;
+  launch.keep({x});
+  launch.permute(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), pairs);
+  return launch.then([out] { return out; });
 }
 
 Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::string& split_axis, const std::string& concat_axis) {
@@ -239,7 +248,8 @@ Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::st
 // Each collective's transpose, as in DESIGN.md §3, is its backward.
 
 Tensor psum(const Tensor& x, const Names& mesh_axes) {
-  Tensor out = reduce_collective("psum", ReduceOp::sum, x, mesh_axes);
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = reduce_collective("psum", ReduceOp::sum, x, mesh_axes, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
   return autodiff::record("psum", out, {x}, [mesh_axes](const Tensor& g) { return std::vector<Tensor>{pvary(g, mesh_axes)}; });
 }
@@ -251,7 +261,8 @@ Tensor pmean(const Tensor& x, const Names& mesh_axes) {
 
 namespace {
 Tensor not_differentiable(std::string_view op, ReduceOp reduce, const Tensor& x, const Names& mesh_axes) {
-  Tensor out = reduce_collective(op, reduce, x, mesh_axes);
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = reduce_collective(op, reduce, x, mesh_axes, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
   return autodiff::record(std::string(op), out, {x}, [op = std::string(op), x_str = x.str(), mesh_axes](const Tensor&) -> std::vector<Tensor> {
     fail("grad", "{}({}, {}) is not differentiable: apply it to stop_gradient(x) (as the vocab-parallel loss does for its max)",
@@ -285,7 +296,8 @@ Tensor unstack(const Tensor& g, const Tensor& x, const std::string& axis) { retu
 
 Tensor all_gather(const Tensor& x_in, const Names& mesh_axes, const std::string& axis) {
   Tensor x = vary_over(x_in, mesh_axes);
-  Tensor out = gather_collective("all_gather", x, mesh_axes, axis, false);
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = gather_collective("all_gather", x, mesh_axes, axis, false, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
   return autodiff::record("all_gather", out, {x}, [x, mesh_axes, axis](const Tensor& g) {
     return std::vector<Tensor>{unstack(psum_scatter(g, mesh_axes, axis), x, axis)};
@@ -293,7 +305,8 @@ Tensor all_gather(const Tensor& x_in, const Names& mesh_axes, const std::string&
 }
 
 Tensor all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis) {
-  Tensor out = gather_collective("all_gather_invariant", x, mesh_axes, axis, true);
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = gather_collective("all_gather_invariant", x, mesh_axes, axis, true, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
   return autodiff::record("all_gather_invariant", out, {x}, [x, mesh_axes, axis](const Tensor& g) {
     const std::int64_t block = x.shape().has(axis) ? x.shape().size(axis) : 1;
@@ -303,7 +316,8 @@ Tensor all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::
 }
 
 Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis) {
-  Tensor out = psum_scatter_forward(x, mesh_axes, axis);
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = psum_scatter_forward(x, mesh_axes, axis, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
   return autodiff::record("psum_scatter", out, {x}, [mesh_axes, axis](const Tensor& g) {
     return std::vector<Tensor>{all_gather(g, mesh_axes, axis)};
@@ -311,7 +325,8 @@ Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& 
 }
 
 Tensor ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs) {
-  Tensor out = ppermute_forward(x, mesh_axes, pairs);
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = ppermute_forward(x, mesh_axes, pairs, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
   std::vector<std::pair<int, int>> inverse;
   for (auto [src, dst] : pairs) inverse.push_back({dst, src});
@@ -327,6 +342,24 @@ Tensor all_to_all(const Tensor& x, const Names& mesh_axes, const std::string& sp
     return std::vector<Tensor>{all_to_all(g, mesh_axes, concat_axis, split_axis)};
   });
 }
+
+namespace detail {
+// For the start forms (async_collectives.cpp): the same forward functions and gradient helpers.
+Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch) {
+  return reduce_collective("psum", ReduceOp::sum, x, mesh_axes, launch);
+}
+Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch) {
+  return gather_collective("all_gather", x, mesh_axes, axis, false, launch);
+}
+Tensor launch_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch) {
+  return psum_scatter_forward(x, mesh_axes, axis, launch);
+}
+Tensor launch_ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, Launch& launch) {
+  return ppermute_forward(x, mesh_axes, pairs, launch);
+}
+Tensor vary_over_group(const Tensor& x, const Names& mesh_axes) { return vary_over(x, mesh_axes); }
+Tensor unstack_gradient(const Tensor& g, const Tensor& x, const std::string& axis) { return unstack(g, x, axis); }
+}  // namespace detail
 
 Tensor axis_index(const Names& mesh_axes) {
   Shard& shard = checked_shard("axis_index", nullptr, mesh_axes);

@@ -156,7 +156,9 @@ void LocalState::work(int device) {
     detail::set_current_shard(&shard);
     try {
       if (!bound) shard.device_ptr()->kernels().bind_thread(), bound = true;
+      shard.take_deferred_error();  // a failed run's leftovers
       (*fn)(shard);
+      if (std::string deferred = shard.take_deferred_error(); !deferred.empty()) throw Error(deferred);
     } catch (const local::Aborted&) {
       record_failure(device, std::current_exception(), true);
     } catch (...) {

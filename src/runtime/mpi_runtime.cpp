@@ -119,7 +119,9 @@ mpi::RunEnd MpiState::run_here(const std::function<void(Shard&)>& fn, std::excep
   detail::set_current_shard(shard_.get());
   mpi::RunEnd end = mpi::RunEnd::ok;
   try {
+    shard_->take_deferred_error();  // a failed run's leftovers
     fn(*shard_);
+    if (std::string deferred = shard_->take_deferred_error(); !deferred.empty()) throw Error(deferred);
   } catch (const mpi::Aborted&) {
     error = std::current_exception();
     end = mpi::RunEnd::released;

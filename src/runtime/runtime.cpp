@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <string_view>
+#include <utility>
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/kernels.h"
@@ -19,6 +20,12 @@ thread_local Shard* g_current_shard = nullptr;
 Shard* Shard::current() { return g_current_shard; }
 
 void Shard::synchronize() const { device_ptr()->kernels().synchronize(); }
+
+void Shard::defer_error(std::string message) {
+  if (deferred_error_.empty()) deferred_error_ = std::move(message);
+}
+
+std::string Shard::take_deferred_error() { return std::exchange(deferred_error_, {}); }
 
 std::map<std::string, CommStats> Shard::comm_stats_since(const std::map<std::string, CommStats>& before) const {
   std::map<std::string, CommStats> since;

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,6 +62,23 @@ class Communicator {
                        const std::vector<std::pair<int, int>>& pairs) = 0;
   virtual void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) = 0;
   virtual void barrier() = 0;
+
+  // A collective started and not yet waited for: its buffers must stay alive and untouched until
+  // wait() returns. wait() raises what the blocking form would (a mismatch, a timeout, an abort);
+  // a request destroyed without wait() waits first, quietly.
+  class Request {
+   public:
+    virtual ~Request() = default;
+    virtual void wait() = 0;
+  };
+  // Start forms of the collectives above: same arguments, same order rules (a start counts as the
+  // call, in the order started), the result in recv once the request is waited for. The defaults
+  // run the blocking form and return a finished request; backends that can overlap override them.
+  virtual std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  virtual std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::size_t count, DType dtype);
+  virtual std::unique_ptr<Request> start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  virtual std::unique_ptr<Request> start_permute(const void* send, void* recv, std::size_t count, DType dtype,
+                                                 const std::vector<std::pair<int, int>>& pairs);
 
   const CommStats& stats() const { return stats_; }
 

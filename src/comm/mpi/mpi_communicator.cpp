@@ -95,33 +95,86 @@ std::string MpiCommunicator::mismatch_message(const CollectiveSignature& sig) {
   return fmt::format("collective mismatch in {}: the signatures' hashes differ but not the signatures", label_);
 }
 
-void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
-  const auto sig = signature(CollectiveKind::all_reduce, dtype, count, static_cast<int>(op));
-  begin(CollectiveKind::all_reduce, count * dtype_size(dtype), sig);
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, count_of(count, "all_reduce"), datatype(dtype), reduce_op(op, dtype),
-                       comm_.get(), &request),
-        "MPI_Iallreduce");
-  wait({&request, 1}, sig, world_->check_collectives());
+// A posted collective: what wait() needs after the communicator has moved on to other calls.
+class MpiCommunicator::MpiRequest final : public Communicator::Request {
+ public:
+  MpiRequest(MpiCommunicator& comm, std::vector<MPI_Request> requests, const CollectiveSignature& sig)
+      : comm_(comm), requests_(std::move(requests)), origin_(sig.origin != nullptr ? *sig.origin : std::string()), sig_(sig),
+        call_(total_calls(comm.stats())), agreed_(comm.world_->check_collectives()) {
+    sig_.origin = &origin_;
+  }
+  ~MpiRequest() override {
+    if (waited_) return;
+    try {
+      wait();
+    } catch (...) {  // the owner is going away because of another error, or said nothing about it
+    }
+  }
+  void wait() override {
+    if (waited_) return;
+    waited_ = true;
+    const std::function<std::string()> describe = [&] {
+      return fmt::format("{} on device {} in {}", sig_.str(), comm_.world_->device(), comm_.label_);
+    };
+    comm_.world_->wait(requests_, Pending{comm_.key_, comm_.members_, call_, describe}, agreed_);
+  }
+
+ private:
+  MpiCommunicator& comm_;
+  std::vector<MPI_Request> requests_;
+  std::string origin_;
+  CollectiveSignature sig_;
+  std::size_t call_;
+  bool agreed_;
+  bool waited_ = false;
+};
+
+std::unique_ptr<Communicator::Request> MpiCommunicator::posted(std::vector<MPI_Request> requests, const CollectiveSignature& sig) {
+  return std::make_unique<MpiRequest>(*this, std::move(requests), sig);
 }
 
-void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+std::unique_ptr<Communicator::Request> MpiCommunicator::start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                                                         ReduceOp op) {
+  const auto sig = signature(CollectiveKind::all_reduce, dtype, count, static_cast<int>(op));
+  begin(CollectiveKind::all_reduce, count * dtype_size(dtype), sig);
+  std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+  check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, count_of(count, "all_reduce"), datatype(dtype), reduce_op(op, dtype),
+                       comm_.get(), requests.data()),
+        "MPI_Iallreduce");
+  return posted(std::move(requests), sig);
+}
+
+void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  start_all_reduce(send, recv, count, dtype, op)->wait();
+}
+
+std::unique_ptr<Communicator::Request> MpiCommunicator::start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
   const auto sig = signature(CollectiveKind::all_gather, dtype, count);
   begin(CollectiveKind::all_gather, count * dtype_size(dtype), sig);
   const int n = count_of(count, "all_gather");
   count_of(count * members_.size(), "all_gather");
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Iallgather(send, n, datatype(dtype), recv, n, datatype(dtype), comm_.get(), &request), "MPI_Iallgather");
-  wait({&request, 1}, sig, world_->check_collectives());
+  std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+  check(MPI_Iallgather(send, n, datatype(dtype), recv, n, datatype(dtype), comm_.get(), requests.data()), "MPI_Iallgather");
+  return posted(std::move(requests), sig);
+}
+
+void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+  start_all_gather(send, recv, count, dtype)->wait();
+}
+
+std::unique_ptr<Communicator::Request> MpiCommunicator::start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
+                                                                             ReduceOp op) {
+  const auto sig = signature(CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op));
+  begin(CollectiveKind::reduce_scatter, count * members_.size() * dtype_size(dtype), sig);
+  std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+  check(MPI_Ireduce_scatter_block(send, recv, count_of(count, "reduce_scatter"), datatype(dtype), reduce_op(op, dtype), comm_.get(),
+                                  requests.data()),
+        "MPI_Ireduce_scatter_block");
+  return posted(std::move(requests), sig);
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
-  const auto sig = signature(CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op));
-  begin(CollectiveKind::reduce_scatter, count * members_.size() * dtype_size(dtype), sig);
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Ireduce_scatter_block(send, recv, count_of(count, "reduce_scatter"), datatype(dtype), reduce_op(op, dtype), comm_.get(), &request),
-        "MPI_Ireduce_scatter_block");
-  wait({&request, 1}, sig, world_->check_collectives());
+  start_reduce_scatter(send, recv, count, dtype, op)->wait();
 }
 
 void MpiCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype) {
@@ -133,8 +186,8 @@ void MpiCommunicator::all_to_all(const void* send, void* recv, std::size_t count
   wait({&request, 1}, sig, world_->check_collectives());
 }
 
-void MpiCommunicator::permute(const void* send, void* recv, std::size_t count, DType dtype,
-                              const std::vector<std::pair<int, int>>& pairs) {
+std::unique_ptr<Communicator::Request> MpiCommunicator::start_permute(const void* send, void* recv, std::size_t count, DType dtype,
+                                                                      const std::vector<std::pair<int, int>>& pairs) {
   check_permute_pairs(pairs, size(), "permute", label_);
   const auto sig = signature(CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs));
   begin(CollectiveKind::permute, count * dtype_size(dtype), sig);
@@ -154,7 +207,12 @@ void MpiCommunicator::permute(const void* send, void* recv, std::size_t count, D
     }
   }
   if (!received) std::memset(recv, 0, bytes);
-  wait(requests, sig, world_->check_collectives());
+  return posted(std::move(requests), sig);
+}
+
+void MpiCommunicator::permute(const void* send, void* recv, std::size_t count, DType dtype,
+                              const std::vector<std::pair<int, int>>& pairs) {
+  start_permute(send, recv, count, dtype, pairs)->wait();
 }
 
 void MpiCommunicator::broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) {

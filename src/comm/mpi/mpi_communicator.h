@@ -37,7 +37,17 @@ class MpiCommunicator final : public Communicator {
   void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) override;
   void barrier() override;
 
+  // MPI's own non-blocking collectives, posted after the signature check (which waits for the
+  // group) and waited for by the request as the blocking forms wait.
+  std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
+  std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) override;
+  std::unique_ptr<Request> start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
+  std::unique_ptr<Request> start_permute(const void* send, void* recv, std::size_t count, DType dtype,
+                                         const std::vector<std::pair<int, int>>& pairs) override;
+
  private:
+  class MpiRequest;
+  std::unique_ptr<Request> posted(std::vector<MPI_Request> requests, const CollectiveSignature& sig);
   CollectiveSignature signature(CollectiveKind kind, DType dtype, std::size_t count, int detail = 0, std::uint64_t pairs_hash = 0) const;
   // Records the call, checks that no device failed, and agrees on the signature with the group.
   void begin(CollectiveKind kind, std::size_t bytes, const CollectiveSignature& sig);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "comm/element_at.h"
 #include "kernels/cuda/check.h"
@@ -37,6 +38,7 @@ NcclCommunicator::NcclCommunicator(const ncclUniqueId& id, int nranks, int rank,
     : rank_(rank), size_(nranks), device_(device), stream_(stream) {
   if (nranks < 1 || rank < 0 || rank >= nranks) fail("NcclCommunicator", "rank {} of {} is out of range", rank, nranks);
   DeviceGuard guard(device_);
+  follow_started();
   NAX_NCCL_CHECK(ncclCommInitRank(&comm_, nranks, id, rank));
   init_scratch();
 }
@@ -59,6 +61,8 @@ void NcclCommunicator::init_scratch() {
 NcclCommunicator::~NcclCommunicator() {
   QuietDeviceGuard guard(device_);  // a destructor must not throw (after a sticky CUDA error, say)
   if (scratch_ != nullptr) (void)cudaFree(scratch_);
+  if (last_started_ != nullptr) (void)cudaEventDestroy(last_started_);
+  if (side_stream_ != nullptr) (void)cudaStreamDestroy(side_stream_);
   if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
 }
 
@@ -68,6 +72,7 @@ void NcclCommunicator::all_reduce(const void* send, void* recv, std::size_t coun
   const ncclDataType_t type = nccl_type(dtype, "all_reduce");
   record(CollectiveKind::all_reduce, count * dtype_size(dtype));
   DeviceGuard guard(device_);
+  follow_started();
   NAX_NCCL_CHECK(ncclAllReduce(send, recv, count, type, nccl_op(op), comm_, stream_));
 }
 
@@ -75,6 +80,7 @@ void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t coun
   const ncclDataType_t type = nccl_type(dtype, "all_gather");
   record(CollectiveKind::all_gather, count * dtype_size(dtype));
   DeviceGuard guard(device_);
+  follow_started();
   NAX_NCCL_CHECK(ncclAllGather(send, recv, count, type, comm_, stream_));
 }
 
@@ -82,6 +88,7 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
   const ncclDataType_t type = nccl_type(dtype, "reduce_scatter");
   record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size_) * dtype_size(dtype));
   DeviceGuard guard(device_);
+  follow_started();
   NAX_NCCL_CHECK(ncclReduceScatter(send, recv, count, type, nccl_op(op), comm_, stream_));
 }
 
@@ -89,6 +96,7 @@ void NcclCommunicator::all_to_all(const void* send, void* recv, std::size_t coun
   const ncclDataType_t type = nccl_type(dtype, "all_to_all");
   record(CollectiveKind::all_to_all, count * static_cast<std::size_t>(size_) * dtype_size(dtype));
   DeviceGuard guard(device_);
+  follow_started();
   NAX_NCCL_CHECK(ncclGroupStart());
   for (int r = 0; r < size_; ++r) {
     const std::size_t offset = count * static_cast<std::size_t>(r);
@@ -107,6 +115,7 @@ void NcclCommunicator::permute(const void* send, void* recv, std::size_t count, 
   auto to = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.first == rank_; });
   auto from = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.second == rank_; });
   DeviceGuard guard(device_);
+  follow_started();
   if (from == pairs.end()) NAX_CUDA_CHECK(cudaMemsetAsync(recv, 0, bytes, stream_));
   if (to != pairs.end() && to->second == rank_) {  // to itself: a copy, no NCCL
     NAX_CUDA_CHECK(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, stream_));
@@ -123,14 +132,95 @@ void NcclCommunicator::broadcast(const void* send, void* recv, std::size_t count
   const ncclDataType_t type = nccl_type(dtype, "broadcast");
   record(CollectiveKind::broadcast, count * dtype_size(dtype));
   DeviceGuard guard(device_);
+  follow_started();
   NAX_NCCL_CHECK(ncclBroadcast(send, recv, count, type, root, comm_, stream_));
 }
 
 void NcclCommunicator::barrier() {
   record(CollectiveKind::barrier, 0);
   DeviceGuard guard(device_);
+  follow_started();
   NAX_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_));
   NAX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+namespace {
+
+// A collective on the side stream: waiting orders the compute stream after its event.
+class NcclRequest final : public Communicator::Request {
+ public:
+  NcclRequest(int device, cudaStream_t compute, cudaEvent_t done) : device_(device), compute_(compute), done_(done) {}
+  ~NcclRequest() override {
+    QuietDeviceGuard guard(device_);
+    if (!waited_) (void)cudaStreamWaitEvent(compute_, done_, 0);  // buffers the compute stream frees stay valid
+    (void)cudaEventDestroy(done_);
+  }
+  void wait() override {
+    if (std::exchange(waited_, true)) return;
+    DeviceGuard guard(device_);
+    NAX_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+  }
+
+ private:
+  int device_;
+  cudaStream_t compute_;
+  cudaEvent_t done_;
+  bool waited_ = false;
+};
+
+}  // namespace
+
+void NcclCommunicator::follow_started() {
+  if (last_started_ == nullptr) return;
+  NAX_CUDA_CHECK(cudaStreamWaitEvent(stream_, last_started_, 0));
+  NAX_CUDA_CHECK(cudaEventDestroy(std::exchange(last_started_, nullptr)));
+}
+
+template <typename Enqueue>
+std::unique_ptr<Communicator::Request> NcclCommunicator::on_side_stream(Enqueue&& enqueue) {
+  DeviceGuard guard(device_);
+  if (side_stream_ == nullptr) NAX_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+  cudaEvent_t ready = nullptr, done = nullptr, last = nullptr;
+  NAX_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  NAX_CUDA_CHECK(cudaEventRecord(ready, stream_));
+  NAX_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, ready, 0));
+  NAX_CUDA_CHECK(cudaEventDestroy(ready));
+  const cudaStream_t compute = std::exchange(stream_, side_stream_);
+  const cudaEvent_t followed = std::exchange(last_started_, nullptr);  // the side stream is ordered already
+  try {
+    enqueue();
+  } catch (...) {
+    stream_ = compute;
+    last_started_ = followed;
+    throw;
+  }
+  stream_ = compute;
+  if (followed != nullptr) NAX_CUDA_CHECK(cudaEventDestroy(followed));
+  NAX_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  NAX_CUDA_CHECK(cudaEventRecord(done, side_stream_));
+  NAX_CUDA_CHECK(cudaEventCreateWithFlags(&last, cudaEventDisableTiming));
+  NAX_CUDA_CHECK(cudaEventRecord(last, side_stream_));
+  last_started_ = last;
+  return std::make_unique<NcclRequest>(device_, stream_, done);
+}
+
+std::unique_ptr<Communicator::Request> NcclCommunicator::start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                                                          ReduceOp op) {
+  return on_side_stream([&] { all_reduce(send, recv, count, dtype, op); });
+}
+
+std::unique_ptr<Communicator::Request> NcclCommunicator::start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+  return on_side_stream([&] { all_gather(send, recv, count, dtype); });
+}
+
+std::unique_ptr<Communicator::Request> NcclCommunicator::start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
+                                                                              ReduceOp op) {
+  return on_side_stream([&] { reduce_scatter(send, recv, count, dtype, op); });
+}
+
+std::unique_ptr<Communicator::Request> NcclCommunicator::start_permute(const void* send, void* recv, std::size_t count, DType dtype,
+                                                                       const std::vector<std::pair<int, int>>& pairs) {
+  return on_side_stream([&] { permute(send, recv, count, dtype, pairs); });
 }
 
 ncclUniqueId make_nccl_id() {

@@ -39,9 +39,25 @@ class NcclCommunicator final : public Communicator {
   void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) override;
   void barrier() override;
 
+  // Started collectives run on a side stream of this communicator, after the work enqueued so far
+  // on the compute stream; waiting makes the compute stream wait for them (the host does not).
+  // Collectives enqueued later, started or not, follow them: NCCL sees one order per rank.
+  std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
+  std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) override;
+  std::unique_ptr<Request> start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
+  std::unique_ptr<Request> start_permute(const void* send, void* recv, std::size_t count, DType dtype,
+                                         const std::vector<std::pair<int, int>>& pairs) override;
+
  private:
   void init_scratch();
+  // Runs `enqueue` (a blocking form) on the side stream and returns the request for it.
+  template <typename Enqueue>
+  std::unique_ptr<Request> on_side_stream(Enqueue&& enqueue);
+  // Orders the compute stream after the started collectives (before a blocking one).
+  void follow_started();
 
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t last_started_ = nullptr;  // the side stream's latest started collective, until followed
   ncclComm_t comm_ = nullptr;
   int rank_ = 0, size_ = 0, device_ = 0;
   cudaStream_t stream_ = nullptr;

@@ -1,0 +1,117 @@
+// The start forms: the blocking forms' forward functions with a started Launch (collectives.cpp),
+// and their gradients split in two graph nodes. Forward, a started collective is
+//   start (input x -> token) ... wait (token -> result)
+// so that backward, walking the graph the other way, reaches the wait first, starts the transpose
+// there, and waits for it at the start node, with the backward of whatever was computed in
+// between (on every device in the same order) overlapping it.
+#include "nax/async_collectives.h"
+
+#include <fmt/format.h>
+
+#include <exception>
+#include <memory>
+#include <optional>
+
+#include "autodiff/node.h"
+#include "nax/collectives.h"
+#include "nax/ops.h"
+#include "nax/runtime.h"
+#include "ops/collective_forward.h"
+
+namespace nax {
+
+namespace detail {
+void report_unwaited(const std::string& what) noexcept {
+  if (std::uncaught_exceptions() > 0) return;  // unwinding: the error under way says what went wrong
+  Shard* shard = Shard::current();
+  if (shard == nullptr) return;
+  try {
+    shard->defer_error(fmt::format("{}: destroyed without wait() (every start needs its wait, once, on every device)", what));
+  } catch (...) {
+  }
+}
+}  // namespace detail
+
+namespace {
+
+std::string call_site(const std::source_location& where) { return fmt::format("{}:{}", where.file_name(), where.line()); }
+
+// A started forward: a Pending over the Launch (or the result at once, when nothing was sent).
+Pending<Tensor> pending_of(std::string what, detail::Launch launch, Tensor ready) {
+  if (!launch.in_flight()) return Pending<Tensor>(std::move(what), [ready] { return ready; });
+  auto shared = std::make_shared<detail::Launch>(std::move(launch));
+  return Pending<Tensor>(std::move(what), [shared] { return shared->complete(); });
+}
+
+// f(p.wait()), as a Pending.
+Pending<Tensor> then(Pending<Tensor> p, std::function<Tensor(const Tensor&)> f) {
+  std::string what = p.what();
+  auto shared = std::make_shared<Pending<Tensor>>(std::move(p));
+  return Pending<Tensor>(std::move(what), [shared, f = std::move(f)] { return f(shared->wait()); });
+}
+
+// The transpose of a started collective, started from the gradient of its result.
+using StartTranspose = std::function<Pending<Tensor>(const Tensor& g)>;
+
+// `forward` (started from x) with its gradient: the start and wait nodes described above.
+Pending<Tensor> with_gradient(const std::string& op, const Tensor& x, Pending<Tensor> forward, StartTranspose transpose) {
+  if (!autodiff::any_requires_grad({&x})) return forward;
+  auto backward = std::make_shared<std::optional<Pending<Tensor>>>();
+  const Tensor token = autodiff::record(op + " (start)", full(Shape{}, 0.0), {x}, [backward](const Tensor&) {
+    if (!backward->has_value()) fail("grad", "the transpose of a started collective was never started");
+    return std::vector<Tensor>{(*backward)->wait()};
+  });
+  std::string what = forward.what();
+  auto started = std::make_shared<Pending<Tensor>>(std::move(forward));
+  return Pending<Tensor>(std::move(what), [started, token, op, backward, transpose = std::move(transpose)] {
+    const Tensor out = started->wait();
+    return autodiff::record(op + " (wait)", out, {token}, [backward, transpose](const Tensor& g) {
+      backward->emplace(transpose(g));
+      return std::vector<Tensor>{full(Shape{}, 0.0)};  // the token's gradient: the transpose carries the real one
+    });
+  });
+}
+
+}  // namespace
+
+Pending<Tensor> start_psum(const Tensor& x, const Names& mesh_axes, std::source_location where) {
+  const std::string what = fmt::format("start_psum({}, {}) at {}", x.str(), mesh_axes.str(), call_site(where));
+  detail::Launch launch = detail::Launch::started();
+  Tensor ready = detail::launch_psum(x, mesh_axes, launch);
+  return with_gradient("start_psum", x, pending_of(what, std::move(launch), ready), [mesh_axes, what](const Tensor& g) {
+    return Pending<Tensor>("the transpose of " + what, [t = pvary(g, mesh_axes)] { return t; });  // nothing to send
+  });
+}
+
+Pending<Tensor> start_all_gather(const Tensor& x_in, const Names& mesh_axes, const std::string& axis, std::source_location where) {
+  const std::string what = fmt::format("start_all_gather({}, {}, {}) at {}", x_in.str(), mesh_axes.str(), axis, call_site(where));
+  const Tensor x = detail::vary_over_group(x_in, mesh_axes);
+  detail::Launch launch = detail::Launch::started();
+  Tensor ready = detail::launch_all_gather(x, mesh_axes, axis, launch);
+  return with_gradient("start_all_gather", x, pending_of(what, std::move(launch), ready), [x, mesh_axes, axis, where](const Tensor& g) {
+    return then(start_psum_scatter(g, mesh_axes, axis, where), [x, axis](const Tensor& s) { return detail::unstack_gradient(s, x, axis); });
+  });
+}
+
+Pending<Tensor> start_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
+  const std::string what = fmt::format("start_psum_scatter({}, {}, {}) at {}", x.str(), mesh_axes.str(), axis, call_site(where));
+  detail::Launch launch = detail::Launch::started();
+  Tensor ready = detail::launch_psum_scatter(x, mesh_axes, axis, launch);
+  return with_gradient("start_psum_scatter", x, pending_of(what, std::move(launch), ready), [mesh_axes, axis, where](const Tensor& g) {
+    return start_all_gather(g, mesh_axes, axis, where);
+  });
+}
+
+Pending<Tensor> start_ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs,
+                               std::source_location where) {
+  const std::string what = fmt::format("start_ppermute({}, {}) at {}", x.str(), mesh_axes.str(), call_site(where));
+  detail::Launch launch = detail::Launch::started();
+  Tensor ready = detail::launch_ppermute(x, mesh_axes, pairs, launch);
+  std::vector<std::pair<int, int>> inverse;
+  for (auto [src, dst] : pairs) inverse.push_back({dst, src});
+  return with_gradient("start_ppermute", x, pending_of(what, std::move(launch), ready), [mesh_axes, inverse, where](const Tensor& g) {
+    return start_ppermute(g, mesh_axes, inverse, where);
+  });
+}
+
+}  // namespace nax

@@ -1,0 +1,48 @@
+#include "ops/collective_launch.h"
+
+#include <utility>
+
+#include "nax/trace.h"
+
+namespace nax::detail {
+
+void Launch::all_reduce(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  if (start_) request_ = c.start_all_reduce(send, recv, count, dtype, op);
+  else c.all_reduce(send, recv, count, dtype, op);
+}
+
+void Launch::all_gather(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype) {
+  if (start_) request_ = c.start_all_gather(send, recv, count, dtype);
+  else c.all_gather(send, recv, count, dtype);
+}
+
+void Launch::reduce_scatter(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  if (start_) request_ = c.start_reduce_scatter(send, recv, count, dtype, op);
+  else c.reduce_scatter(send, recv, count, dtype, op);
+}
+
+void Launch::permute(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype,
+                     const std::vector<std::pair<int, int>>& pairs) {
+  if (start_) request_ = c.start_permute(send, recv, count, dtype, pairs);
+  else c.permute(send, recv, count, dtype, pairs);
+}
+
+void Launch::keep(std::initializer_list<Tensor> buffers) {
+  if (start_) kept_.insert(kept_.end(), buffers.begin(), buffers.end());
+}
+
+Tensor Launch::then(std::function<Tensor()> finish) {
+  if (request_ == nullptr) return finish();
+  finish_ = std::move(finish);
+  return Tensor();
+}
+
+Tensor Launch::complete() {
+  // A started collective's slice covers its start; finishing it (Pending::wait) is a slice of its own.
+  const trace::Span span("collective", "complete a started collective");
+  std::exchange(request_, nullptr)->wait();
+  kept_.clear();
+  return std::exchange(finish_, nullptr)();
+}
+
+}  // namespace nax::detail

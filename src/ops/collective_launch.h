@@ -1,0 +1,43 @@
+#pragma once
+// How a named collective makes its communicator call: blocking, or started (the request and the
+// rest of the op kept until a Pending's wait). The collectives' forward functions take a Launch,
+// so the blocking and the start forms share their checks, vary rules and packing.
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "nax/comm/communicator.h"
+#include "nax/tensor.h"
+
+namespace nax::detail {
+
+class Launch {
+ public:
+  static Launch blocking() { return Launch(false); }
+  static Launch started() { return Launch(true); }
+
+  void all_reduce(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  void all_gather(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype);
+  void reduce_scatter(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  void permute(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype,
+               const std::vector<std::pair<int, int>>& pairs);
+  // Buffers a started call reads or writes: alive until it completes.
+  void keep(std::initializer_list<Tensor> buffers);
+
+  // The op's result, made by `finish` from the received data: at once when the call was blocking
+  // (or nothing was sent); else an undefined Tensor, and complete() makes it later.
+  Tensor then(std::function<Tensor()> finish);
+  bool in_flight() const { return request_ != nullptr; }
+  // Waits for the started call and finishes the op.
+  Tensor complete();
+
+ private:
+  explicit Launch(bool start) : start_(start) {}
+  bool start_;
+  std::vector<Tensor> kept_;
+  std::function<Tensor()> finish_;
+  std::unique_ptr<Communicator::Request> request_;  // last: destroyed (so waited for) before the buffers
+};
+
+}  // namespace nax::detail

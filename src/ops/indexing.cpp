@@ -1,0 +1,136 @@
+// Indexing ops composed of the elementwise, reduction and contraction ops (so every backend that
+// runs those runs these, and their gradients come from the composed ops' own): one_hot, argmax /
+// argmin, top_k, scatter_add. Indices are i32 and take no gradient.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "nax/index_ops.h"
+#include "nax/transformer_ops.h"
+#include "ops/row_ops.h"
+
+namespace nax {
+
+namespace {
+
+Tensor constant_on(const std::shared_ptr<Device>& device, double value, DType dtype) {
+  Tensor out = detail::make_result(Shape{}, dtype, VaryType{}, device);
+  detail::kernels_of(out).fill(dtype, out.raw_mutable(), 1, value);
+  return out;
+}
+
+void check_ids(std::string_view op, const Tensor& ids) {
+  if (ids.dtype() != DType::i32) fail(op, "ids must be i32, got {}", ids.str());
+}
+
+// The value below (above) every other of `dtype`: what an excluded element is replaced with.
+double lowest(DType dtype, bool largest) {
+  const double bound = is_floating(dtype) ? INFINITY : static_cast<double>(std::numeric_limits<std::int32_t>::max());
+  return largest ? -bound : bound;
+}
+
+// The first index along `axis` of the largest (smallest) element of v not marked in `taken` (1 =
+// excluded; undefined: none), NaN first. v carries no history.
+Tensor first_extreme_index(const Tensor& v, const std::string& axis, bool largest, const Tensor& taken) {
+  const auto& device = v.device_ptr();
+  const std::int64_t n = v.size(axis);
+  const Tensor candidates = taken.defined() ? where(taken, constant_on(device, lowest(v.dtype(), largest), v.dtype()), v) : v;
+  const Tensor extreme = largest ? max(candidates, axis) : min(candidates, axis);
+  Tensor hit = eq(v, extreme);
+  Tensor nan = ne(v, v);
+  if (taken.defined()) {
+    hit = hit * (1.0 - taken);
+    nan = nan * (1.0 - taken);
+  }
+  const Tensor has_nan = max(nan, axis);
+  hit = where(has_nan, nan, hit);
+  const Tensor positions = detail::transfer(arange(Axis{axis, n}, DType::i32), device);
+  return min(where(hit, positions, constant_on(device, static_cast<double>(n), DType::i32)), axis);
+}
+
+Tensor arg_extreme(std::string_view op, const Tensor& x, const std::string& axis, bool largest) {
+  const auto op_span = detail::enter_op(op, {&x});
+  const int i = x.shape().require(axis, op);
+  detail::check_axis_whole(op, x, axis, "all_gather it first");
+  if (x.shape()[i].size == 0) fail(op, "axis '{}' of {} is empty", axis, x.str());
+  return first_extreme_index(stop_gradient(x), axis, largest, Tensor());
+}
+
+std::string names_of(const Shape& shape) { return fmt::format("{}", fmt::join(shape.names(), ", ")); }
+
+void check_scatter(const Tensor& target, const std::string& axis, const Tensor& ids, const Tensor& updates) {
+  const auto op_span = detail::enter_op("scatter_add", {&target, &ids, &updates});
+  check_ids("scatter_add", ids);
+  detail::check_same_dtype("scatter_add", target, updates);
+  target.shape().require(axis, "scatter_add");
+  detail::check_axis_whole("scatter_add", target, axis, "each device holds a block of the rows");
+  for (const auto& a : ids.shape().axes()) {
+    if (target.shape().has(a.name))
+      fail("scatter_add", "ids axis '{}' is also an axis of the target (rename one): ids {}, target {}", a.name, ids.str(), target.str());
+    for (const Tensor* t : {&ids, &updates})
+      if (const auto cuts = t->vary().split_mesh_axes(a.name); !cuts.empty())
+        fail("scatter_add", "ids axis '{}' is cut over mesh axis '{}' in {}: each device would add only its own updates; "
+             "scatter_add into zeros_like(target), psum over '{}', then add the target", a.name, cuts[0], t->str(), cuts[0]);
+  }
+  bool ok = true;
+  std::vector<Axis> expected = ids.shape().axes();
+  for (const auto& a : target.shape().axes())
+    if (a.name != axis) expected.push_back(a);
+  ok = static_cast<int>(expected.size()) == updates.rank();
+  for (const auto& a : expected) ok = ok && updates.shape().has(a.name) && updates.shape().size(a.name) == a.size;
+  if (!ok)
+    fail("scatter_add", "updates {} must have ids' axes and the target's axes other than '{}', i.e. [{}] in any order (ids {}, target {})",
+         updates.str(), axis, names_of(Shape(expected)), ids.str(), target.str());
+  if (ids.numel() == 0) return;
+  const std::int64_t n = target.size(axis);
+  const Tensor all = ids.rank() == 0 ? ids : stop_gradient(ids);
+  const double low = ids.rank() == 0 ? all.item() : min(all, all.shape().names()).item();
+  const double high = ids.rank() == 0 ? low : max(all, all.shape().names()).item();
+  if (low < 0 || high >= static_cast<double>(n))
+    fail("scatter_add", "ids range over [{}, {}] but axis '{}' of the target {} has size {}", low, high, axis, target.str(), n);
+}
+
+}  // namespace
+
+Tensor one_hot(const Tensor& ids, const Axis& axis, DType dtype) {
+  const auto op_span = detail::enter_op("one_hot", {&ids});
+  check_ids("one_hot", ids);
+  if (ids.shape().has(axis.name)) fail("one_hot", "the new axis '{}' is already an axis of the ids {}", axis.name, ids.str());
+  const Tensor positions = detail::transfer(arange(axis, DType::i32), ids.device_ptr());
+  return cast(eq(stop_gradient(ids), positions), dtype);
+}
+
+Tensor argmax(const Tensor& x, const std::string& axis) { return arg_extreme("argmax", x, axis, true); }
+Tensor argmin(const Tensor& x, const std::string& axis) { return arg_extreme("argmin", x, axis, false); }
+
+TopK top_k(const Tensor& x, const std::string& axis, std::int64_t k, const std::string& k_axis) {
+  const auto op_span = detail::enter_op("top_k", {&x});
+  x.shape().require(axis, "top_k");
+  const std::int64_t n = x.size(axis);
+  detail::check_axis_whole("top_k", x, axis, "all_gather it first");
+  if (k < 1 || k > n) fail("top_k", "k = {} must lie in [1, {}] (the size of axis '{}' of {})", k, n, axis, x.str());
+  if (x.shape().has(k_axis)) fail("top_k", "the new axis '{}' is already an axis of {}", k_axis, x.str());
+  const Tensor v = stop_gradient(x);
+  const Tensor zero = constant_on(x.device_ptr(), 0.0, x.dtype());
+  Tensor taken;
+  std::vector<Tensor> values, indices;
+  for (std::int64_t j = 0; j < k; ++j) {
+    const Tensor index = first_extreme_index(v, axis, true, taken);
+    const Tensor chosen = one_hot(index, Axis{axis, n}, x.dtype());
+    values.push_back(sum(where(chosen, x, zero), axis));  // exactly one element: exact, and differentiable in x
+    indices.push_back(index);
+    taken = taken.defined() ? taken + chosen : chosen;
+  }
+  const int last = x.rank() - 1;
+  return {stack(values, k_axis, last), stack(indices, k_axis, last)};
+}
+
+Tensor scatter_add(const Tensor& target, const std::string& axis, const Tensor& ids, const Tensor& updates) {
+  check_scatter(target, axis, ids, updates);
+  const Tensor rows = one_hot(ids, Axis{axis, target.size(axis)}, updates.dtype());  // ids' axes, axis
+  const Tensor added = ids.rank() == 0 ? rows * updates : dot(rows, updates, ids.shape().names());
+  return target + added;
+}
+
+}  // namespace nax

@@ -1,0 +1,40 @@
+// cumsum: a prefix sum along one whole axis, as log2(n) shifted adds (Hillis-Steele) of the
+// layout and elementwise ops, so every backend runs it. Its gradient is the reverse prefix sum.
+#include "autodiff/node.h"
+#include "nax/index_ops.h"
+#include "ops/row_ops.h"
+
+namespace nax {
+
+namespace {
+
+// v shifted by `by` along `axis` (towards higher indices, or lower when `reverse`), zero-filled.
+Tensor shifted(const Tensor& v, const std::string& axis, std::int64_t by, bool reverse) {
+  const std::int64_t n = v.size(axis);
+  if (by >= n) return zeros_like(v);
+  const Tensor kept = reverse ? slice(v, axis, by, n) : slice(v, axis, 0, n - by);
+  const Tensor fill = zeros_like(slice(v, axis, 0, by));
+  return reverse ? concat({kept, fill}, axis) : concat({fill, kept}, axis);
+}
+
+// Prefix sums of v (no history) along `axis`: inclusive or exclusive, forwards or reversed.
+Tensor scan(const Tensor& v, const std::string& axis, bool exclusive, bool reverse) {
+  Tensor y = v;
+  for (std::int64_t by = 1; by < v.size(axis); by *= 2) y = y + shifted(y, axis, by, reverse);
+  return exclusive ? shifted(y, axis, 1, reverse) : y;
+}
+
+}  // namespace
+
+Tensor cumsum(const Tensor& x, const std::string& axis, bool exclusive) {
+  const auto op_span = detail::enter_op("cumsum", {&x});
+  x.shape().require(axis, "cumsum");
+  detail::check_axis_whole("cumsum", x, axis, "all_gather it first");
+  const Tensor out = detail::narrow_to(scan(detail::compute_values(x), axis, exclusive, false), x.dtype());
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record("cumsum", out, {x}, [axis, exclusive](const Tensor& g) {
+    return std::vector<Tensor>{detail::narrow_to(scan(detail::widen(g), axis, exclusive, true), g.dtype())};
+  });
+}
+
+}  // namespace nax
