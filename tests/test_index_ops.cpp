@@ -3,6 +3,7 @@
 // differences in f64 (check_gradients defaults); vary rules and gradients on meshes (offsets from
 // axis_index, a batch cut over dp); errors naming the op, the axis and the mesh axis.
 #include "grad_check.h"
+#include "remote_device.h"
 
 using namespace nax;
 using nax::testing::at;
@@ -63,11 +64,10 @@ std::vector<std::int64_t> reference_top_k(const std::vector<double>& row, std::i
 }
 
 // x with some ties, a NaN row, an all -inf row: rows along "s".
-Tensor tricky_rows() {
-  std::vector<double> v = random_input(kX, "tricky").to_vector<double>();
-  Tensor t = from_vector(kX, v, DType::f64);
+Tensor tricky_rows(const Shape& shape = kX) {
+  std::vector<double> v = random_input(shape, "tricky").to_vector<double>();
   auto set = [&](Index i, double value) {
-    auto strides = kX.strides();
+    auto strides = shape.strides();
     v[static_cast<std::size_t>(i["b"] * strides[0] + i["s"] * strides[1] + i["e"] * strides[2])] = value;
   };
   set({{"b", 0}, {"s", 1}, {"e", 0}}, 7.0);
@@ -76,7 +76,7 @@ Tensor tricky_rows() {
   set({{"b", 0}, {"s", 4}, {"e", 1}}, NAN);
   for (std::int64_t s = 0; s < 5; ++s) set({{"b", 1}, {"s", s}, {"e", 2}}, -INFINITY);
   set({{"b", 1}, {"s", 0}, {"e", 0}}, -INFINITY);
-  return from_vector(kX, v, DType::f64);
+  return from_vector(shape, v, DType::f64);
 }
 
 }  // namespace
@@ -347,6 +347,50 @@ TEST_CASE("cumsum, argmax and top_k along a whole axis of a batch cut over dp ke
   }, {x}, rules);
 }
 
+TEST_CASE("on a device without the row kernels (as CUDA) the composed ops give the kernels' results", "[index_ops][devices]") {
+  // The remote double (tests/remote_device.h) keeps the default scan_rows/top_k_rows, so argmax,
+  // top_k and cumsum are composed there, and no op may read its memory from the host.
+  const Shape shape{{"b", 4}, {"s", 9}, {"e", 3}};
+  Tensor x = tricky_rows(shape);
+  Tensor y = random_input(shape, "y"), w = random_input(Shape{{"b", 4}, {"e", 3}, {"top", 3}}, "w");
+  auto results = [&](Runtime rt) {
+    return rt.run([&](Shard& s) {
+      const AxisRules rules{{"b", "dp"}};
+      const Tensor local_x = s.shard(x, rules), local_y = parameter(s.shard(y, rules));
+      std::vector<Tensor> out;
+      for (const std::string axis : {"s", "e"}) {
+        out.push_back(s.gather(argmax(local_x, axis)));
+        out.push_back(s.gather(argmin(local_x, axis)));
+        out.push_back(s.gather(cumsum(local_y, axis, axis == "e")));
+      }
+      const TopK tricky = top_k(local_x, "s", 5);
+      out.push_back(s.gather(tricky.values));
+      out.push_back(s.gather(tricky.indices));
+      const Tensor loss = psum(sum(top_k(local_y, "s", 3, "top").values * s.shard(w, rules), {"b", "e", "top"}) +
+                                   sum(square(cumsum(local_y, "s")), {"b", "s", "e"}), "dp");
+      out.push_back(s.gather(grad(loss, {local_y})[0]));
+      std::vector<std::vector<double>> values;
+      for (const auto& t : out) values.push_back(t.to_vector<double>());
+      return values;
+    })[0];
+  };
+  const Mesh mesh = Mesh::parse("dp=2");
+  const auto on_cpu = results(Runtime::local(mesh));
+  RuntimeOptions remote;
+  remote.device_factory = testing::make_remote_device;
+  remote.transport = Transport::device;
+  const auto on_remote = results(Runtime::local(mesh, remote));
+  REQUIRE(on_cpu.size() == on_remote.size());
+  for (std::size_t i = 0; i < on_cpu.size(); ++i) {
+    INFO("result " << i);
+    REQUIRE(on_cpu[i].size() == on_remote[i].size());
+    for (std::size_t j = 0; j < on_cpu[i].size(); ++j) {
+      const double a = on_cpu[i][j], b = on_remote[i][j];
+      REQUIRE((a == b || (std::isnan(a) && std::isnan(b)) || std::abs(a - b) <= 1e-12 * std::max(1.0, std::abs(a))));
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // errors
 
@@ -417,4 +461,8 @@ TEST_CASE("f32 and bf16 inputs: cumsum accumulates in f32, top_k and argmax pick
   REQUIRE(v16.dtype() == DType::bf16);
   REQUIRE(i16.to_vector<double>() == top_k(cast(x16, DType::f64), "s", 3).indices.to_vector<double>());
   REQUIRE(v16.to_vector<double>() == top_k(cast(x16, DType::f64), "s", 3).values.to_vector<double>());
+  Tensor ids = ids_of(Shape{{"t", 4}}, {1, 0, 1, 4});
+  Tensor rows = scatter_add(x16, "s", ids, cast(random_input(Shape{{"t", 4}, {"b", 2}, {"e", 3}}, "u"), DType::bf16));
+  REQUIRE(rows.dtype() == DType::bf16);
+  REQUIRE(rows.shape() == kX);
 }

@@ -6,9 +6,9 @@
 // Indices are i32 tensors (argmax, top_k's indices, one_hot's and scatter_add's ids, offsets):
 // integer values take no gradient, and an op producing them records nothing.
 //
-// Ops that work along one axis (argmax, top_k, cumsum, scatter_add's target axis, squeeze's
-// removed axis aside) need that axis whole on each device: when it is cut over a mesh axis they
-// throw a nax::Error naming the op, the axis and the mesh axis (all_gather it first).
+// Ops that work along one axis (argmax, argmin, top_k, cumsum, scatter_add's and
+// dynamic_update_slice's axis) need that axis whole on each device: when it is cut over a mesh
+// axis they throw a nax::Error naming the op, the axis and the mesh axis (all_gather it first).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -69,7 +69,8 @@ TopK top_k(const Tensor& x, const std::string& axis, std::int64_t k, const std::
 // ids accumulate. An id outside [0, size of axis) is an error. Vary: merged over the operands;
 // `axis` must be whole on each device and ids' axes must not be cut over a mesh axis (each device
 // would add only its own updates: scatter into zeros_like(target) and psum first). Gradients: to
-// target the incoming gradient, to updates its rows at ids (a gather); none to ids.
+// target the incoming gradient, to updates its rows at ids (a gather); none to ids. Floating
+// dtypes only.
 Tensor scatter_add(const Tensor& target, const std::string& axis, const Tensor& ids, const Tensor& updates);
 
 // --- scan ---
@@ -87,7 +88,8 @@ Tensor cumsum(const Tensor& x, const std::string& axis, bool exclusive = false);
 Tensor dynamic_slice(const Tensor& x, const std::string& axis, const Tensor& start, std::int64_t size);
 
 // x with `update` written along `axis` from `start` (an i32 scalar tensor); update has x's axes,
-// equal sizes except along `axis`. Vary: merged over x, update and start; `axis` must be whole.
+// equal sizes except along `axis`; the block must lie within the axis (error otherwise). Vary:
+// merged over x, update and start; `axis` must be whole.
 // Gradients: to x, g with the written block zeroed; to update, g's block at start.
 Tensor dynamic_update_slice(const Tensor& x, const Tensor& update, const std::string& axis, const Tensor& start);
 

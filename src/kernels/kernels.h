@@ -183,6 +183,21 @@ class Kernels {
   virtual void softmax_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* y, const void* dy, void* dx,
                                 bool log) = 0;
 
+  // Row kernels of the index ops over `rows` contiguous rows of n elements. A backend without them
+  // keeps these defaults, which return false: the op layer then composes the op from the kernels
+  // above (CUDA does, for now).
+  // Prefix sums of each row (exclusive: of the elements before; reverse: from the row's end).
+  virtual bool scan_rows(DType /*dtype*/, std::int64_t /*rows*/, std::int64_t /*n*/, const void* /*x*/, void* /*y*/,
+                         bool /*exclusive*/, bool /*reverse*/) {
+    return false;
+  }
+  // The k largest (smallest) elements of each row in order, NaN first, ties by the lower index:
+  // values (rows x k, the dtype) and their i32 indices.
+  virtual bool top_k_rows(DType /*dtype*/, std::int64_t /*rows*/, std::int64_t /*n*/, std::int64_t /*k*/, bool /*largest*/,
+                          const void* /*x*/, void* /*values*/, std::int32_t* /*indices*/) {
+    return false;
+  }
+
   // Elements of `sizes.dtype` the caller provides as scratch to the attention kernels.
   virtual std::int64_t attention_forward_scratch(const AttentionSizes& sizes) = 0;
   virtual std::int64_t attention_backward_scratch(const AttentionSizes& sizes) = 0;

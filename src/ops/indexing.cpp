@@ -1,11 +1,15 @@
-// Indexing ops composed of the elementwise, reduction and contraction ops (so every backend that
-// runs those runs these, and their gradients come from the composed ops' own): one_hot, argmax /
-// argmin, top_k, scatter_add. Indices are i32 and take no gradient.
+// Indexing ops: one_hot, argmax / argmin, top_k, scatter_add. argmax and top_k run the device's row
+// kernel (kernels::top_k_rows) where it has one, else are composed of the elementwise and reduction
+// ops (k passes); one_hot is a comparison with arange; scatter_add runs the embedding gradient's
+// scatter_add_rows kernel, and its gradient to the updates is an embedding (a row gather). Indices
+// are i32 and take no gradient.
 #include <fmt/format.h>
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
+#include "autodiff/node.h"
 #include "nax/index_ops.h"
 #include "nax/transformer_ops.h"
 #include "ops/row_ops.h"
@@ -49,12 +53,48 @@ Tensor first_extreme_index(const Tensor& v, const std::string& axis, bool larges
   return min(where(hit, positions, constant_on(device, static_cast<double>(n), DType::i32)), axis);
 }
 
+// Values and i32 indices of the k extreme elements of v (no history) along `axis`, with v's other
+// axes then `k_axis`, by the device's row kernel; nullopt where the device has none.
+std::optional<TopK> top_k_by_kernel(const Tensor& v, const std::string& axis, std::int64_t k, bool largest, const std::string& k_axis) {
+  const std::int64_t n = v.size(axis);
+  const Tensor rows = detail::permute_to(v, detail::order_with_last(v.shape(), axis));
+  std::vector<Axis> axes = rows.shape().axes();
+  axes.back() = Axis{k_axis, k};
+  Tensor values = detail::make_result(Shape(axes), v.dtype(), v.vary(), v.device_ptr());
+  Tensor indices = detail::make_result(Shape(axes), DType::i32, v.vary(), v.device_ptr());
+  if (!detail::kernels_of(values).top_k_rows(v.dtype(), n == 0 ? 0 : rows.numel() / n, n, k, largest, rows.raw(), values.raw_mutable(),
+                                             indices.mutable_data<std::int32_t>()))
+    return std::nullopt;
+  return TopK{values, indices};
+}
+
 Tensor arg_extreme(std::string_view op, const Tensor& x, const std::string& axis, bool largest) {
   const auto op_span = detail::enter_op(op, {&x});
   const int i = x.shape().require(axis, op);
   detail::check_axis_whole(op, x, axis, "all_gather it first");
   if (x.shape()[i].size == 0) fail(op, "axis '{}' of {} is empty", axis, x.str());
-  return first_extreme_index(stop_gradient(x), axis, largest, Tensor());
+  const Tensor v = detail::compute_values(x);
+  if (auto by_kernel = top_k_by_kernel(v, axis, 1, largest, axis)) return squeeze(by_kernel->indices, axis);
+  return first_extreme_index(v, axis, largest, Tensor());
+}
+
+// top_k composed of other ops: k passes of first_extreme_index, each value picked from x by a
+// one-hot mask (exact, and differentiable in x).
+TopK composed_top_k(const Tensor& x, const std::string& axis, std::int64_t k, const std::string& k_axis) {
+  const std::int64_t n = x.size(axis);
+  const Tensor v = stop_gradient(x);
+  const Tensor zero = constant_on(x.device_ptr(), 0.0, x.dtype());
+  Tensor taken;
+  std::vector<Tensor> values, indices;
+  for (std::int64_t j = 0; j < k; ++j) {
+    const Tensor index = first_extreme_index(v, axis, true, taken);
+    const Tensor chosen = one_hot(index, Axis{axis, n}, x.dtype());
+    values.push_back(sum(where(chosen, x, zero), axis));
+    indices.push_back(index);
+    taken = taken.defined() ? taken + chosen : chosen;
+  }
+  const int last = x.rank() - 1;
+  return {stack(values, k_axis, last), stack(indices, k_axis, last)};
 }
 
 std::string names_of(const Shape& shape) { return fmt::format("{}", fmt::join(shape.names(), ", ")); }
@@ -63,6 +103,7 @@ void check_scatter(const Tensor& target, const std::string& axis, const Tensor& 
   const auto op_span = detail::enter_op("scatter_add", {&target, &ids, &updates});
   check_ids("scatter_add", ids);
   detail::check_same_dtype("scatter_add", target, updates);
+  detail::check_floating("scatter_add", target);
   target.shape().require(axis, "scatter_add");
   detail::check_axis_whole("scatter_add", target, axis, "each device holds a block of the rows");
   for (const auto& a : ids.shape().axes()) {
@@ -91,6 +132,29 @@ void check_scatter(const Tensor& target, const std::string& axis, const Tensor& 
     fail("scatter_add", "ids range over [{}, {}] but axis '{}' of the target {} has size {}", low, high, axis, target.str(), n);
 }
 
+// The sum of the update rows at each id, as a tensor of shape `table` with `axis` first (the
+// device's scatter_add_rows kernel: one pass over the updates).
+Tensor added_rows(const Tensor& updates, const Shape& table, const std::string& axis, const Tensor& ids) {
+  const std::vector<std::string> rows_first = [&] {
+    std::vector<std::string> order{axis};
+    for (const auto& a : table.axes())
+      if (a.name != axis) order.push_back(a.name);
+    return order;
+  }();
+  std::vector<std::string> update_order = ids.shape().names();
+  update_order.insert(update_order.end(), rows_first.begin() + 1, rows_first.end());
+  const Tensor rows = detail::permute_to(updates, update_order);
+  std::vector<Axis> axes;
+  for (const auto& name : rows_first) axes.push_back(table[table.index_of(name)]);
+  const Shape shape(axes);
+  const std::int64_t n = table.size(axis);
+  Tensor added = detail::make_result(shape, rows.dtype(), detail::merge_vary("scatter_add", {&ids, &rows}, ids.shape().names()),
+                                     rows.device_ptr());
+  detail::kernels_of(added).scatter_add_rows(rows.dtype(), ids.data<std::int32_t>(), ids.numel(), kernels::VocabRange{0, n}, rows.raw(),
+                                             n == 0 ? 0 : shape.numel() / n, added.raw_mutable());
+  return added;
+}
+
 }  // namespace
 
 Tensor one_hot(const Tensor& ids, const Axis& axis, DType dtype) {
@@ -111,26 +175,24 @@ TopK top_k(const Tensor& x, const std::string& axis, std::int64_t k, const std::
   detail::check_axis_whole("top_k", x, axis, "all_gather it first");
   if (k < 1 || k > n) fail("top_k", "k = {} must lie in [1, {}] (the size of axis '{}' of {})", k, n, axis, x.str());
   if (x.shape().has(k_axis)) fail("top_k", "the new axis '{}' is already an axis of {}", k_axis, x.str());
-  const Tensor v = stop_gradient(x);
-  const Tensor zero = constant_on(x.device_ptr(), 0.0, x.dtype());
-  Tensor taken;
-  std::vector<Tensor> values, indices;
-  for (std::int64_t j = 0; j < k; ++j) {
-    const Tensor index = first_extreme_index(v, axis, true, taken);
-    const Tensor chosen = one_hot(index, Axis{axis, n}, x.dtype());
-    values.push_back(sum(where(chosen, x, zero), axis));  // exactly one element: exact, and differentiable in x
-    indices.push_back(index);
-    taken = taken.defined() ? taken + chosen : chosen;
-  }
-  const int last = x.rank() - 1;
-  return {stack(values, k_axis, last), stack(indices, k_axis, last)};
+  auto by_kernel = top_k_by_kernel(detail::compute_values(x), axis, k, true, k_axis);
+  if (!by_kernel) return composed_top_k(x, axis, k, k_axis);
+  Tensor values = detail::narrow_to(by_kernel->values, x.dtype());  // exact: the values are x's
+  if (autodiff::any_requires_grad({&x}))
+    values = autodiff::record("top_k", values, {x}, [indices = by_kernel->indices, axis, n, k_axis](const Tensor& g) {
+      return std::vector<Tensor>{dot(one_hot(indices, Axis{axis, n}, g.dtype()), g, k_axis)};  // g at the chosen elements
+    });
+  return {values, by_kernel->indices};
 }
 
 Tensor scatter_add(const Tensor& target, const std::string& axis, const Tensor& ids, const Tensor& updates) {
   check_scatter(target, axis, ids, updates);
-  const Tensor rows = one_hot(ids, Axis{axis, target.size(axis)}, updates.dtype());  // ids' axes, axis
-  const Tensor added = ids.rank() == 0 ? rows * updates : dot(rows, updates, ids.shape().names());
-  return target + added;
+  const Tensor out = detail::compute_values(target) + added_rows(detail::compute_values(updates), target.shape(), axis, ids);
+  const Tensor result = detail::narrow_to(out, target.dtype());
+  if (!autodiff::any_requires_grad({&target, &updates})) return result;
+  return autodiff::record("scatter_add", result, {target, updates}, [axis, ids](const Tensor& g) {
+    return std::vector<Tensor>{g, embedding(g, ids, axis)};  // updates: g's rows at ids
+  });
 }
 
 }  // namespace nax

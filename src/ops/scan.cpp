@@ -1,5 +1,6 @@
-// cumsum: a prefix sum along one whole axis, as log2(n) shifted adds (Hillis-Steele) of the
-// layout and elementwise ops, so every backend runs it. Its gradient is the reverse prefix sum.
+// cumsum: a prefix sum along one whole axis, by the device's row kernel (kernels::scan_rows), or
+// where a backend has none as log2(n) shifted adds (Hillis-Steele) of the layout and elementwise
+// ops. Its gradient is the reverse prefix sum.
 #include "autodiff/node.h"
 #include "nax/index_ops.h"
 #include "ops/row_ops.h"
@@ -18,10 +19,20 @@ Tensor shifted(const Tensor& v, const std::string& axis, std::int64_t by, bool r
 }
 
 // Prefix sums of v (no history) along `axis`: inclusive or exclusive, forwards or reversed.
-Tensor scan(const Tensor& v, const std::string& axis, bool exclusive, bool reverse) {
+Tensor composed_scan(const Tensor& v, const std::string& axis, bool exclusive, bool reverse) {
   Tensor y = v;
   for (std::int64_t by = 1; by < v.size(axis); by *= 2) y = y + shifted(y, axis, by, reverse);
   return exclusive ? shifted(y, axis, 1, reverse) : y;
+}
+
+Tensor scan(const Tensor& v, const std::string& axis, bool exclusive, bool reverse) {
+  if (v.numel() == 0) return zeros_like(v);
+  const std::int64_t n = v.size(axis);
+  const Tensor rows = detail::permute_to(v, detail::order_with_last(v.shape(), axis));
+  Tensor out = detail::make_result(rows.shape(), rows.dtype(), rows.vary(), rows.device_ptr());
+  if (detail::kernels_of(out).scan_rows(rows.dtype(), rows.numel() / n, n, rows.raw(), out.raw_mutable(), exclusive, reverse))
+    return detail::permute_to(out, v.shape().names());
+  return composed_scan(v, axis, exclusive, reverse);
 }
 
 }  // namespace

@@ -43,9 +43,17 @@ void LocalCommunicator::reduce_block(const std::vector<void*>& dsts, std::size_t
   }
 }
 
-void LocalCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
-  record(CollectiveKind::all_reduce, count * dtype_size(dtype));
-  group_->arrive(rank_, signature(CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)), send, recv);
+std::unique_ptr<Communicator::Request> LocalCommunicator::started(const Signature& sig, std::function<void(const Signature&)> run) {
+  return worker_.submit([sig, origin = origin(), run = std::move(run)] {
+    Signature own = sig;
+    own.origin = &origin;
+    run(own);
+  });
+}
+
+void LocalCommunicator::run_all_reduce(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                                       bool on_worker) {
+  group_->arrive(rank_, sig, send, recv, !on_worker);
   // Reduce-scatter and all-gather in one pass: this rank reduces its 1/n slice and writes the
   // result straight into every rank's recv buffer, so each byte is read once and written once.
   const std::size_t n = static_cast<std::size_t>(size()), r = static_cast<std::size_t>(rank_);
@@ -56,22 +64,60 @@ void LocalCommunicator::all_reduce(const void* send, void* recv, std::size_t cou
   group_->step(rank_);
 }
 
-void LocalCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
-  record(CollectiveKind::all_gather, count * dtype_size(dtype));
-  group_->arrive(rank_, signature(CollectiveKind::all_gather, dtype, count), send, recv);
+void LocalCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  worker_.drain();
+  record(CollectiveKind::all_reduce, count * dtype_size(dtype));
+  run_all_reduce(signature(CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)), send, recv, count, dtype, op, false);
+}
+
+std::unique_ptr<Communicator::Request> LocalCommunicator::start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                                                           ReduceOp op) {
+  record(CollectiveKind::all_reduce, count * dtype_size(dtype));
+  return started(signature(CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)),
+                 [=, this](const Signature& sig) { run_all_reduce(sig, send, recv, count, dtype, op, true); });
+}
+
+void LocalCommunicator::run_all_gather(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype, bool on_worker) {
+  group_->arrive(rank_, sig, send, recv, !on_worker);
   const bool large = count * dtype_size(dtype) * static_cast<std::size_t>(size()) >= kStreamBytes;
   for (int r = 0; r < size(); ++r) copy_out(comm::element_at(recv, count * static_cast<std::size_t>(r), dtype), group_->send(r), count * dtype_size(dtype), large);
   group_->step(rank_);
 }
 
-void LocalCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
-  record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
-  group_->arrive(rank_, signature(CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)), send, recv);
+void LocalCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+  worker_.drain();
+  record(CollectiveKind::all_gather, count * dtype_size(dtype));
+  run_all_gather(signature(CollectiveKind::all_gather, dtype, count), send, recv, count, dtype, false);
+}
+
+std::unique_ptr<Communicator::Request> LocalCommunicator::start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+  record(CollectiveKind::all_gather, count * dtype_size(dtype));
+  return started(signature(CollectiveKind::all_gather, dtype, count),
+                 [=, this](const Signature& sig) { run_all_gather(sig, send, recv, count, dtype, true); });
+}
+
+void LocalCommunicator::run_reduce_scatter(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                                           bool on_worker) {
+  group_->arrive(rank_, sig, send, recv, !on_worker);
   reduce_block({recv}, count * static_cast<std::size_t>(rank_), count, dtype, op);
   group_->step(rank_);
 }
 
+void LocalCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  worker_.drain();
+  record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
+  run_reduce_scatter(signature(CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)), send, recv, count, dtype, op, false);
+}
+
+std::unique_ptr<Communicator::Request> LocalCommunicator::start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
+                                                                               ReduceOp op) {
+  record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
+  return started(signature(CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)),
+                 [=, this](const Signature& sig) { run_reduce_scatter(sig, send, recv, count, dtype, op, true); });
+}
+
 void LocalCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype) {
+  worker_.drain();
   record(CollectiveKind::all_to_all, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
   group_->arrive(rank_, signature(CollectiveKind::all_to_all, dtype, count), send, recv);
   for (int r = 0; r < size(); ++r)
@@ -80,19 +126,34 @@ void LocalCommunicator::all_to_all(const void* send, void* recv, std::size_t cou
   group_->step(rank_);
 }
 
-void LocalCommunicator::permute(const void* send, void* recv, std::size_t count, DType dtype,
-                                const std::vector<std::pair<int, int>>& pairs) {
-  check_permute_pairs(pairs, size(), "permute", group_->label());
-  record(CollectiveKind::permute, count * dtype_size(dtype));
-  group_->arrive(rank_, signature(CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)), send, recv);
+void LocalCommunicator::run_permute(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype,
+                                    const std::vector<std::pair<int, int>>& pairs, bool on_worker) {
+  group_->arrive(rank_, sig, send, recv, !on_worker);
   auto source = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.second == rank_; });
   if (source == pairs.end()) std::memset(recv, 0, count * dtype_size(dtype));
   else std::memcpy(recv, group_->send(source->first), count * dtype_size(dtype));
   group_->step(rank_);
 }
 
+void LocalCommunicator::permute(const void* send, void* recv, std::size_t count, DType dtype,
+                                const std::vector<std::pair<int, int>>& pairs) {
+  check_permute_pairs(pairs, size(), "permute", group_->label());
+  worker_.drain();
+  record(CollectiveKind::permute, count * dtype_size(dtype));
+  run_permute(signature(CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)), send, recv, count, dtype, pairs, false);
+}
+
+std::unique_ptr<Communicator::Request> LocalCommunicator::start_permute(const void* send, void* recv, std::size_t count, DType dtype,
+                                                                        const std::vector<std::pair<int, int>>& pairs) {
+  check_permute_pairs(pairs, size(), "permute", group_->label());
+  record(CollectiveKind::permute, count * dtype_size(dtype));
+  return started(signature(CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)),
+                 [=, this](const Signature& sig) { run_permute(sig, send, recv, count, dtype, pairs, true); });
+}
+
 void LocalCommunicator::broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) {
   if (root < 0 || root >= size()) fail("broadcast", "root {} is out of range for a group of {} ranks", root, size());
+  worker_.drain();
   record(CollectiveKind::broadcast, count * dtype_size(dtype));
   group_->arrive(rank_, signature(CollectiveKind::broadcast, dtype, count, root), send, recv);
   if (rank_ != root || send != recv) std::memcpy(recv, group_->send(root), count * dtype_size(dtype));
@@ -100,6 +161,7 @@ void LocalCommunicator::broadcast(const void* send, void* recv, std::size_t coun
 }
 
 void LocalCommunicator::barrier() {
+  worker_.drain();
   record(CollectiveKind::barrier, 0);
   group_->arrive(rank_, signature(CollectiveKind::barrier, DType::f32, 0), nullptr, nullptr);
 }

@@ -70,11 +70,11 @@ bool LocalGroup::spin_until_changed(const std::atomic<std::uint64_t>& counter, s
   return false;
 }
 
-void LocalGroup::arrive(int rank, const Signature& sig, const void* send, void* recv) {
+void LocalGroup::arrive(int rank, const Signature& sig, const void* send, void* recv, bool tracked) {
   if (world_.aborted()) throw Aborted(fmt::format("{}: not started, the run is aborting: {}", sig.str(), world_.abort_reason()));
   const int me = members_[static_cast<std::size_t>(rank)];
   const trace::Span wait("wait", "wait for peers", [&] { return fmt::format("\"group\": {}", trace::quote(label_)); });
-  world_.set_waiting(me, this);
+  if (tracked) world_.set_waiting(me, this);
   std::unique_lock lock(mutex_);
   Slot& slot = slots_[static_cast<std::size_t>(rank)];
   slot.send = send, slot.recv = recv, slot.sig = sig, slot.arrived = true;
@@ -102,7 +102,7 @@ void LocalGroup::arrive(int rank, const Signature& sig, const void* send, void* 
       if (Clock::now() - start > timeout)
         fail_waiting(lock, rank, fmt::format("timed out after {:g} s (NAX_COLLECTIVE_TIMEOUT_S)", world_.timeout_s()));
       lock.unlock();  // the search reads other groups under their locks
-      const std::vector<int> cycle = world_.wait_cycle(me);
+      const std::vector<int> cycle = tracked ? world_.wait_cycle(me) : std::vector<int>{};
       lock.lock();
       if (generation_ != generation) break;
       if (!cycle.empty()) {
@@ -116,7 +116,7 @@ void LocalGroup::arrive(int rank, const Signature& sig, const void* send, void* 
   }
   std::string error = error_;
   lock.unlock();
-  world_.set_running(me);
+  if (tracked) world_.set_running(me);
   if (!error.empty()) throw Error(error);
 }
 

@@ -38,7 +38,9 @@ class LocalGroup {
 
   // Publishes this rank's buffers and waits for every rank. Throws (on every rank) when the
   // signatures disagree, when the world aborts, when a peer finished its program, or on timeout.
-  void arrive(int rank, const Signature& sig, const void* send, void* recv);
+  // `tracked`: the device's own thread waits (its status names this group, the deadlock search
+  // follows it); a communicator's worker running a started collective is not tracked.
+  void arrive(int rank, const Signature& sig, const void* send, void* recv, bool tracked = true);
   // A barrier between the steps of a collective that every rank has already joined.
   void step(int rank);
 

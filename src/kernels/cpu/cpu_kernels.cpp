@@ -76,6 +76,16 @@ class CpuKernels final : public Kernels {
     cpu::softmax_backward(dtype, rows, n, y, dy, dx, log);
   }
 
+  bool scan_rows(DType dtype, std::int64_t rows, std::int64_t n, const void* x, void* y, bool exclusive, bool reverse) override {
+    cpu::scan_rows(dtype, rows, n, x, y, exclusive, reverse);
+    return true;
+  }
+  bool top_k_rows(DType dtype, std::int64_t rows, std::int64_t n, std::int64_t k, bool largest, const void* x, void* values,
+                  std::int32_t* indices) override {
+    cpu::top_k_rows(dtype, rows, n, k, largest, x, values, indices);
+    return true;
+  }
+
   std::int64_t attention_forward_scratch(const AttentionSizes& sizes) override { return cpu::attention_forward_scratch(sizes); }
   std::int64_t attention_backward_scratch(const AttentionSizes& sizes) override { return cpu::attention_backward_scratch(sizes); }
   void causal_attention_forward(const AttentionSizes& sizes, const InMatrices& q, const InMatrices& k, const InMatrices& v,

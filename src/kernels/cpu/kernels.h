@@ -38,6 +38,11 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
           const void* a, std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc,
           double beta = 0.0);
 
+// Index ops' row kernels (kernels/kernels.h says what they compute), f32, f64 and i32.
+void scan_rows(DType dtype, std::int64_t rows, std::int64_t n, const void* x, void* y, bool exclusive, bool reverse);
+void top_k_rows(DType dtype, std::int64_t rows, std::int64_t n, std::int64_t k, bool largest, const void* x, void* values,
+                std::int32_t* indices);
+
 void set_blas_threads(int threads);
 
 // One fused AdamW step (kernels/kernels.h says the formula), f32, out of place.
