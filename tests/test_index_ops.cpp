@@ -1,7 +1,9 @@
 // Shape, indexing, scan and dynamic-slice ops (nax/index_ops.h): forwards against plain f64 host
 // loops (ties, NaN, -inf, repeated and dropped ids included); gradients against central finite
 // differences in f64 (check_gradients defaults); vary rules and gradients on meshes (offsets from
-// axis_index, a batch cut over dp); errors naming the op, the axis and the mesh axis.
+// axis_index, a batch cut over dp, argmax/top_k/cumsum along an axis cut over mp against the
+// whole-axis ops); the composed paths (a device without the row kernels) against the kernels;
+// errors naming the op, the axis and the mesh axis.
 #include "grad_check.h"
 #include "remote_device.h"
 
@@ -391,10 +393,57 @@ TEST_CASE("on a device without the row kernels (as CUDA) the composed ops give t
   }
 }
 
+TEST_CASE("argmax, argmin, top_k and cumsum along an axis cut over mesh axes equal the whole-axis ops", "[index_ops][mesh]") {
+  const Shape shape{{"b", 4}, {"v", 12}};
+  Tensor x = tricky_rows(Shape{{"b", 4}, {"s", 12}, {"e", 1}});
+  x = rename(squeeze(x, "e"), "s", "v");
+  std::vector<double> xv = x.to_vector<double>();
+  xv[27] = xv[31] = 50.0;  // a tie across blocks in row 2 (index 3 wins)
+  x = from_vector(shape, xv, DType::f64);
+  Tensor y = random_input(shape, "y"), w = random_input(Shape{{"b", 4}, {"k", 5}}, "w");
+  for (const std::string spec : {"mp=2", "mp=3", "mp=4", "dp=2,mp=2"}) {
+    INFO("mesh " << spec);
+    Runtime rt = Runtime::local(Mesh::parse(spec));
+    const bool dp = spec.find("dp") != std::string::npos;
+    const AxisRules rules = dp ? AxisRules{{"v", "mp"}, {"b", "dp"}} : AxisRules{{"v", "mp"}};
+    auto got = rt.run([&](Shard& s) {
+      const Tensor local = s.shard(x, rules), local_y = s.shard(y, rules);
+      const TopK best = top_k(local, "v", 5);
+      NAX_EXPECT(best.values.vary().kind("mp") == Vary::Invariant);
+      const Tensor c = cumsum(local_y, "v"), ce = cumsum(local_y, "v", true);
+      NAX_EXPECT(c.vary().kind("mp") == Vary::Split);
+      std::vector<Tensor> out{s.gather(argmax(local, "v")), s.gather(argmin(local, "v")), s.gather(best.values), s.gather(best.indices),
+                              s.gather(c), s.gather(ce), s.gather(top_k(local_y, "v", 12).indices)};
+      std::vector<std::vector<double>> values;
+      for (const auto& t : out) values.push_back(t.to_vector<double>());
+      return values;
+    })[0];
+    const TopK want = top_k(x, "v", 5);
+    const std::vector<std::vector<double>> expected{argmax(x, "v").to_vector<double>(), argmin(x, "v").to_vector<double>(),
+                                                    want.values.to_vector<double>(), want.indices.to_vector<double>(),
+                                                    cumsum(y, "v").to_vector<double>(), cumsum(y, "v", true).to_vector<double>(),
+                                                    top_k(y, "v", 12).indices.to_vector<double>()};
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      INFO("result " << i);
+      REQUIRE(got[i].size() == expected[i].size());
+      for (std::size_t j = 0; j < got[i].size(); ++j) {
+        const double a = got[i][j], b = expected[i][j];
+        REQUIRE((a == b || (std::isnan(a) && std::isnan(b)) || std::abs(a - b) <= 1e-12 * std::max(1.0, std::abs(b))));
+      }
+    }
+    REQUIRE(got[0][2] == 3);
+    check_mesh_gradients(rt, [&](Shard& s, const std::vector<Tensor>& p) {
+      const Tensor c = cumsum(p[0], "v", false), top = top_k(p[0], "v", 5).values;
+      Tensor loss = sum(c * c * p[0], {"b", "v"}) + sum(top * s.shard(w, rules), {"b", "k"});
+      return psum(loss, loss.vary().varying_mesh_axes());
+    }, {y}, rules);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // errors
 
-TEST_CASE("index ops refuse an axis cut over a mesh axis, naming op, axis and mesh axis", "[index_ops][errors]") {
+TEST_CASE("scatter_add and dynamic_update_slice refuse an axis cut over a mesh axis, naming op, axis and mesh axis", "[index_ops][errors]") {
   const Shape shape{{"b", 4}, {"s", 6}};
   Tensor x = random_input(shape, "x");
   Runtime rt = Runtime::local(Mesh::parse("dp=2"));
@@ -411,10 +460,6 @@ TEST_CASE("index ops refuse an axis cut over a mesh axis, naming op, axis and me
       }
       NAX_EXPECT(!"no error");
     };
-    refuses([&] { argmax(local, "b"); }, "argmax");
-    refuses([&] { argmin(local, "b"); }, "argmin");
-    refuses([&] { top_k(local, "b", 1); }, "top_k");
-    refuses([&] { cumsum(local, "b"); }, "cumsum");
     refuses([&] { scatter_add(local, "b", ids_of(Shape{{"t", 1}}, {0}), zeros(Shape{{"t", 1}, {"s", 6}}, DType::f64)); },
             "scatter_add");
     refuses([&] { dynamic_update_slice(local, local, "b", axis_index("dp") * 0.0); }, "dynamic_update_slice");

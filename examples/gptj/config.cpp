@@ -22,6 +22,13 @@ Config config_by_name(const std::string& name) {
   nax::fail("config", "unknown config '{}' (known: {})", name, fmt::join(config_names(), ", "));
 }
 
+Config with_vocab_at_least(Config c, std::int64_t vocab, const nax::Mesh& mesh) {
+  if (vocab <= c.vocab) return c;
+  const std::int64_t mp = mesh.has("mp") ? mesh.axis_size("mp") : 1;
+  c.vocab = (vocab + mp - 1) / mp * mp;
+  return c;
+}
+
 Config padded_for(Config c, const nax::Mesh& mesh) {
   if (c.vocab == 256 && mesh.has("mp")) {
     const std::int64_t mp = mesh.axis_size("mp");

@@ -28,6 +28,10 @@ std::vector<std::string> config_names();
 // can cut it; other vocabularies are returned as they are.
 Config padded_for(Config c, const nax::Mesh& mesh);
 
+// `c` with room for `vocab` ids: a larger vocabulary (a tokenizer's) rounded up to a multiple of
+// mp, as GPT-J pads 50257 to 50400; a config that already has room is returned as it is.
+Config with_vocab_at_least(Config c, std::int64_t vocab, const nax::Mesh& mesh);
+
 // Checks that the mesh divides the model (heads, d_ff and vocab over mp) and the batch (over dp),
 // with one clear message per failure.
 void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch);

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <nax/text/token_file.h>
+
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -34,9 +37,32 @@ TextData TextData::load(const std::vector<std::string>& files, double heldout_fr
   return from_text(text, heldout_fraction);
 }
 
-TextData TextData::from_text(const std::string& text, double heldout_fraction) {
+TextData TextData::from_text(const std::string& text, double heldout_fraction) { return from_tokens(encode(text), 256, heldout_fraction); }
+
+TextData TextData::load_tokenized(const std::vector<std::string>& files, const std::string& tokenizer_path, const std::string& cache_dir,
+                                  bool quiet, double heldout_fraction) {
+  if (files.empty()) nax::fail("data", "no text files given (--data FILE...)");
+  const auto tokenizer = nax::text::BpeTokenizer::from_file(tokenizer_path);
+  const auto key = nax::text::tokenizer_file_key(tokenizer_path);
+  const auto end_of_text = tokenizer.token_to_id("<|endoftext|>");
+  std::vector<std::int32_t> tokens;
+  for (const auto& path : files) {
+    if (!std::filesystem::is_regular_file(path)) nax::fail("data", "cannot read '{}'", path);
+    std::string cache;
+    if (!cache_dir.empty()) {
+      std::filesystem::create_directories(cache_dir);
+      cache = (std::filesystem::path(cache_dir) / (std::filesystem::path(path).filename().string() + ".tokens")).string();
+    }
+    const auto file_tokens = nax::text::tokenize_file(tokenizer, key, path, cache, quiet ? nax::text::TokenizeProgress{} : nax::text::print_tokenize_progress);
+    if (!tokens.empty() && end_of_text) tokens.push_back(*end_of_text);
+    tokens.insert(tokens.end(), file_tokens.begin(), file_tokens.end());
+  }
+  return from_tokens(tokens, tokenizer.vocab_size(), heldout_fraction);
+}
+
+TextData TextData::from_tokens(const std::vector<std::int32_t>& tokens, std::int64_t vocab, double heldout_fraction) {
   TextData d;
-  auto tokens = encode(text);
+  d.vocab_ = vocab;
   const auto heldout = static_cast<std::size_t>(static_cast<double>(tokens.size()) * heldout_fraction);
   d.train_.assign(tokens.begin(), tokens.end() - static_cast<std::ptrdiff_t>(heldout));
   d.heldout_.assign(tokens.end() - static_cast<std::ptrdiff_t>(heldout), tokens.end());

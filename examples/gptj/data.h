@@ -18,6 +18,13 @@ class TextData {
   // Reads and concatenates the files; the last `heldout_fraction` of the tokens is held out.
   static TextData load(const std::vector<std::string>& files, double heldout_fraction = 0.1);
   static TextData from_text(const std::string& text, double heldout_fraction = 0.1);
+  // The files tokenized with a Hugging Face tokenizer.json (nax::text, docs/tokenizer.md), each
+  // once into a cached token file (FILE.tokens, or in `cache_dir`), with a progress line unless
+  // `quiet`; files are joined by <|endoftext|> where the tokenizer has it.
+  static TextData load_tokenized(const std::vector<std::string>& files, const std::string& tokenizer, const std::string& cache_dir = "",
+                                 bool quiet = false, double heldout_fraction = 0.1);
+  // 256 for bytes, else the tokenizer's.
+  std::int64_t vocab_size() const { return vocab_; }
 
   enum class Split { train, heldout };
   // Global batch `index` of a split: inputs and next-token targets, i32 [batch, seq] each.
@@ -26,7 +33,10 @@ class TextData {
   std::size_t size(Split split) const { return split == Split::train ? train_.size() : heldout_.size(); }
 
  private:
+  static TextData from_tokens(const std::vector<std::int32_t>& tokens, std::int64_t vocab, double heldout_fraction);
+
   std::vector<std::int32_t> train_, heldout_;
+  std::int64_t vocab_ = 256;
 };
 
 }  // namespace gptj

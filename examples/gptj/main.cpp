@@ -3,6 +3,7 @@
 //   gptj train --config small --mesh dp=2,mp=2 --data FILE... --steps N [...]
 //   gptj sample --ckpt DIR --prompt TEXT --tokens N [...]
 //   gptj export --config tiny --mesh dp=1,mp=2 --data FILE... --steps K --out DIR [...]
+//   gptj tokenize --tokenizer tokenizer.json --text TEXT
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include "compare.h"
 #include "export.h"
 #include "learner.h"
+#include "tokenize.h"
 #include "train.h"
 
 namespace {
@@ -129,6 +131,9 @@ void train_help() {
       "  --resume           continue from the checkpoint in --ckpt-dir\n"
       "  --eval-every K     held-out loss every K steps                   (default 50)\n"
       "  --metrics FILE     one JSON object per step (step, loss, tokens_per_s, mfu, ...)\n"
+      "  --tokenizer FILE   a Hugging Face tokenizer.json (byte-level BPE) instead of bytes; the text\n"
+      "                     is tokenized once into FILE.tokens (docs/tokenizer.md)\n"
+      "  --token-cache DIR  where those token files go                  (default: beside the data)\n"
       "  --trace FILE       write a timeline of every device's ops and collectives (Chrome trace JSON,\n"
       "                     for Perfetto and scripts/trace_breakdown.py; one file per rank under mpirun)\n"
       "  --quiet            no progress line (on a terminal a live line, else a plain line per second at most)\n");
@@ -146,6 +151,7 @@ void sample_help() {
       "  --temperature X    0 picks the most likely token                 (default 0.8)\n"
       "  --top-k K          sample among the K most likely tokens         (default 40)\n"
       "  --seed S           sampling seed                                 (default 0)\n"
+      "  --tokenizer FILE   the tokenizer.json the model was trained with (default: bytes)\n"
       "  --trace FILE       write a timeline of the devices' ops and collectives (as for gptj train)\n");
 }
 
@@ -161,12 +167,15 @@ int run_train(int argc, char** argv) {
                             {"--eval-every", [&](const std::string& v) { o.eval_every = to_int("--eval-every", v); }},
                             {"--metrics", [&](const std::string& v) { o.metrics = v; }},
                             {"--sharding", [&](const std::string& v) { o.sharding = v; }},
-                            {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }}}),
+                            {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }},
+                            {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }},
+                            {"--token-cache", [&](const std::string& v) { o.token_cache = v; }}}),
               train_help,
               {{"--resume", [&](const std::string&) { o.resume = true; }}, {"--quiet", [&](const std::string&) { o.quiet = true; }}});
   if (o.steps < 1 || o.batch < 1 || o.seq < 1) nax::fail("gptj", "--steps, --batch and --seq must be positive");
   trace.start();
-  auto result = gptj::train(o, gptj::TextData::load(o.data));
+  auto result = gptj::train(o, o.tokenizer.empty() ? gptj::TextData::load(o.data)
+                                                   : gptj::TextData::load_tokenized(o.data, o.tokenizer, o.token_cache, o.quiet));
   if (nax::process_index() != 0) return 0;  // under mpirun, process 0 reports
   fmt::print("final: train loss {:.4f}, held-out loss {:.4f}, {:.0f} tokens/s, MFU {:.1f}% of {:.0f} GFLOP/s, {} compute\n",
              result.losses.empty() ? 0.0 : result.losses.back(), result.heldout_loss, result.tokens_per_s, 100 * result.mfu,
@@ -262,13 +271,34 @@ int run_logits(int argc, char** argv) {
   parse_flags(argc, argv, 2,
               {{"--ckpt", [&](const std::string& v) { o.ckpt_dir = v; }},
                {"--mesh", [&](const std::string& v) { o.mesh = v; }},
-               {"--prompt", [&](const std::string& v) { o.prompt = v; }}},
-              [] { fmt::print("usage: gptj logits --ckpt DIR --prompt TEXT [--mesh SPEC]\nPrints the logits of every prompt position as JSON.\n"); });
+               {"--prompt", [&](const std::string& v) { o.prompt = v; }},
+               {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }}},
+              [] { fmt::print("usage: gptj logits --ckpt DIR --prompt TEXT [--mesh SPEC] [--tokenizer FILE]\nPrints the logits of every prompt position as JSON.\n"); });
   const auto rows = gptj::prompt_logits(o);
   if (nax::process_index() != 0) return 0;
   std::vector<std::string> lines;
   for (const auto& row : rows) lines.push_back(fmt::format("[{}]", fmt::join(row, ",")));
   fmt::print("[{}]\n", fmt::join(lines, ",\n"));
+  return 0;
+}
+
+int run_tokenize(int argc, char** argv) {
+  gptj::TokenizeOptions o;
+  parse_flags(argc, argv, 2,
+              {{"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }},
+               {"--text",
+                [&](const std::string& v) {
+                  o.text = v;
+                  o.has_text = true;
+                }},
+               {"--data", [&](const std::string& v) { o.data = v; }},
+               {"--out", [&](const std::string& v) { o.out = v; }}},
+              [] {
+                fmt::print("usage: gptj tokenize --tokenizer tokenizer.json (--text TEXT | --data FILE [--out FILE.tokens]) [--quiet]\n"
+                           "--text prints the ids as JSON; --data writes a token file (docs/tokenizer.md).\n");
+              },
+              {{"--quiet", [&](const std::string&) { o.quiet = true; }}});
+  gptj::tokenize_command(o);
   return 0;
 }
 
@@ -284,7 +314,8 @@ int run_sample(int argc, char** argv) {
                {"--tokens", [&](const std::string& v) { o.tokens = to_int("--tokens", v); }},
                {"--temperature", [&](const std::string& v) { o.temperature = to_double("--temperature", v); }},
                {"--top-k", [&](const std::string& v) { o.top_k = to_int("--top-k", v); }},
-               {"--seed", [&](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }}},
+               {"--seed", [&](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }},
+               {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }}},
               sample_help);
   trace.start();
   const std::string text = gptj::sample(o);
@@ -302,11 +333,12 @@ int main(int argc, char** argv) {
     if (command == "logits") return run_logits(argc, argv);
     if (command == "export") return run_export(argc, argv);
     if (command == "compare") return run_compare(argc, argv);
+    if (command == "tokenize") return run_tokenize(argc, argv);
     if (command == "--help" || command == "-h" || command == "help") {
-      fmt::print("usage: gptj <train|sample|logits|compare|export> [flags]   (gptj <command> --help for the flags)\n");
+      fmt::print("usage: gptj <train|sample|logits|compare|export|tokenize> [flags]   (gptj <command> --help for the flags)\n");
       return argc > 1 ? 0 : 2;
     }
-    nax::fail("gptj", "unknown command '{}' (expected train, sample, logits, compare or export)", command);
+    nax::fail("gptj", "unknown command '{}' (expected train, sample, logits, compare, export or tokenize)", command);
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;

@@ -8,6 +8,8 @@
 #include "checkpoint.h"
 #include "train.h"
 
+#include <nax/text/bpe_tokenizer.h>
+
 namespace gptj {
 
 using namespace nax;
@@ -61,13 +63,24 @@ Model model_on(Shard& s, const Loaded& m) {
   return Model(m.config, nn::Parameters::from_values(m.specs, std::move(values)));
 }
 
-std::vector<std::int32_t> prompt_tokens(const SampleOptions& o) { return encode(o.prompt.empty() ? std::string("\n") : o.prompt); }
+std::vector<std::int32_t> prompt_tokens(const SampleOptions& o, const Config& c) {
+  if (o.tokenizer.empty()) return encode(o.prompt.empty() ? std::string("\n") : o.prompt);
+  const auto tokenizer = nax::text::BpeTokenizer::from_file(o.tokenizer);
+  if (tokenizer.vocab_size() > c.vocab) fail("sample", "tokenizer {} has {} ids, more than the model's vocabulary {}", o.tokenizer, tokenizer.vocab_size(), c.vocab);
+  auto tokens = tokenizer.encode(o.prompt);
+  if (tokens.empty()) tokens.push_back(tokenizer.token_to_id("<|endoftext|>").value_or(0));
+  return tokens;
+}
+
+std::string text_of(const SampleOptions& o, const std::vector<std::int32_t>& tokens) {
+  return o.tokenizer.empty() ? decode(tokens) : nax::text::BpeTokenizer::from_file(o.tokenizer).decode(tokens);
+}
 
 }  // namespace
 
 std::vector<std::vector<double>> prompt_logits(const SampleOptions& o) {
   const Loaded m = load_for_inference(o);
-  const auto tokens = prompt_tokens(o);
+  const auto tokens = prompt_tokens(o, m.config);
   Runtime rt = Runtime::from_env(m.mesh, runtime_options(o.backend));
   return rt.run([&](Shard& s) {
     NoGrad no_grad;
@@ -84,7 +97,7 @@ std::vector<std::vector<double>> prompt_logits(const SampleOptions& o) {
 std::string sample(const SampleOptions& o) {
   if (o.tokens < 0) fail("sample", "--tokens must be at least 0, got {}", o.tokens);
   const Loaded m = load_for_inference(o);
-  const auto tokens = prompt_tokens(o);
+  const auto tokens = prompt_tokens(o, m.config);
   if (static_cast<std::int64_t>(tokens.size()) + o.tokens > m.config.max_seq)
     fail("sample", "prompt ({} tokens) plus --tokens {} exceeds the context of {}", tokens.size(), o.tokens, m.config.max_seq);
   const AxisRules& rules = m.rules;
@@ -103,7 +116,7 @@ std::string sample(const SampleOptions& o) {
       generated.push_back(token);
       input = from_vector(Shape{{"batch", 1}, {"seq", 1}}, std::vector<std::int32_t>{token});
     }
-    return decode(generated);
+    return text_of(o, generated);
   })[static_cast<std::size_t>(rt.local_devices().front())];  // the same text on every device
 }
 

@@ -102,7 +102,7 @@ RuntimeOptions runtime_options(Backend backend) {
 
 TrainResult train(const TrainOptions& o, const TextData& data) {
   const Mesh mesh = Mesh::parse(o.mesh);
-  const Config config = padded_for(config_by_name(o.config), mesh);
+  const Config config = with_vocab_at_least(padded_for(config_by_name(o.config), mesh), data.vocab_size(), mesh);
   check_fits(config, mesh, o.batch);
   check_sharding(o.sharding);
   check_compute_dtype(o.dtype);

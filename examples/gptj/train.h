@@ -36,6 +36,8 @@ struct TrainOptions {
   // Compute dtype. bf16: mixed precision (bf16 parameters and activations in the model, f32 master
   // weights, optimizer state and loss); f32: everything f32.
   nax::DType dtype = nax::DType::f32;
+  std::string tokenizer;    // a Hugging Face tokenizer.json; empty: bytes (vocab 256)
+  std::string token_cache;  // where token files go; empty: beside each data file
 };
 
 struct TrainResult {
@@ -64,6 +66,7 @@ struct SampleOptions {
   double temperature = 0.8;
   std::int64_t top_k = 40;
   std::uint64_t seed = 0;
+  std::string tokenizer;  // the tokenizer.json the model was trained with; empty: bytes
 };
 
 // The prompt's continuation (without the prompt).

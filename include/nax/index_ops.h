@@ -6,9 +6,11 @@
 // Indices are i32 tensors (argmax, top_k's indices, one_hot's and scatter_add's ids, offsets):
 // integer values take no gradient, and an op producing them records nothing.
 //
-// Ops that work along one axis (argmax, argmin, top_k, cumsum, scatter_add's and
-// dynamic_update_slice's axis) need that axis whole on each device: when it is cut over a mesh
-// axis they throw a nax::Error naming the op, the axis and the mesh axis (all_gather it first).
+// argmax, argmin, top_k and cumsum also work along an axis cut over mesh axes (a vocab over mp):
+// each device works on its block and the group exchanges only the blocks' totals or top-k
+// candidates (all_gather_invariant); indices are global. scatter_add and dynamic_update_slice need
+// their axis whole on each device: when it is cut they throw a nax::Error naming the op, the axis
+// and the mesh axis.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -49,14 +51,14 @@ Tensor full_like(const Tensor& x, double value, DType dtype);
 Tensor one_hot(const Tensor& ids, const Axis& axis, DType dtype = DType::f32);
 
 // The i32 index of the largest (smallest) value along `axis`, x's other axes. Ties give the first
-// index; a NaN counts as larger (smaller) than everything, the first NaN wins (as numpy). Vary: x's
-// (the axis must be whole). No gradient.
+// index; a NaN counts as larger (smaller) than everything, the first NaN wins (as numpy). Vary: x's;
+// along a cut axis the global index, Invariant over the cutting mesh axes. No gradient.
 Tensor argmax(const Tensor& x, const std::string& axis);
 Tensor argmin(const Tensor& x, const std::string& axis);
 
 // The k largest values along `axis`, in descending order, and their i32 indices: both with x's
 // other axes then a new axis `k_axis` of size k (ties: the lower index first; NaN as in argmax).
-// Vary: x's (the axis must be whole). The gradient flows to x through `values` (each chosen
+// Vary: x's; along a cut axis the global top k, Invariant over the cutting mesh axes. The gradient flows to x through `values` (each chosen
 // element gets its value's gradient); `indices` take none.
 struct TopK {
   Tensor values;
@@ -76,7 +78,8 @@ Tensor scatter_add(const Tensor& target, const std::string& axis, const Tensor& 
 // --- scan ---
 
 // Inclusive prefix sum along `axis` (exclusive: the sum of the elements before). x's shape and vary
-// type; the axis must be whole. Gradient: the reverse prefix sum.
+// type (along a cut axis each device holds its block of the global prefix sums). Gradient: the
+// reverse prefix sum.
 Tensor cumsum(const Tensor& x, const std::string& axis, bool exclusive = false);
 
 // --- dynamic slices: offsets that are tensors, e.g. axis_index(m) * block (one per device) ---

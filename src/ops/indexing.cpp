@@ -11,7 +11,9 @@
 
 #include "autodiff/node.h"
 #include "nax/index_ops.h"
+#include "nax/collectives.h"
 #include "nax/transformer_ops.h"
+#include "ops/across_blocks.h"
 #include "ops/row_ops.h"
 
 namespace nax {
@@ -71,8 +73,11 @@ std::optional<TopK> top_k_by_kernel(const Tensor& v, const std::string& axis, st
 Tensor arg_extreme(std::string_view op, const Tensor& x, const std::string& axis, bool largest) {
   const auto op_span = detail::enter_op(op, {&x});
   const int i = x.shape().require(axis, op);
-  detail::check_axis_whole(op, x, axis, "all_gather it first");
   if (x.shape()[i].size == 0) fail(op, "axis '{}' of {} is empty", axis, x.str());
+  if (!x.vary().split_mesh_axes(axis).empty()) {
+    const std::string one = std::string(op) + "_of_" + axis;
+    return squeeze(detail::top_k_across_blocks(largest ? x : neg(stop_gradient(x)), axis, 1, one).indices, one);
+  }
   const Tensor v = detail::compute_values(x);
   if (auto by_kernel = top_k_by_kernel(v, axis, 1, largest, axis)) return squeeze(by_kernel->indices, axis);
   return first_extreme_index(v, axis, largest, Tensor());
@@ -172,9 +177,11 @@ TopK top_k(const Tensor& x, const std::string& axis, std::int64_t k, const std::
   const auto op_span = detail::enter_op("top_k", {&x});
   x.shape().require(axis, "top_k");
   const std::int64_t n = x.size(axis);
-  detail::check_axis_whole("top_k", x, axis, "all_gather it first");
-  if (k < 1 || k > n) fail("top_k", "k = {} must lie in [1, {}] (the size of axis '{}' of {})", k, n, axis, x.str());
+  const auto cuts = x.vary().split_mesh_axes(axis);
+  const std::int64_t global = cuts.empty() ? n : n * axis_size(cuts);
+  if (k < 1 || k > global) fail("top_k", "k = {} must lie in [1, {}] (the size of axis '{}' of {})", k, global, axis, x.str());
   if (x.shape().has(k_axis)) fail("top_k", "the new axis '{}' is already an axis of {}", k_axis, x.str());
+  if (!cuts.empty()) return detail::top_k_across_blocks(x, axis, k, k_axis);
   auto by_kernel = top_k_by_kernel(detail::compute_values(x), axis, k, true, k_axis);
   if (!by_kernel) return composed_top_k(x, axis, k, k_axis);
   Tensor values = detail::narrow_to(by_kernel->values, x.dtype());  // exact: the values are x's

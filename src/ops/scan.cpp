@@ -3,6 +3,7 @@
 // ops. Its gradient is the reverse prefix sum.
 #include "autodiff/node.h"
 #include "nax/index_ops.h"
+#include "ops/across_blocks.h"
 #include "ops/row_ops.h"
 
 namespace nax {
@@ -40,7 +41,7 @@ Tensor scan(const Tensor& v, const std::string& axis, bool exclusive, bool rever
 Tensor cumsum(const Tensor& x, const std::string& axis, bool exclusive) {
   const auto op_span = detail::enter_op("cumsum", {&x});
   x.shape().require(axis, "cumsum");
-  detail::check_axis_whole("cumsum", x, axis, "all_gather it first");
+  if (!x.vary().split_mesh_axes(axis).empty()) return detail::cumsum_across_blocks(x, axis, exclusive);
   const Tensor out = detail::narrow_to(scan(detail::compute_values(x), axis, exclusive, false), x.dtype());
   if (!autodiff::any_requires_grad({&x})) return out;
   return autodiff::record("cumsum", out, {x}, [axis, exclusive](const Tensor& g) {
