@@ -70,6 +70,7 @@ int main(int argc, char** argv) {
         mesh_trace = extension ? fmt::format("{}.{}{}", trace_path.substr(0, dot), tag, trace_path.substr(dot)) : trace_path + "." + tag;
       }
       const nax::trace::Scope trace(mesh_trace, "bench_train " + mesh);
+      o.time_phases = true;  // a queue drain at each phase boundary: microseconds against steps of 100s of ms
       auto r = gptj::train(o, data);
       if (base == 0) base = r.tokens_per_s;
       fmt::print("{:<12} {:>10.0f} {:>7.2f}x {:>9.1f}% {:>8.4f} {:>12.0f}\n", mesh, r.tokens_per_s, r.tokens_per_s / base, 100 * r.mfu,
@@ -85,7 +86,14 @@ int main(int argc, char** argv) {
                          .add("speedup_vs_first", r.tokens_per_s / base)
                          .add("mfu", r.mfu)
                          .add("peak_gflops", r.peak_gflops)
-                         .add("final_loss", r.losses.back()));
+                         .add("final_loss", r.losses.back())
+                         .add("first_loss", r.losses.front())
+                         .add("peak_device_bytes", static_cast<double>(r.peak_bytes))
+                         .add("forward_s", r.forward_s)
+                         .add("backward_s", r.backward_s)
+                         .add("optimizer_s", r.optimizer_s));
+      fmt::print("{:<12} peak memory {:.2f} GiB; per step: forward {:.3f} s, backward {:.3f} s, optimizer {:.3f} s\n", "",
+                 static_cast<double>(r.peak_bytes) / (1 << 30), r.forward_s, r.backward_s, r.optimizer_s);
     }
     if (backend == nax::Backend::cpu)
       fmt::print("MFU is against the one-thread sgemm rate times min(devices, {} cores); goals: 1x2 and 2x1 >= 1.6x of 1x1, MFU at 1x1 >= 50%\n",

@@ -51,7 +51,7 @@ inline StepValues learner_steps(nax::Runtime rt, const gptj::TrainOptions& o, in
     for (int step = 0; step < steps; ++step) {
       const auto stats = learner.step(ids, targets, o.lr);
       values.losses.push_back(stats.loss);
-      values.grad_norms.push_back(stats.grad_norm);
+      values.grad_norms.push_back(stats.grad_norm.item());
     }
     return values;
   })[0];

@@ -90,7 +90,7 @@ TEST_CASE("all_gather and all_gather_invariant along leading, inner and new axes
                          [&](int d) { return concat(member_inputs(mesh, d, axes), axis); });
       }
       INFO("mesh " << spec << " stacking along a new axis");
-      check_collective(rt, [&](Shard& s) { return all_gather(varying_input(s), axes, "stack"); },
+      check_collective(rt, [&](Shard& s) { return all_gather_stacked(varying_input(s), axes, "stack"); },
                        [&](int d) {
                          std::vector<Tensor> parts;
                          for (const auto& x : member_inputs(mesh, d, axes))
@@ -213,7 +213,47 @@ TEST_CASE("collectives on f32, bf16 and i32 values", "[mesh][collectives]") {
     Tensor f = cast(i, DType::f32) + 0.5;
     Tensor h = cast(f, DType::bf16);
     return std::vector<double>{psum(i, "mp").item(), psum(f, "mp").item(), psum(h, "mp").item(), pmax(h, "mp").item(),
-                               all_gather(i, "mp", "r").to_vector<double>()[3]};
+                               all_gather_stacked(i, "mp", "r").to_vector<double>()[3]};
   });
   for (const auto& r : results) REQUIRE(r == std::vector<double>{6, 8, 8, 3.5, 3});
+}
+
+TEST_CASE("gathers over several mesh axes join blocks in the tensor's split order, whatever order names them",
+          "[mesh][collectives]") {
+  // Regression (issue 13): arange(8) split over (dp, mp) gathered over {mp, dp} came back
+  // [0,1,4,5,2,3,6,7], typed Invariant.
+  Runtime rt = Runtime::local(Mesh::parse("dp=2,mp=2"));
+  const std::vector<double> want{0, 1, 2, 3, 4, 5, 6, 7};
+  for (const Names& group : {Names{"mp", "dp"}, Names{"dp", "mp"}}) {
+    INFO("gathered over " << group.str());
+    auto results = rt.run([&](Shard& s) {
+      Tensor x = s.shard(arange({"i", 8}, DType::f64), {{"i", {"dp", "mp"}}});
+      Tensor inv = all_gather_invariant(x, group, "i");
+      REQUIRE(inv.vary().invariant());
+      Tensor var = all_gather(x, group, "i");
+      REQUIRE(var.to_vector<double>() == inv.to_vector<double>());
+      // psum_scatter cuts in the order named: over (dp, mp) each device gets its own block back.
+      Tensor back = psum_scatter(var, {"dp", "mp"}, "i");
+      REQUIRE(back.to_vector<double>() == (x * 4.0).to_vector<double>());
+      return inv.to_vector<double>();
+    });
+    for (const auto& r : results) REQUIRE(r == want);
+  }
+}
+
+// [i=8, j=4] holding 0..31 row-major.
+static Tensor reshape_like_ij() { return split_axis(arange({"n", 32}, DType::f64), "n", {{"i", 8}, {"j", 4}}); }
+
+TEST_CASE("all_to_all over several mesh axes concatenates in the tensor's split order", "[mesh][collectives]") {
+  Runtime rt = Runtime::local(Mesh::parse("dp=2,mp=2"));
+  for (const Names& group : {Names{"mp", "dp"}, Names{"dp", "mp"}}) {
+    INFO("over " << group.str());
+    auto results = rt.run([&](Shard& s) {
+      // i (8) split over (dp, mp); j (4) whole. After all_to_all(split j, concat i): i whole, in order.
+      Tensor x = s.shard(reshape_like_ij(), {{"i", {"dp", "mp"}}});
+      Tensor y = all_to_all(x, group, "j", "i");
+      return all_gather_invariant(y, group, "j").to_vector<double>();
+    });
+    for (const auto& r : results) REQUIRE(r == reshape_like_ij().to_vector<double>());
+  }
 }

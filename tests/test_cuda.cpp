@@ -446,6 +446,28 @@ TEST_CASE("cuda: NCCL collectives over the GPUs present", "[cuda][nccl]") {
   SECTION("a bad permutation is an error") {
     CHECK_THROWS_AS(run([&](int, auto& comm, float* s, float* d) { comm.permute(s, d, count, nax::DType::f32, {{0, n}}); }), nax::Error);
   }
+  SECTION("started collectives: two in flight, waited out of order, then a blocking one follows them") {
+    std::vector<std::vector<float>> sums(n);
+    run([&](int r, auto& comm, float* s, float* d) {
+      DeviceBuffer<float> sum(count);
+      sum.poison();
+      auto summing = comm.start_all_reduce(s, sum.get(), count, nax::DType::f32, nax::ReduceOp::sum);
+      auto gathering = comm.start_all_gather(s, d, count, nax::DType::f32);
+      gathering->wait();
+      summing->wait();
+      comm.all_reduce(sum.get(), sum.get(), count, nax::DType::f32, nax::ReduceOp::max);  // equal sums: unchanged
+      sums[r] = sum.download<float>();
+    });
+    for (int r = 0; r < n; ++r) {
+      for (int q = 0; q < n; ++q)
+        for (std::size_t i = 0; i < count; ++i) REQUIRE(results[r][q * count + i] == input(q, i));
+      for (std::size_t i = 0; i < count; ++i) {
+        float sum = 0;
+        for (int q = 0; q < n; ++q) sum += input(q, i);
+        REQUIRE(sums[r][i] == sum);
+      }
+    }
+  }
   SECTION("broadcast and barrier") {
     run([&](int, auto& comm, float* s, float* d) {
       comm.broadcast(s, d, count, nax::DType::f32, n - 1);

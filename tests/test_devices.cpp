@@ -4,6 +4,9 @@
 // virtual GPUs use) must give the same collectives as the host one.
 #include <catch2/catch.hpp>
 
+#include <array>
+#include <atomic>
+
 #include <nax/nax.h>
 
 #include "gptj_helpers.h"
@@ -115,4 +118,67 @@ TEST_CASE("bf16 training on a device that computes bf16 itself matches the CPU's
   INFO("cpu " << Catch::Detail::stringify(on_cpu.losses) << "\nnative " << Catch::Detail::stringify(native_bf16.losses));
   REQUIRE(nax::testing::max_rel_error(native_bf16.losses, on_cpu.losses) <= 1e-6);
   REQUIRE(nax::testing::max_rel_error(native_bf16.grad_norms, on_cpu.grad_norms) <= 1e-6);
+}
+
+namespace {
+// Remote kernels that count the copies from device memory to the host: each is a host
+// synchronisation on a GPU.
+class CountingReads final : public testing::RemoteKernels {
+ public:
+  explicit CountingReads(std::atomic<int>& reads) : reads_(reads) {}
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    ++reads_;
+    RemoteKernels::copy_to_host(dst, src, bytes);
+  }
+
+ private:
+  std::atomic<int>& reads_;
+};
+}  // namespace
+
+TEST_CASE("a training step reads device memory on the host only for the logged loss", "[devices]") {
+  std::array<std::atomic<int>, 2> reads{};
+  RuntimeOptions options = remote_options();
+  options.device_factory = [&](int d) {
+    return std::make_shared<Device>(d, Backend::cpu, std::make_shared<testing::RemoteAllocator>(),
+                                    std::make_shared<CountingReads>(reads[static_cast<std::size_t>(d)]));
+  };
+  const gptj::TrainOptions o = testing::tiny("dp=1,mp=2", 3);
+  Runtime rt = Runtime::local(Mesh::parse(o.mesh), options);
+  const gptj::Config config = gptj::padded_for(gptj::config_by_name(o.config), rt.mesh());
+  const auto per_step = rt.run([&](Shard& s) {
+    const AxisRules rules = gptj::axis_rules(s.mesh());
+    gptj::Learner learner(s, config, rules, o);
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(o.batch * (o.seq + 1)));
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>((i * 31 + 7) % 200);
+    const Tensor all = s.shard(from_vector(Shape{{"batch", o.batch}, {"seq", o.seq + 1}}, tokens, DType::i32), rules);
+    const Tensor ids = slice(all, "seq", 0, o.seq), targets = slice(all, "seq", 1, o.seq + 1);
+    learner.step(ids, targets, o.lr);  // the first step builds caches
+    const int before = reads[static_cast<std::size_t>(s.device())];
+    learner.step(ids, targets, o.lr);
+    return reads[static_cast<std::size_t>(s.device())] - before;
+  });
+  // The loss is read once, at the end of the step; right after it (the device is drained by then)
+  // the count of ids and targets outside the vocabulary, checked on the device. The clipping norm
+  // stays on the device.
+  for (int n : per_step) REQUIRE(n == 2);
+}
+
+TEST_CASE("ids outside the vocabulary on a device are reported at the next host read, with the host's message", "[devices][errors]") {
+  Runtime rt = Runtime::local(Mesh::parse("x=1"), remote_options());
+  rt.run([](Shard& s) {
+    const Tensor table = s.random_normal(Shape{{"vocab", 6}, {"d", 4}}, {}, 1, "table");
+    const Tensor ids = s.shard(from_vector(Shape{{"batch", 2}, {"seq", 2}}, std::vector<std::int32_t>{0, 1, 6, 2}, DType::i32), {});
+    const Tensor rows = embedding(table, ids, "vocab");  // no host read yet: the check waits on the device
+    bool thrown = false;
+    try {
+      (void)sum(rows, {"batch", "seq", "d"}).item();
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      thrown = what.find("embedding") != std::string::npos && what.find("id 6 at [batch=1, seq=0]") != std::string::npos &&
+               what.find("outside the vocabulary [0, 6)") != std::string::npos;
+    }
+    NAX_EXPECT(thrown);
+    NAX_EXPECT(sum(rows, {"batch", "seq", "d"}).item() == sum(rows, {"batch", "seq", "d"}).item());  // reported once
+  });
 }

@@ -710,3 +710,58 @@ TEST_CASE("the runtime survives many failing runs in a row", "[errors]") {
     require_psum_works(rt);
   }
 }
+
+// --- call sites (issue 13) ---
+
+TEST_CASE("two same-shaped psums issued in opposite orders are a mismatch naming both call sites", "[errors]") {
+  Watchdog guard(kHang);
+  Runtime rt = local_runtime("mp=2");
+  auto f = run_failing(rt, [](Shard& s) {
+    Tensor a = per_device(s), b = per_device(s);
+    if (s.device() == 0) {
+      psum(a, "mp");
+      psum(b, "mp");
+    } else {
+      psum(b, "mp");  // the other one first: same shape, same dtype, another line
+      psum(a, "mp");
+    }
+  });
+  REQUIRE_THAT(f.message, Contains("mismatch") && Contains("tests/test_errors.cpp:") && Contains("device 0") && Contains("device 1"));
+  REQUIRE(f.seconds < kFast);
+  require_psum_works(rt);
+}
+
+TEST_CASE("a ppermute mismatch shows each device's own pairs", "[errors]") {
+  Watchdog guard(kHang);
+  Runtime rt = local_runtime("mp=2");
+  auto f = run_failing(rt, [](Shard& s) {
+    const std::vector<std::pair<int, int>> pairs =
+        s.device() == 0 ? std::vector<std::pair<int, int>>{{0, 1}, {1, 0}} : std::vector<std::pair<int, int>>{{0, 1}};
+    ppermute(per_device(s), "mp", pairs);
+  });
+  REQUIRE_THAT(f.message, Contains("mismatch") && Contains("pairs [(0, 1) (1, 0)]") && Contains("pairs [(0, 1)]"));
+  require_psum_works(rt);
+}
+
+TEST_CASE("a mismatch in a collective's backward is labelled as the backward of the user's call", "[errors]") {
+  Watchdog guard(kHang);
+  Runtime rt = local_runtime("mp=2");
+  auto f = run_failing(rt, [](Shard& s) {
+    Tensor x = per_device(s, 4);
+    x = parameter(x);
+    Tensor gathered = all_gather(x, "mp", "i");  // backward: a psum_scatter of the gradient
+    // Device 1's loss skips the gathered value: its backward never joins device 0's psum_scatter.
+    Tensor loss = s.device() == 0 ? sum(gathered, "i") : sum(x, "i");
+    grad(loss, {x}, {.allow_varying_loss = true});
+  });
+  REQUIRE_THAT(f.message, Contains("psum_scatter") && Contains("backward of all_gather") && Contains("tests/test_errors.cpp:"));
+  require_psum_works(rt);
+}
+
+TEST_CASE("pmean of an Invariant value reports pmean, not psum", "[errors]") {
+  Watchdog guard(kHang);
+  Runtime rt = local_runtime("mp=2");
+  auto f = run_failing(rt, [](Shard&) { pmean(ones(Shape{{"i", 4}}), "mp"); });
+  REQUIRE_THAT(f.message, Contains("pmean") && Contains("Invariant") && Contains("mp"));
+  REQUIRE_THAT(f.message, !Contains("psum:"));
+}

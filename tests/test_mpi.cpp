@@ -112,7 +112,7 @@ TEST_CASE("mpi: all_gather, psum_scatter and all_to_all match the thread runtime
                      tolerance(dtype));
         }
       }
-      both.check("all_gather onto a new axis over " + group, [&](Shard& s) { return all_gather(varying_input(s, shape), axes, "stack"); }, 0);
+      both.check("all_gather onto a new axis over " + group, [&](Shard& s) { return all_gather_stacked(varying_input(s, shape), axes, "stack"); }, 0);
       for (auto [split, concat_axis] : {std::pair<std::string, std::string>{"b", "a"}, {"b", "c"}, {"a", "b"}}) {
         both.check(fmt::format("all_to_all split {} concat {} over {}", split, concat_axis, group),
                    [&](Shard& s) { return all_to_all(varying_input(s, shape), axes, split, concat_axis); }, 0);

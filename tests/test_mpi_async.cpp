@@ -51,9 +51,13 @@ std::vector<double> started_program(Shard& s, const std::vector<std::string>& ax
       [&](const std::vector<Tensor>& p) {
         const Tensor gathered_sum = sum(start_all_gather(p[0], axes, "a").wait() * 2.0, {"a", "b"});
         const Tensor shifted_dot = sum(start_ppermute(p[0] * p[0], axes, ring(n)).wait() * p[0], {"a", "b"});
-        return start_psum(gathered_sum + shifted_dot, axes).wait();
+        const Tensor total = start_psum(gathered_sum + shifted_dot, axes).wait();
+        std::vector<std::string> others;  // x varies over every mesh axis: the loss is summed over all
+        for (const auto& m : s.mesh().axis_names())
+          if (std::find(axes.begin(), axes.end(), m) == axes.end()) others.push_back(m);
+        return others.empty() ? total : psum(total, others);
       },
-      {x});
+      {x}, {.allow_varying_loss = true});  // summed over `axes` only: still per-device over the others
   const auto g = grads[0].to_vector<double>();
   out.insert(out.end(), g.begin(), g.end());
   out.push_back(loss.item());

@@ -32,7 +32,8 @@ void check_compute_dtype(DType dtype) {
 
 // The parameters are f32 whatever the compute dtype: they are the master weights the optimizer updates.
 Learner::Learner(Shard& s, const Config& config, const AxisRules& rules, const TrainOptions& options)
-    : options_(options),
+    : shard_(s),
+      options_(options),
       model_(config, nn::Parameters::init(s, parameter_specs(config), rules, options.seed), options.dtype),
       global_(config, model_.params(), options.dtype),
       optimizer_({.weight_decay = options.weight_decay}) {
@@ -48,20 +49,34 @@ Learner::StepStats Learner::step(const Tensor& ids, const Tensor& targets, doubl
   const std::int64_t micro = options_.micro_batches;
   nn::GradAccumulator acc;
   StepStats stats;
+  // Phase times need the device's queue drained at each boundary: only when asked for.
+  auto phase = [&, t0 = std::chrono::steady_clock::now()](double& seconds) mutable {
+    if (!options_.time_phases) return;
+    shard_.synchronize();
+    const auto now = std::chrono::steady_clock::now();
+    seconds += std::chrono::duration<double>(now - t0).count();
+    t0 = now;
+  };
+  Tensor loss_sum;
   for (std::int64_t m = 0; m < micro; ++m) {
     Tensor l;
     {
-      const trace::Span phase("phase", "forward");
+      const trace::Span forward_span("phase", "forward");
       l = loss(micro_batch(ids, m, micro), micro_batch(targets, m, micro));
+      phase(stats.forward_s);
     }
-    const trace::Span phase("phase", "backward");
+    const trace::Span backward_span("phase", "backward");
     acc.add(grad(l, model_.params().values()));
-    stats.loss += l.item() / static_cast<double>(micro);
+    phase(stats.backward_s);
+    const Tensor wide = cast(stop_gradient(l), DType::f64);
+    loss_sum = loss_sum.defined() ? loss_sum + wide : wide;
   }
-  const trace::Span phase("phase", "optimizer");
+  const trace::Span optimizer_span("phase", "optimizer");
   auto grads = acc.mean();
-  stats.grad_norm = nn::clip_by_global_norm(grads, options_.clip);
+  stats.grad_norm = nn::clip_by_global_norm_on_device(grads, options_.clip);
   model_.params().assign(optimizer_.step(model_.params().values(), grads, lr));
+  phase(stats.optimizer_s);
+  stats.loss = loss_sum.item() / static_cast<double>(micro);
   return stats;
 }
 

@@ -26,8 +26,9 @@ class Learner {
   nax::Tensor loss(const nax::Tensor& ids, const nax::Tensor& targets) const;
 
   struct StepStats {
-    double loss = 0;
-    double grad_norm = 0;
+    double loss = 0;           // the one host read of a step
+    nax::Tensor grad_norm;     // before clipping, on the device: read it only to log it
+    double forward_s = 0, backward_s = 0, optimizer_s = 0;  // with TrainOptions::time_phases
   };
   // Gradients over options.micro_batches micro-batches of this device's block of the batch, clipped
   // by global norm, then an AdamW step at learning rate `lr`.
@@ -38,6 +39,7 @@ class Learner {
   nax::nn::AdamW& optimizer() { return optimizer_; }
 
  private:
+  nax::Shard& shard_;
   const TrainOptions& options_;
   Model model_;
   GlobalModel global_;

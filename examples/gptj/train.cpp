@@ -156,7 +156,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       }
       return total / static_cast<double>(o.eval_batches);
     };
-    std::vector<double> rates;
+    std::vector<double> rates, forward, backward, optimizer;
     const auto start = Clock::now();
     const std::int64_t last = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
     for (std::int64_t step = first; step < last; ++step) {
@@ -166,7 +166,11 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       trace::Span step_span("step", "step", [&] { return fmt::format("\"step\": {}, \"sharding\": {}", step, trace::quote(o.sharding)); });
       auto [inputs, targets] = data.batch(TextData::Split::train, step, o.batch, o.seq, o.seed);
       Tensor x = s.shard(inputs, rules), y = s.shard(targets, rules);
-      const auto [loss, norm] = learner.step(x, y, lr);
+      const auto stats = learner.step(x, y, lr);
+      const double loss = stats.loss;
+      if (step > first) {
+        forward.push_back(stats.forward_s), backward.push_back(stats.backward_s), optimizer.push_back(stats.optimizer_s);
+      }
       const double step_s = seconds_since(t0);
       step_span.close();
       nlohmann::json comm_bytes = nlohmann::json::object(), comm_kinds = nlohmann::json::object();
@@ -194,7 +198,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       progress.update(step, fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | MFU {:.1f}% | ETA {:.0f}s", step + 1, o.steps, loss,
                                         tokens_per_s, 100 * mfu, eta));
       if (metrics)
-        metrics << nlohmann::json{{"step", step}, {"loss", loss}, {"dtype", dtype_name(o.dtype)}, {"lr", lr}, {"grad_norm", norm},
+        metrics << nlohmann::json{{"step", step}, {"loss", loss}, {"dtype", dtype_name(o.dtype)}, {"lr", lr}, {"grad_norm", stats.grad_norm.item()},
                                   {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"step_s", step_s}, {"comm_bytes", comm_bytes},
                                   {"comm", comm_kinds}, {"collectives", calls}}.dump()
                 << "\n";
@@ -208,6 +212,12 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
     if (!lead) return;
     result.heldout_loss = final_heldout;
     result.peak_bytes = s.memory().peak_bytes_in_use;
+    auto median = [](std::vector<double> v) {
+      if (v.empty()) return 0.0;
+      std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+      return v[v.size() / 2];
+    };
+    result.forward_s = median(forward), result.backward_s = median(backward), result.optimizer_s = median(optimizer);
     if (!rates.empty()) {
       std::nth_element(rates.begin(), rates.begin() + static_cast<std::ptrdiff_t>(rates.size() / 2), rates.end());
       result.tokens_per_s = rates[rates.size() / 2];

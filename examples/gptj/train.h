@@ -38,6 +38,8 @@ struct TrainOptions {
   nax::DType dtype = nax::DType::f32;
   std::string tokenizer;    // a Hugging Face tokenizer.json; empty: bytes (vocab 256)
   std::string token_cache;  // where token files go; empty: beside each data file
+  // Time forward, backward and optimizer separately (drains the device queue at each boundary).
+  bool time_phases = false;
 };
 
 struct TrainResult {
@@ -50,6 +52,8 @@ struct TrainResult {
   std::map<std::string, double> bytes_per_step;
   double collectives_per_step = 0;
   std::size_t peak_bytes = 0;  // device 0's allocator high-water mark over the run
+  // With time_phases: device 0's median seconds per step in each phase (steps after the first).
+  double forward_s = 0, backward_s = 0, optimizer_s = 0;
 };
 
 TrainResult train(const TrainOptions& options, const TextData& data);

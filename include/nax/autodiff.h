@@ -16,11 +16,17 @@ Tensor parameter(const Tensor& x);
 // Gradients of a scalar `loss` with respect to `params` (each a parameter() or a value computed
 // from one), with the params' shapes and vary types. The recorded graph behind `loss` is freed
 // as it is walked: a second grad() through it is an error.
-std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params);
+// A loss Varying over a mesh axis is refused: each device would differentiate only its own part
+// (gradients off by the axis size, or missing the other devices' terms); reduce it with pmean or
+// psum first, or opt out when per-device gradients are what you want.
+struct GradOptions {
+  bool allow_varying_loss = false;
+};
+std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params, GradOptions options = {});
 
 // loss = fn(params) and its gradients, with params made parameters first.
 std::pair<Tensor, std::vector<Tensor>> value_and_grad(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
-                                                      const std::vector<Tensor>& params);
+                                                      const std::vector<Tensor>& params, GradOptions options = {});
 
 // The same value, cut from the graph: no gradient flows through it.
 Tensor stop_gradient(const Tensor& x);

@@ -20,6 +20,7 @@
 #include "nax/tensor.h"
 #include "nax/trace.h"
 #include "nax/transformer_ops.h"
+#include "nax/vary_checks.h"
 #include "nax/nn/optim.h"
 #include "nax/nn/parameters.h"
 #include "nax/global/cost_model.h"

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <unordered_map>
@@ -31,6 +32,11 @@ Tensor parameter(const Tensor& x) {
 Tensor stop_gradient(const Tensor& x) { return x.requires_grad() ? x.with_grad_node(nullptr) : x; }
 
 namespace autodiff {
+
+std::uint64_t Node::next_sequence() {
+  static std::atomic<std::uint64_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed);
+}
 
 bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
   if (!g_grad_enabled) return false;
@@ -150,8 +156,9 @@ std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings)
 // One value's finished gradient.
 Tensor finish(const Pending& p) { return finish_bucketed({&p})[0]; }
 
-// Nodes reachable from `root`, each after every node that consumes it. The list owns them: the
-// walk frees each node's inputs, which may be the last other reference to a node still to come.
+// Nodes reachable from `root`, each after every node that consumes it: latest made first (see
+// Node::sequence). The list owns them: the walk frees each node's inputs, which may be the last
+// other reference to a node still to come.
 std::vector<std::shared_ptr<Node>> reverse_topological(const std::shared_ptr<Node>& root) {
   std::vector<std::shared_ptr<Node>> post_order;
   std::unordered_set<Node*> visited;
@@ -170,16 +177,22 @@ std::vector<std::shared_ptr<Node>> reverse_topological(const std::shared_ptr<Nod
     post_order.push_back(node);
     stack.pop_back();
   }
-  return {post_order.rbegin(), post_order.rend()};
+  std::sort(post_order.begin(), post_order.end(), [](const auto& a, const auto& b) { return a->sequence > b->sequence; });
+  return post_order;
 }
 
 }  // namespace
 }  // namespace autodiff
 
-std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params) {
+std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params, GradOptions options) {
   if (!loss.defined()) fail("grad", "the loss is undefined");
   if (loss.rank() != 0) fail("grad", "the loss must be a scalar, got {}", loss.str());
   if (!loss.requires_grad()) fail("grad", "the loss {} does not depend on any parameter (make them with parameter())", loss.str());
+  if (!options.allow_varying_loss)
+    for (const auto& m : loss.vary().varying_mesh_axes())
+      fail("grad", "the loss {} is Varying over mesh axis '{}': each device would differentiate only its own part; reduce it with "
+           "pmean/psum over '{}' first (or pass GradOptions{{.allow_varying_loss = true}} for per-device gradients)",
+           loss.str(), m, m);
   std::unordered_set<autodiff::Node*> wanted;
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (!params[i].defined() || !params[i].requires_grad())
@@ -237,11 +250,11 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params) 
 }
 
 std::pair<Tensor, std::vector<Tensor>> value_and_grad(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
-                                                      const std::vector<Tensor>& params) {
+                                                      const std::vector<Tensor>& params, GradOptions options) {
   std::vector<Tensor> leaves;
   for (const auto& p : params) leaves.push_back(parameter(p));
   Tensor loss = fn(leaves);
-  auto grads = grad(loss, leaves);
+  auto grads = grad(loss, leaves, options);
   return {stop_gradient(loss), std::move(grads)};
 }
 

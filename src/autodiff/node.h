@@ -2,6 +2,7 @@
 // The recorded graph: one Node per op output that needs a gradient. A node keeps its inputs (and
 // through them their nodes) and a backward function holding what the op saved; both are released
 // when backward has run through the node.
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -23,6 +24,12 @@ struct Node {
   // summed over mesh axes may pass through it unsummed and be summed at the input instead (where
   // it joins the other parameters' sums, in the input's dtype).
   bool passes_partial_sums = false;
+  // Creation order (every node is made after its inputs' nodes): backward runs nodes from the
+  // latest made, the reverse of the forward program, so that the backward of what ran between a
+  // started collective's start and wait runs between its transpose's start and wait.
+  std::uint64_t sequence = next_sequence();
+
+  static std::uint64_t next_sequence();
 };
 
 // Records `out` as computed by `op` from `inputs` when grad mode is on and an input requires a

@@ -6,6 +6,37 @@
 
 namespace nax {
 
+namespace {
+// The path from the last "src/", "tests/", "examples/" or "bench/" on, else the file name.
+std::string_view short_path(std::string_view file) {
+  std::size_t best = std::string_view::npos;
+  for (std::string_view root : {"src/", "tests/", "examples/", "bench/", "include/"}) {
+    const std::size_t at = file.rfind(root);
+    if (at != std::string_view::npos && (at == 0 || file[at - 1] == '/') && (best == std::string_view::npos || at > best)) best = at;
+  }
+  if (best != std::string_view::npos) return file.substr(best);
+  const std::size_t slash = file.rfind('/');
+  return slash == std::string_view::npos ? file : file.substr(slash + 1);
+}
+}  // namespace
+
+std::string CallSite::str() const { return fmt::format("{}:{}:{}", short_path(file), line, column); }
+
+std::string CallSite::label(std::string_view call) const {
+  if (line == 0) return std::string(call);
+  return backward_of == nullptr ? fmt::format("{} at {}", call, str()) : fmt::format("{} in the backward of {} at {}", call, backward_of, str());
+}
+
+std::uint64_t CallSite::hash() const {
+  if (line == 0) return 0;
+  constexpr std::uint64_t kPrime = 1099511628211ull;
+  std::uint64_t h = 1469598103934665603ull;
+  for (char c : short_path(file)) h = (h ^ static_cast<unsigned char>(c)) * kPrime;
+  h = (h ^ line) * kPrime;
+  h = (h ^ column) * kPrime;
+  return (h ^ (backward_of != nullptr ? 1u : 0u)) * kPrime;
+}
+
 std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum: return "sum";

@@ -34,7 +34,8 @@ std::uint64_t CollectiveSignature::hash() const {
   h = mix(h, static_cast<std::uint64_t>(dtype));
   h = mix(h, count);
   h = mix(h, static_cast<std::uint64_t>(static_cast<std::int64_t>(detail)));
-  return mix(h, pairs_hash);
+  h = mix(h, pairs_hash);
+  return mix(h, call_site);
 }
 
 std::uint64_t hash_pairs(const std::vector<std::pair<int, int>>& pairs) {

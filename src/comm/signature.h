@@ -19,9 +19,11 @@ struct CollectiveSignature {
   // The named collective that issued it (the calling communicator's origin, stable while its
   // rank waits): read only to build messages, so the hot path copies no string.
   const std::string* origin = nullptr;
+  std::uint64_t call_site = 0;  // CallSite::hash of the named collective's call
 
   bool operator==(const CollectiveSignature& o) const {
-    return kind == o.kind && dtype == o.dtype && count == o.count && detail == o.detail && pairs_hash == o.pairs_hash;
+    return kind == o.kind && dtype == o.dtype && count == o.count && detail == o.detail && pairs_hash == o.pairs_hash &&
+           call_site == o.call_site;
   }
   // "psum(f32[i=4] varying{mp}, mp) [all_reduce(sum, f32 x 4)]"
   std::string str() const;

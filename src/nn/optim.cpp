@@ -7,6 +7,7 @@
 #include "kernels/kernels.h"
 #include "nax/autodiff.h"
 #include "nax/collectives.h"
+#include "nax/index_ops.h"
 #include "nax/nn/optim.h"
 #include "nax/ops.h"
 
@@ -106,6 +107,16 @@ double clip_by_global_norm(std::vector<Tensor>& grads, double max_norm) {
     const double scale = max_norm / (norm + 1e-6);
     for (auto& g : grads) g = (g * scale).with_vary(g.vary());
   }
+  return norm;
+}
+
+Tensor clip_by_global_norm_on_device(std::vector<Tensor>& grads, double max_norm) {
+  NoGrad no_grad;
+  const Tensor norm = global_norm(grads);
+  // over is 1 or 0, so the scale is max / (norm + 1e-6) or exactly 1, as the host version decides.
+  const Tensor over = gt(norm, full_like(norm, max_norm));
+  const Tensor scale = over * (max_norm / (norm + 1e-6)) + (1.0 - over);
+  for (auto& g : grads) g = mul(g, cast(scale, g.dtype())).with_vary(g.vary());
   return norm;
 }
 

@@ -77,26 +77,26 @@ Pending<Tensor> with_gradient(const std::string& op, const Tensor& x, Pending<Te
 Pending<Tensor> start_psum(const Tensor& x, const Names& mesh_axes, std::source_location where) {
   const std::string what = fmt::format("start_psum({}, {}) at {}", x.str(), mesh_axes.str(), call_site(where));
   detail::Launch launch = detail::Launch::started();
-  Tensor ready = detail::launch_psum(x, mesh_axes, launch);
+  Tensor ready = detail::launch_psum(x, mesh_axes, launch, where);
   return with_gradient("start_psum", x, pending_of(what, std::move(launch), ready), [mesh_axes, what](const Tensor& g) {
     return Pending<Tensor>("the transpose of " + what, [t = pvary(g, mesh_axes)] { return t; });  // nothing to send
   });
 }
 
-Pending<Tensor> start_all_gather(const Tensor& x_in, const Names& mesh_axes, const std::string& axis, std::source_location where) {
-  const std::string what = fmt::format("start_all_gather({}, {}, {}) at {}", x_in.str(), mesh_axes.str(), axis, call_site(where));
-  const Tensor x = detail::vary_over_group(x_in, mesh_axes);
+Pending<Tensor> start_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
+  const std::string what = fmt::format("start_all_gather({}, {}, {}) at {}", x.str(), mesh_axes.str(), axis, call_site(where));
   detail::Launch launch = detail::Launch::started();
-  Tensor ready = detail::launch_all_gather(x, mesh_axes, axis, launch);
-  return with_gradient("start_all_gather", x, pending_of(what, std::move(launch), ready), [x, mesh_axes, axis, where](const Tensor& g) {
-    return then(start_psum_scatter(g, mesh_axes, axis, where), [x, axis](const Tensor& s) { return detail::unstack_gradient(s, x, axis); });
+  Tensor ready = detail::launch_all_gather(x, mesh_axes, axis, launch, where);
+  const Names group = detail::gather_order(x, mesh_axes, axis);
+  return with_gradient("start_all_gather", x, pending_of(what, std::move(launch), ready), [x, group, axis, where](const Tensor& g) {
+    return then(start_psum_scatter(g, group, axis, where), [x, axis](const Tensor& s) { return detail::unstack_gradient(s, x, axis); });
   });
 }
 
 Pending<Tensor> start_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
   const std::string what = fmt::format("start_psum_scatter({}, {}, {}) at {}", x.str(), mesh_axes.str(), axis, call_site(where));
   detail::Launch launch = detail::Launch::started();
-  Tensor ready = detail::launch_psum_scatter(x, mesh_axes, axis, launch);
+  Tensor ready = detail::launch_psum_scatter(x, mesh_axes, axis, launch, where);
   return with_gradient("start_psum_scatter", x, pending_of(what, std::move(launch), ready), [mesh_axes, axis, where](const Tensor& g) {
     return start_all_gather(g, mesh_axes, axis, where);
   });
@@ -106,7 +106,7 @@ Pending<Tensor> start_ppermute(const Tensor& x, const Names& mesh_axes, const st
                                std::source_location where) {
   const std::string what = fmt::format("start_ppermute({}, {}) at {}", x.str(), mesh_axes.str(), call_site(where));
   detail::Launch launch = detail::Launch::started();
-  Tensor ready = detail::launch_ppermute(x, mesh_axes, pairs, launch);
+  Tensor ready = detail::launch_ppermute(x, mesh_axes, pairs, launch, where);
   std::vector<std::pair<int, int>> inverse;
   for (auto [src, dst] : pairs) inverse.push_back({dst, src});
   return with_gradient("start_ppermute", x, pending_of(what, std::move(launch), ready), [mesh_axes, inverse, where](const Tensor& g) {

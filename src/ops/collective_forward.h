@@ -1,6 +1,7 @@
 #pragma once
 // The forward halves of the collectives that have start forms (collectives.cpp), for
 // async_collectives.cpp: the same checks, vary rules and packing, blocking or started by `launch`.
+#include <source_location>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,12 +11,16 @@
 
 namespace nax::detail {
 
-Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch);
-Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch);
-Tensor launch_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch);
-Tensor launch_ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, Launch& launch);
-// An Invariant x marked Varying over the group (an implicit pvary) when it takes a gradient.
-Tensor vary_over_group(const Tensor& x, const Names& mesh_axes);
+// `where`: the user's call, part of the signature the group compares.
+Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch, std::source_location where);
+Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch, std::source_location where);
+Tensor launch_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch,
+                           std::source_location where);
+Tensor launch_ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, Launch& launch,
+                       std::source_location where);
+// The group's mesh axes in the order they cut `axis` of x (then the others): a gather joins
+// blocks in the tensor's order, and its transpose scatters over the same group.
+Names gather_order(const Tensor& x, const Names& mesh_axes, const std::string& axis);
 // The gradient of a gather's input from the gradient of its result's own block.
 Tensor unstack_gradient(const Tensor& g, const Tensor& x, const std::string& axis);
 

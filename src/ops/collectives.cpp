@@ -43,14 +43,57 @@ Shard& checked_shard(std::string_view op, const Tensor* x, const Names& mesh_axe
   return *shard;
 }
 
-// The checked shard and the communicator of the group, told which named collective calls it.
-Context enter(std::string_view op, const Tensor* x, const Names& mesh_axes) {
+// The call site of a collective: the user's call, or inside a collective's backward the forward
+// call that it transposes (so that a backward mismatch names the user's line, labelled backward).
+thread_local const CallSite* t_backward_site = nullptr;
+
+CallSite site_of(const std::source_location& where) {
+  return t_backward_site != nullptr ? *t_backward_site : CallSite{where.file_name(), where.line(), where.column(), nullptr};
+}
+
+// While alive, collectives run as the backward of `op` called at `site`.
+class BackwardOf {
+ public:
+  BackwardOf(const char* op, CallSite site) : site_(site), previous_(t_backward_site) {
+    site_.backward_of = op;
+    t_backward_site = &site_;
+  }
+  ~BackwardOf() { t_backward_site = previous_; }
+  BackwardOf(const BackwardOf&) = delete;
+  BackwardOf& operator=(const BackwardOf&) = delete;
+
+ private:
+  CallSite site_;
+  const CallSite* previous_;
+};
+
+// The checked shard and the communicator of the group, told which named collective calls it and
+// from where: the one place that builds what the group compares.
+Context enter(std::string_view op, const Tensor* x, const Names& mesh_axes, const CallSite& site, std::string_view extra = {}) {
   trace::Span span = collective_span(op, x, mesh_axes);
   Shard& shard = checked_shard(op, x, mesh_axes);
   Communicator& comm = shard.comm(mesh_axes);
-  comm.set_origin(x != nullptr ? fmt::format("{}({}, {})", op, x->str(), mesh_axes.str()) : fmt::format("{}({})", op, mesh_axes.str()));
+  const std::string call = x != nullptr ? fmt::format("{}({}, {}{})", op, x->str(), mesh_axes.str(), extra)
+                                        : fmt::format("{}({}{})", op, mesh_axes.str(), extra);
+  comm.set_origin(site.label(call));
+  comm.set_call_site(site);
   if (span.active()) span.add_args(fmt::format("\"group_size\": {}", comm.size()));
   return {shard, comm, comm.size(), std::move(span)};
+}
+
+bool contains(const std::vector<std::string>& list, const std::string& name) {
+  return std::find(list.begin(), list.end(), name) != list.end();
+}
+
+// The group's mesh axes ranked as they cut tensor axis `axis` of x (major first), then the others
+// in the order given: blocks then join in the tensor's order whatever order the user names.
+Names cut_order(const Tensor& x, const Names& mesh_axes, const std::string& axis) {
+  std::vector<std::string> ordered;
+  for (const auto& m : x.vary().split_mesh_axes(axis))
+    if (contains(mesh_axes.list(), m)) ordered.push_back(m);
+  for (const auto& m : mesh_axes.list())
+    if (!contains(ordered, m)) ordered.push_back(m);
+  return Names(ordered);
 }
 
 // Copies x viewed as [outer, n, chunk] into out viewed as [n, outer, chunk] (or back: `inverse`).
@@ -85,8 +128,9 @@ void join_cuts(VaryType& vary, const Tensor& x, const std::string& axis, const s
 }
 
 // psum and friends: the value must vary over every reduced mesh axis, and is invariant after.
-Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_in, const Names& mesh_axes, detail::Launch& launch) {
-  Context c = enter(op, &x_in, mesh_axes);
+Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_in, const Names& mesh_axes, const CallSite& site,
+                         detail::Launch& launch) {
+  Context c = enter(op, &x_in, mesh_axes, site);
   VaryType vary = x_in.vary();
   for (const auto& m : mesh_axes.list()) {
     if (x_in.vary().kind(m) == Vary::Invariant)
@@ -107,9 +151,26 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
 }
 
 // all_gather and all_gather_invariant.
+// What a gather cannot gather correctly: a missing (or, stacking, an existing) tensor axis, and a
+// value that is already the same on every device of the group.
+void check_gatherable(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool stack) {
+  checked_shard(op, &x, mesh_axes);
+  if (!stack && !x.shape().has(axis))
+    fail(op, "{} has no axis '{}' to gather along over mesh axes {}: name one of its axes (to stack the devices' values along "
+         "a new axis, call {}_stacked)", x.str(), axis, mesh_axes.str(), op);
+  if (stack && x.shape().has(axis))
+    fail(op, "{} already has an axis '{}': stacking over mesh axes {} needs a new axis name (or gather along it with {})", x.str(),
+         axis, mesh_axes.str(), op.substr(0, op.size() - std::string_view("_stacked").size()));
+  for (const auto& m : mesh_axes.list())
+    if (x.vary().kind(m) == Vary::Invariant)
+      fail(op, "{} is Invariant over mesh axis '{}': every device holds the same value, so the gather would return {} copies "
+           "of it (use it as it is; to tile it on purpose, pvary it over '{}' first)", x.str(), m, axis_size(mesh_axes), m);
+}
+
 Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant,
-                         detail::Launch& launch) {
-  Context c = enter(op, &x, mesh_axes);
+                         const CallSite& site, bool stack, detail::Launch& launch) {
+  check_gatherable(op, x, mesh_axes, axis, stack);
+  Context c = enter(op, &x, mesh_axes, site);
   const auto& group_axes = mesh_axes.list();
   VaryType vary = x.vary();
   // Split(axis) over the gathered mesh axes is consumed; any other cut over them becomes Varying.
@@ -120,7 +181,6 @@ Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh
   join_cuts(vary, x, axis, group_axes);
 
   std::vector<Axis> axes = x.shape().axes();
-  const bool stack = !x.shape().has(axis);
   if (stack) axes.insert(axes.begin(), Axis{axis, 1});
   const int i = stack ? 0 : x.shape().index_of(axis);
   axes[static_cast<std::size_t>(i)].size *= c.n;
@@ -153,8 +213,9 @@ Tensor pvary_forward(const Tensor& x, const Names& mesh_axes) {
   return x.with_vary(vary);
 }
 
-Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const std::string& axis, detail::Launch& launch) {
-  Context c = enter("psum_scatter", &x_in, mesh_axes);
+Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const std::string& axis, const CallSite& site,
+                            detail::Launch& launch) {
+  Context c = enter("psum_scatter", &x_in, mesh_axes, site);
   const int i = x_in.shape().require(axis, "psum_scatter");
   const std::int64_t size = x_in.shape()[i].size;
   if (size % c.n != 0)
@@ -190,8 +251,15 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
   return launch.then([out, dtype = x_in.dtype()] { return detail::narrow_to(out, dtype); });
 }
 
-Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, detail::Launch& launch) {
-  Context c = enter("ppermute", &x, mesh_axes);
+std::string pairs_text(const std::vector<std::pair<int, int>>& pairs) {
+  std::string text;
+  for (auto [src, dst] : pairs) text += fmt::format("{}({}, {})", text.empty() ? "" : " ", src, dst);
+  return text;
+}
+
+Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, const CallSite& site,
+                        detail::Launch& launch) {
+  Context c = enter("ppermute", &x, mesh_axes, site, fmt::format(", pairs [{}]", pairs_text(pairs)));
   check_permute_pairs(pairs, c.n, "ppermute", "the group over " + mesh_axes.str(), [&] { return x.str(); });
   VaryType vary = x.vary();
   for (const auto& m : mesh_axes.list()) vary.set_varying(m);
@@ -202,8 +270,9 @@ Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vect
   return launch.then([out] { return out; });
 }
 
-Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::string& split_axis, const std::string& concat_axis) {
-  Context c = enter("all_to_all", &x, mesh_axes);
+Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::string& split_axis, const std::string& concat_axis,
+                          const CallSite& site) {
+  Context c = enter("all_to_all", &x, mesh_axes, site);
   const int is = x.shape().require(split_axis, "all_to_all");
   x.shape().require(concat_axis, "all_to_all");
   const std::int64_t split_size = x.shape()[is].size;
@@ -245,24 +314,32 @@ Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::st
 
 }  // namespace
 
-// Each collective's transpose, as in DESIGN.md §3, is its backward.
+// Each collective's transpose, as in DESIGN.md §3, is its backward; it runs labelled as the
+// backward of the forward call (BackwardOf).
 
-Tensor psum(const Tensor& x, const Names& mesh_axes) {
+namespace {
+Tensor summed(std::string_view op, const Tensor& x, const Names& mesh_axes, const CallSite& site) {
   detail::Launch launch = detail::Launch::blocking();
-  Tensor out = reduce_collective("psum", ReduceOp::sum, x, mesh_axes, launch);
+  Tensor out = reduce_collective(op, ReduceOp::sum, x, mesh_axes, site, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record("psum", out, {x}, [mesh_axes](const Tensor& g) { return std::vector<Tensor>{pvary(g, mesh_axes)}; });
+  return autodiff::record(std::string(op), out, {x}, [mesh_axes, site, op](const Tensor& g) {
+    BackwardOf scope(op.data(), site);  // a literal: "psum" or "pmean"
+    return std::vector<Tensor>{pvary(g, mesh_axes)};
+  });
 }
+}  // namespace
 
-Tensor pmean(const Tensor& x, const Names& mesh_axes) {
+Tensor psum(const Tensor& x, const Names& mesh_axes, std::source_location where) { return summed("psum", x, mesh_axes, site_of(where)); }
+
+Tensor pmean(const Tensor& x, const Names& mesh_axes, std::source_location where) {
   if (x.defined() && !is_floating(x.dtype())) fail("pmean", "needs a floating dtype, got {}", x.str());
-  return psum(x, mesh_axes) / static_cast<double>(axis_size(mesh_axes));
+  return summed("pmean", x, mesh_axes, site_of(where)) / static_cast<double>(axis_size(mesh_axes));
 }
 
 namespace {
-Tensor not_differentiable(std::string_view op, ReduceOp reduce, const Tensor& x, const Names& mesh_axes) {
+Tensor not_differentiable(std::string_view op, ReduceOp reduce, const Tensor& x, const Names& mesh_axes, const CallSite& site) {
   detail::Launch launch = detail::Launch::blocking();
-  Tensor out = reduce_collective(op, reduce, x, mesh_axes, launch);
+  Tensor out = reduce_collective(op, reduce, x, mesh_axes, site, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
   return autodiff::record(std::string(op), out, {x}, [op = std::string(op), x_str = x.str(), mesh_axes](const Tensor&) -> std::vector<Tensor> {
     fail("grad", "{}({}, {}) is not differentiable: apply it to stop_gradient(x) (as the vocab-parallel loss does for its max)",
@@ -271,93 +348,113 @@ Tensor not_differentiable(std::string_view op, ReduceOp reduce, const Tensor& x,
 }
 }  // namespace
 
-Tensor pmax(const Tensor& x, const Names& mesh_axes) { return not_differentiable("pmax", ReduceOp::max, x, mesh_axes); }
-Tensor pmin(const Tensor& x, const Names& mesh_axes) { return not_differentiable("pmin", ReduceOp::min, x, mesh_axes); }
+Tensor pmax(const Tensor& x, const Names& mesh_axes, std::source_location where) {
+  return not_differentiable("pmax", ReduceOp::max, x, mesh_axes, site_of(where));
+}
+Tensor pmin(const Tensor& x, const Names& mesh_axes, std::source_location where) {
+  return not_differentiable("pmin", ReduceOp::min, x, mesh_axes, site_of(where));
+}
 
-Tensor pvary(const Tensor& x, const Names& mesh_axes) {
+Tensor pvary(const Tensor& x, const Names& mesh_axes, std::source_location where) {
   Tensor out = pvary_forward(x, mesh_axes);
   if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record("pvary", out, {x}, [mesh_axes](const Tensor& g) { return std::vector<Tensor>{psum(g, mesh_axes)}; });
+  return autodiff::record("pvary", out, {x}, [mesh_axes, site = site_of(where)](const Tensor& g) {
+    BackwardOf scope("pvary", site);
+    return std::vector<Tensor>{psum(g, mesh_axes)};
+  });
 }
 
 namespace {
-// An Invariant input to a gather meets the varying group: mark it (an implicit pvary, whose
-// transpose sums the gradient).
-Tensor vary_over(const Tensor& x, const Names& mesh_axes) {
-  std::vector<std::string> invariant;
-  for (const auto& m : mesh_axes.list())
-    if (x.defined() && x.vary().kind(m) == Vary::Invariant) invariant.push_back(m);
-  return invariant.empty() || !x.requires_grad() ? x : pvary(x, invariant);
-}
-
 // Drops the size-1 axis that a stacking gather added back (its gradient's own block).
 Tensor unstack(const Tensor& g, const Tensor& x, const std::string& axis) { return x.shape().has(axis) ? g : sum(g, axis); }
 }  // namespace
 
-Tensor all_gather(const Tensor& x_in, const Names& mesh_axes, const std::string& axis) {
-  Tensor x = vary_over(x_in, mesh_axes);
+namespace {
+Tensor gather(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant, bool stack,
+              const CallSite& site) {
+  const Names group = cut_order(x, mesh_axes, axis);
   detail::Launch launch = detail::Launch::blocking();
-  Tensor out = gather_collective("all_gather", x, mesh_axes, axis, false, launch);
+  Tensor out = gather_collective(op, x, group, axis, invariant, site, stack, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record("all_gather", out, {x}, [x, mesh_axes, axis](const Tensor& g) {
-    return std::vector<Tensor>{unstack(psum_scatter(g, mesh_axes, axis), x, axis)};
-  });
-}
-
-Tensor all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis) {
-  detail::Launch launch = detail::Launch::blocking();
-  Tensor out = gather_collective("all_gather_invariant", x, mesh_axes, axis, true, launch);
-  if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record("all_gather_invariant", out, {x}, [x, mesh_axes, axis](const Tensor& g) {
+  if (!invariant)
+    return autodiff::record(std::string(op), out, {x}, [x, group, axis, site, op](const Tensor& g) {
+      BackwardOf scope(op.data(), site);  // a literal
+      return std::vector<Tensor>{unstack(psum_scatter(g, group, axis), x, axis)};
+    });
+  return autodiff::record(std::string(op), out, {x}, [x, group, axis](const Tensor& g) {
     const std::int64_t block = x.shape().has(axis) ? x.shape().size(axis) : 1;
-    const auto r = static_cast<std::int64_t>(axis_index(mesh_axes).item());
+    const auto r = static_cast<std::int64_t>(axis_index(group).item());
     return std::vector<Tensor>{unstack(slice(g, axis, r * block, (r + 1) * block), x, axis)};
   });
 }
+}  // namespace
 
-Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis) {
+Tensor all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
+  return gather("all_gather", x, mesh_axes, axis, false, false, site_of(where));
+}
+Tensor all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
+  return gather("all_gather_invariant", x, mesh_axes, axis, true, false, site_of(where));
+}
+Tensor all_gather_stacked(const Tensor& x, const Names& mesh_axes, const std::string& new_axis, std::source_location where) {
+  return gather("all_gather_stacked", x, mesh_axes, new_axis, false, true, site_of(where));
+}
+Tensor all_gather_invariant_stacked(const Tensor& x, const Names& mesh_axes, const std::string& new_axis,
+                                    std::source_location where) {
+  return gather("all_gather_invariant_stacked", x, mesh_axes, new_axis, true, true, site_of(where));
+}
+
+Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
+  const CallSite site = site_of(where);
   detail::Launch launch = detail::Launch::blocking();
-  Tensor out = psum_scatter_forward(x, mesh_axes, axis, launch);
+  Tensor out = psum_scatter_forward(x, mesh_axes, axis, site, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record("psum_scatter", out, {x}, [mesh_axes, axis](const Tensor& g) {
+  return autodiff::record("psum_scatter", out, {x}, [mesh_axes, axis, site](const Tensor& g) {
+    BackwardOf scope("psum_scatter", site);
     return std::vector<Tensor>{all_gather(g, mesh_axes, axis)};
   });
 }
 
-Tensor ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs) {
+Tensor ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, std::source_location where) {
+  const CallSite site = site_of(where);
   detail::Launch launch = detail::Launch::blocking();
-  Tensor out = ppermute_forward(x, mesh_axes, pairs, launch);
+  Tensor out = ppermute_forward(x, mesh_axes, pairs, site, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
   std::vector<std::pair<int, int>> inverse;
   for (auto [src, dst] : pairs) inverse.push_back({dst, src});
-  return autodiff::record("ppermute", out, {x}, [mesh_axes, inverse](const Tensor& g) {
+  return autodiff::record("ppermute", out, {x}, [mesh_axes, inverse, site](const Tensor& g) {
+    BackwardOf scope("ppermute", site);
     return std::vector<Tensor>{ppermute(g, mesh_axes, inverse)};
   });
 }
 
-Tensor all_to_all(const Tensor& x, const Names& mesh_axes, const std::string& split_axis, const std::string& concat_axis) {
-  Tensor out = all_to_all_forward(x, mesh_axes, split_axis, concat_axis);
+Tensor all_to_all(const Tensor& x, const Names& mesh_axes, const std::string& split_axis, const std::string& concat_axis,
+                  std::source_location where) {
+  const CallSite site = site_of(where);
+  const Names group = cut_order(x, mesh_axes, concat_axis);
+  Tensor out = all_to_all_forward(x, group, split_axis, concat_axis, site);
   if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record("all_to_all", out, {x}, [mesh_axes, split_axis, concat_axis](const Tensor& g) {
-    return std::vector<Tensor>{all_to_all(g, mesh_axes, concat_axis, split_axis)};
+  return autodiff::record("all_to_all", out, {x}, [group, split_axis, concat_axis, site](const Tensor& g) {
+    BackwardOf scope("all_to_all", site);
+    return std::vector<Tensor>{all_to_all(g, group, concat_axis, split_axis)};
   });
 }
 
 namespace detail {
-// For the start forms (async_collectives.cpp): the same forward functions and gradient helpers.
-Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch) {
-  return reduce_collective("psum", ReduceOp::sum, x, mesh_axes, launch);
+// For the start forms (async_collectives.cpp): the same checks, vary rules, call sites and packing.
+Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch, std::source_location where) {
+  return reduce_collective("psum", ReduceOp::sum, x, mesh_axes, site_of(where), launch);
 }
-Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch) {
-  return gather_collective("all_gather", x, mesh_axes, axis, false, launch);
+Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch, std::source_location where) {
+  return gather_collective("all_gather", x, cut_order(x, mesh_axes, axis), axis, false, site_of(where), false, launch);
 }
-Tensor launch_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch) {
-  return psum_scatter_forward(x, mesh_axes, axis, launch);
+Tensor launch_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch, std::source_location where) {
+  return psum_scatter_forward(x, mesh_axes, axis, site_of(where), launch);
 }
-Tensor launch_ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, Launch& launch) {
-  return ppermute_forward(x, mesh_axes, pairs, launch);
+Tensor launch_ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, Launch& launch,
+                       std::source_location where) {
+  return ppermute_forward(x, mesh_axes, pairs, site_of(where), launch);
 }
-Tensor vary_over_group(const Tensor& x, const Names& mesh_axes) { return vary_over(x, mesh_axes); }
+Names gather_order(const Tensor& x, const Names& mesh_axes, const std::string& axis) { return cut_order(x, mesh_axes, axis); }
 Tensor unstack_gradient(const Tensor& g, const Tensor& x, const std::string& axis) { return unstack(g, x, axis); }
 }  // namespace detail
 

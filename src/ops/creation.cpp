@@ -1,4 +1,7 @@
 // Tensor creation: constants, ranges, host data and counter-based random tensors.
+#include <algorithm>
+#include <thread>
+
 #include "nax/core/rng.h"
 #include "ops/internal.h"
 
@@ -33,25 +36,74 @@ template Tensor from_vector<double>(const Shape&, const std::vector<double>&, DT
 template Tensor from_vector<std::int32_t>(const Shape&, const std::vector<std::int32_t>&, DType);
 template Tensor from_vector<bf16>(const Shape&, const std::vector<bf16>&, DType);
 
+namespace {
+// Where the elements of a random block come from: local element i (row-major in `local`) is global
+// element index_of(i) of the tensor of shape `global`; runs along the last axis are consecutive.
+struct BlockIndex {
+  std::vector<std::int64_t> local_strides, global_strides, offsets, sizes;
+
+  std::uint64_t index_of(std::int64_t i) const {
+    std::uint64_t g = 0;
+    for (std::size_t d = 0; d < sizes.size(); ++d)
+      g += static_cast<std::uint64_t>((i / local_strides[d] % sizes[d] + offsets[d]) * global_strides[d]);
+    return g;
+  }
+  std::int64_t row() const { return sizes.empty() ? 1 : sizes.back(); }
+};
+
+// Elements [begin, end) of the block, in chunks of consecutive counters converted straight to dtype.
+void fill_random(const BlockIndex& block, std::int64_t begin, std::int64_t end, rng::Key key, DType dtype, bool normal,
+                 double a, double b, std::byte* out) {
+  constexpr std::int64_t chunk = 2048;
+  std::vector<double> values(chunk);
+  std::vector<float> floats(dtype == DType::bf16 ? chunk : 0);
+  const std::size_t size = dtype_size(dtype);
+  auto& cpu = *kernels::cpu_kernels_ptr();
+  for (std::int64_t i = begin; i < end;) {
+    const std::int64_t n = std::min({chunk, end - i, block.row() - i % block.row()});
+    const std::uint64_t first = block.index_of(i);
+    std::byte* dst = out + static_cast<std::size_t>(i) * size;
+    if (normal && dtype == DType::f32) {
+      rng::normal_run_f32(key, first, n, a, reinterpret_cast<float*>(dst));
+    } else if (normal && dtype == DType::bf16) {
+      rng::normal_run_f32(key, first, n, a, floats.data());
+      cpu.convert(DType::f32, floats.data(), dtype, dst, n);
+    } else {
+      if (normal) {
+        rng::normal_run(key, first, n, values.data());
+        for (std::int64_t j = 0; j < n; ++j) values[j] = a * values[j];
+      } else {
+        rng::uniform_run(key, first, n, values.data());
+        for (std::int64_t j = 0; j < n; ++j) values[j] = a + (b - a) * values[j];
+      }
+      cpu.convert(DType::f64, values.data(), dtype, dst, n);
+    }
+    i += n;
+  }
+}
+}  // namespace
+
 namespace detail {
-// The block of a global random tensor of shape `global` that starts at `offsets`, of shape `local`.
+// The block of a global random tensor of shape `global` that starts at `offsets`, of shape `local`:
+// generated on the host by every core (vectorised Philox), then moved to the current device.
 Tensor random_block(const Shape& global, const Shape& local, const std::vector<std::int64_t>& offsets,
                     std::uint64_t seed, std::string_view name, DType dtype, bool normal, double a, double b) {
   if (!is_floating(dtype)) fail("random", "dtype {} is not a floating type", dtype_name(dtype));
-  rng::Key key = rng::make_key(seed, name);
-  std::vector<double> values(static_cast<std::size_t>(local.numel()));
-  auto global_strides = global.strides();
-  std::vector<std::int64_t> index(static_cast<std::size_t>(local.rank()), 0);
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    std::uint64_t g = 0;
-    for (std::size_t d = 0; d < index.size(); ++d) g += static_cast<std::uint64_t>((index[d] + offsets[d]) * global_strides[d]);
-    values[i] = normal ? a * rng::normal(key, g) : a + (b - a) * rng::uniform(key, g);
-    for (std::size_t d = index.size(); d-- > 0;) {
-      if (++index[d] < local[static_cast<int>(d)].size) break;
-      index[d] = 0;
-    }
-  }
-  return from_vector(local, values, dtype);
+  const rng::Key key = rng::make_key(seed, name);
+  BlockIndex block{local.strides(), global.strides(), offsets, {}};
+  for (int d = 0; d < local.rank(); ++d) block.sizes.push_back(local[d].size);
+  Tensor host = Tensor::empty(local, dtype, Device::host());
+  auto* out = static_cast<std::byte*>(host.raw_mutable());
+  const std::int64_t numel = local.numel();
+  constexpr std::int64_t per_thread = std::int64_t{1} << 18;
+  const auto threads = static_cast<std::int64_t>(
+      std::clamp<std::int64_t>(numel / per_thread, 1, std::max(1u, std::thread::hardware_concurrency())));
+  std::vector<std::thread> workers;
+  for (std::int64_t t = 1; t < threads; ++t)
+    workers.emplace_back(fill_random, std::cref(block), numel * t / threads, numel * (t + 1) / threads, key, dtype, normal, a, b, out);
+  fill_random(block, 0, numel / threads, key, dtype, normal, a, b, out);
+  for (auto& w : workers) w.join();
+  return detail::transfer(host, detail::current_device());
 }
 }  // namespace detail
 

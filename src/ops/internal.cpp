@@ -1,4 +1,5 @@
 #include "ops/internal.h"
+#include "ops/vocab_parallel.h"
 
 #include <fmt/format.h>
 
@@ -28,9 +29,16 @@ void check_operands(std::string_view op, std::initializer_list<const Tensor*> op
   for (const Tensor* t : operands) {
     if (!t->defined()) fail(op, "an operand is undefined (a default-constructed Tensor)");
     if (first == nullptr) first = &t->device();
+    else if (&t->device() != first && t->device().str() == first->str())
+      fail(op, "operands belong to different Runtimes (each has its own {}): a tensor made in another Runtime's run cannot be "
+           "used here (pass it through the host with gather and shard): {}", first->str(), describe(operands));
     else if (&t->device() != first)
       fail(op, "operands live on different devices ({} and {}): {}", first->str(), t->device().str(), describe(operands));
   }
+  if (Shard* s = Shard::current(); s != nullptr && first != nullptr && !first->is_host() && first != s->device_ptr().get() &&
+                                   first->str() == s->device_ptr()->str())
+    fail(op, "operand belongs to another Runtime (its {} is not this run's): a tensor made in another Runtime's run cannot be "
+         "used here (pass it through the host with gather and shard): {}", first->str(), describe(operands));
   if (Shard* s = Shard::current(); s != nullptr && first != nullptr && !first->is_host() && first != s->device_ptr().get())
     fail(op, "operand lives on {} but this code runs on cpu:{}: pass tensors between devices with collectives: {}", first->str(),
          s->device(), describe(operands));
@@ -115,7 +123,10 @@ Tensor transfer(const Tensor& x, const std::shared_ptr<Device>& device) {
   Tensor out = make_result(x.shape(), x.dtype(), x.vary(), device);
   const Device& from = x.device();
   if (from.host_accessible()) device->kernels().copy_from_host(out.raw_mutable(), x.raw(), x.nbytes());
-  else if (device->host_accessible()) from.kernels().copy_to_host(out.raw_mutable(), x.raw(), x.nbytes());
+  else if (device->host_accessible()) {
+    from.kernels().copy_to_host(out.raw_mutable(), x.raw(), x.nbytes());
+    resolve_deferred_id_checks();
+  }
   else return transfer(transfer(x, Device::host()), device);
   return out;
 }

@@ -263,7 +263,7 @@ Tensor slice(const Tensor& x, const std::string& axis, std::int64_t start, std::
     auto zeros_of = [&](std::int64_t n) {
       std::vector<Axis> axes = g.shape().axes();
       axes[static_cast<std::size_t>(g.shape().index_of(axis))].size = n;
-      Tensor z = Tensor::empty(Shape(axes), g.dtype(), g.device_ptr());
+      Tensor z = detail::make_result(Shape(axes), g.dtype(), g.vary(), g.device_ptr());  // varies as g does
       detail::kernels_of(z).fill(z.dtype(), z.raw_mutable(), z.numel(), 0.0);
       return z;
     };

@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include "nax/autodiff.h"
+#include "nax/index_ops.h"
+#include "nax/ops.h"
 #include "nax/runtime.h"
 #include "ops/internal.h"
 
@@ -19,7 +22,41 @@ std::string named_index(const Shape& shape, std::int64_t flat) {
   return fmt::format("[{}]", fmt::join(parts, ", "));
 }
 
+void check_ids_on_host(std::string_view op, std::string_view what, const Tensor& ids, std::int64_t total, const std::string& vocab,
+                       const std::string& t) {
+  const Tensor readable = ids.device().host_accessible() ? ids : transfer(ids, Device::host());
+  const auto* p = readable.data<std::int32_t>();
+  for (std::int64_t i = 0; i < ids.numel(); ++i)
+    if (p[i] < 0 || p[i] >= total)
+      fail(op, "{} {} at {} of {} is outside the vocabulary [0, {}) of axis '{}' in {}", what, p[i], named_index(ids.shape(), i), ids.str(),
+           total, vocab, t);
+}
+
+// Id checks on devices whose memory the host cannot read: each counts its bad ids on the device
+// into one running total, read at this thread's next host read (which synchronises anyway), so a
+// training step does not stop mid-way to look at its ids. A bad count re-runs the host check for
+// the exact message.
+struct DeferredIdCheck {
+  std::string op, what;
+  Tensor ids;
+  std::int64_t total;
+  std::string vocab, t;
+};
+struct DeferredIdChecks {
+  std::vector<DeferredIdCheck> checks;
+  Tensor bad;  // f32 count over all of them, on the device
+};
+thread_local DeferredIdChecks deferred;
+
 }  // namespace
+
+void resolve_deferred_id_checks() {
+  if (deferred.checks.empty()) return;
+  DeferredIdChecks pending = std::move(deferred);
+  deferred = {};
+  if (transfer(pending.bad, Device::host()).item() == 0) return;
+  for (const auto& c : pending.checks) check_ids_on_host(c.op, c.what, c.ids, c.total, c.vocab, c.t);
+}
 
 VocabBlock vocab_block(std::string_view op, const Tensor& t, const std::string& vocab) {
   VocabBlock block;
@@ -38,12 +75,13 @@ VocabBlock vocab_block(std::string_view op, const Tensor& t, const std::string& 
 void check_ids(std::string_view op, std::string_view what, const Tensor& ids, const VocabBlock& block, const Tensor& t,
                const std::string& vocab) {
   if (ids.dtype() != DType::i32) fail(op, "{}s must be i32, got {} (with {})", what, ids.str(), t.str());
-  const Tensor readable = ids.device().host_accessible() ? ids : transfer(ids, Device::host());
-  const auto* p = readable.data<std::int32_t>();
-  for (std::int64_t i = 0; i < ids.numel(); ++i)
-    if (p[i] < 0 || p[i] >= block.total)
-      fail(op, "{} {} at {} of {} is outside the vocabulary [0, {}) of axis '{}' in {}", what, p[i], named_index(ids.shape(), i),
-           ids.str(), block.total, vocab, t.str());
+  if (ids.device().host_accessible()) return check_ids_on_host(op, what, ids, block.total, vocab, t.str());
+  NoGrad no_grad;
+  const Tensor wide = cast(stop_gradient(ids), DType::f32);  // ids below 2^24 are exact in f32
+  const Tensor outside = lt(wide, full_like(wide, 0.0)) + ge(wide, full_like(wide, static_cast<double>(block.total)));
+  const Tensor bad = sum(outside, ids.shape().names()).with_vary(VaryType{});
+  deferred.bad = deferred.bad.defined() ? deferred.bad + bad : bad;
+  deferred.checks.push_back({std::string(op), std::string(what), ids, block.total, vocab, t.str()});
 }
 
 VaryType scattered_gradient_vary(const Tensor& input, const Tensor& g) {

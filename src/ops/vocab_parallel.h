@@ -20,7 +20,10 @@ struct VocabBlock {
 // The block of `vocab` that `t` (the table or the logits) holds on the calling device.
 VocabBlock vocab_block(std::string_view op, const Tensor& t, const std::string& vocab);
 
-// Throws naming `op` unless `ids` is i32 and every id lies in [0, block.total) of `t`'s vocab.
+// Throws naming `op` unless `ids` is i32 and every id lies in [0, block.total) of `t`'s vocab. On a
+// device the host cannot read, the range check runs there and is reported at this thread's next
+// host read (resolve_deferred_id_checks, called by transfer).
+void resolve_deferred_id_checks();
 void check_ids(std::string_view op, std::string_view what, const Tensor& ids, const VocabBlock& block, const Tensor& t,
                const std::string& vocab);
 

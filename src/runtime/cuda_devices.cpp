@@ -59,7 +59,8 @@ std::string new_nccl_id() {
 
 std::shared_ptr<NcclIds> make_nccl_ids() { return std::make_shared<ProcessNcclIds>(); }
 
-std::unique_ptr<Communicator> make_nccl_communicator(const std::string& id, int size, int rank, const Device& device) {
+std::unique_ptr<Communicator> make_nccl_communicator(const std::string& id, int size, int rank, const Device& device,
+                                                     const NcclGuardOptions& guard) {
   ncclUniqueId unique{};
   if (id.size() != sizeof unique) fail("NCCL", "a group id of {} bytes (expected {})", id.size(), sizeof unique);
   std::memcpy(&unique, id.data(), sizeof unique);
@@ -67,7 +68,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(const std::string& id, int 
   // Joining a group allocates (implicitly synchronising calls): with NCCL kernels of this device's
   // other groups still spinning on the stream, that can hang; drain the stream first.
   device.kernels().synchronize();
-  return std::make_unique<cuda::NcclCommunicator>(unique, size, rank, kernels.gpu(), kernels.stream());
+  auto comm = std::make_unique<cuda::NcclCommunicator>(unique, size, rank, kernels.gpu(), kernels.stream());
+  comm->guard(guard.label, guard.devices, guard.timeout_s, guard.check_collectives);
+  return comm;
 }
 
 }  // namespace nax::detail

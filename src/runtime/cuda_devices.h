@@ -31,8 +31,18 @@ class NcclIds {
 std::shared_ptr<NcclIds> make_nccl_ids();
 std::string new_nccl_id();  // a fresh ncclUniqueId's bytes (under MPI: made by a group's rank 0)
 
+// How an NCCL communicator reports failures (comm/nccl_guard.h): the group's name and mesh devices
+// for messages, the collective timeout, and whether ranks compare signatures before each collective.
+struct NcclGuardOptions {
+  std::string label;
+  std::vector<int> devices;
+  double timeout_s = 300;
+  bool check_collectives = true;
+};
+
 // This device's NCCL communicator in a group of `size` ranks, from the group's id (as NcclIds or
 // an MPI broadcast hands it out). Collectives are enqueued on the device's compute stream.
-std::unique_ptr<Communicator> make_nccl_communicator(const std::string& id, int size, int rank, const Device& device);
+std::unique_ptr<Communicator> make_nccl_communicator(const std::string& id, int size, int rank, const Device& device,
+                                                     const NcclGuardOptions& guard);
 
 }  // namespace nax::detail

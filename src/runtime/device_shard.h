@@ -19,6 +19,8 @@ class DeviceShard final : public Shard {
   int device() const override { return device_; }
   const Mesh& mesh() const override { return mesh_; }
   Tensor shard(const Tensor& global, const AxisRules& rules) override;
+  // Devices cutting one host tensor must all pass the same one (a hash compared over the cuts).
+  void check_same_tensor(const Tensor& global, const VaryType& cuts);
   Tensor gather(const Tensor& t) override;
   Tensor random_normal(const Shape& global, const AxisRules& rules, std::uint64_t seed, std::string_view name,
                        double stddev, DType dtype) override;

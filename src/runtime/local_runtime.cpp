@@ -38,6 +38,7 @@ class LocalState final : public Runtime::State {
   std::vector<int> devices_;
   std::shared_ptr<local::LocalWorld> world_;
   std::shared_ptr<detail::NcclIds> nccl_ids_;
+  bool check_collectives_ = true;
   std::vector<std::unique_ptr<detail::DeviceShard>> shards_;
   std::vector<std::thread> workers_;
 
@@ -87,6 +88,7 @@ LocalState::LocalState(const Mesh& mesh, const RuntimeOptions& options)
   const Transport transport = resolve(options.transport, devices, mesh_);
   check_transport(transport, devices, mesh_);
   if (transport == Transport::nccl) nccl_ids_ = detail::make_nccl_ids();
+  check_collectives_ = options.check_collectives;
   for (int d = 0; d < mesh_.size(); ++d) {
     devices_.push_back(d);
     auto make_comm = comm_factory(d, devices[static_cast<std::size_t>(d)], transport);
@@ -100,9 +102,11 @@ detail::CommFactory LocalState::comm_factory(int d, const std::shared_ptr<Device
   auto rank_of = [world, d](const std::vector<std::string>& axes) { return world->mesh().rank_in_group(d, axes); };
   switch (transport) {
     case Transport::nccl:
-      return [world, d, device, ids = nccl_ids_, rank_of](const std::vector<std::string>& axes) -> std::unique_ptr<Communicator> {
+      return [world, d, device, ids = nccl_ids_, rank_of, check = check_collectives_](const std::vector<std::string>& axes)
+                 -> std::unique_ptr<Communicator> {
         const auto group = world->group(d, axes);
-        return detail::make_nccl_communicator(ids->id(group->label()), group->size(), rank_of(axes), *device);
+        const detail::NcclGuardOptions guard{group->label(), world->mesh().group(d, axes), world->timeout_s(), check};
+        return detail::make_nccl_communicator(ids->id(group->label()), group->size(), rank_of(axes), *device, guard);
       };
     case Transport::device:
       return [world, d, device, rank_of](const std::vector<std::string>& axes) -> std::unique_ptr<Communicator> {

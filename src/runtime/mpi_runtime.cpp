@@ -72,7 +72,9 @@ std::unique_ptr<Communicator> make_mpi_nccl_comm(mpi::MpiWorld& world, const Dev
   MPI_Bcast(&bytes, 1, MPI_INT, 0, group.get());
   id.resize(static_cast<std::size_t>(bytes));
   MPI_Bcast(id.data(), bytes, MPI_CHAR, 0, group.get());
-  return detail::make_nccl_communicator(id, static_cast<int>(members.size()), rank, device);
+  const detail::NcclGuardOptions guard{fmt::format("nccl group ({}) of devices [{}]", fmt::join(axes, ","), fmt::join(members, ",")), members,
+                                       world.timeout_s(), world.check_collectives()};
+  return detail::make_nccl_communicator(id, static_cast<int>(members.size()), rank, device, guard);
 }
 
 MpiState::MpiState(const Mesh& mesh, const RuntimeOptions& options)

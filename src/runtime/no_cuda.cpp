@@ -18,6 +18,8 @@ std::shared_ptr<Device> make_cuda_device(int, int) { refuse("cuda device"); }
 int gpu_of(const Device&) { refuse("cuda device"); }
 std::shared_ptr<NcclIds> make_nccl_ids() { refuse("NCCL"); }
 std::string new_nccl_id() { refuse("NCCL"); }
-std::unique_ptr<Communicator> make_nccl_communicator(const std::string&, int, int, const Device&) { refuse("NCCL"); }
+std::unique_ptr<Communicator> make_nccl_communicator(const std::string&, int, int, const Device&, const NcclGuardOptions&) {
+  refuse("NCCL");
+}
 
 }  // namespace nax::detail

@@ -6,6 +6,7 @@
 // (send == recv); the other collectives need distinct buffers.
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -40,6 +41,22 @@ CommStats& operator+=(CommStats& a, const CommStats& b);
 // `detail` returns (e.g. the tensor), built only on failure.
 void check_permute_pairs(const std::vector<std::pair<int, int>>& pairs, int n, std::string_view op, std::string_view group,
                          const std::function<std::string()>& detail = {});
+
+// Where a named collective was called in user code, and whether it runs as the backward
+// (transpose) of that call. Two ranks at different call sites disagree even when their buffers
+// look alike (e.g. two same-shaped psums issued in opposite orders). Built from a
+// std::source_location by the collectives (this header stays free of it for nvcc).
+struct CallSite {
+  const char* file = "";
+  std::uint32_t line = 0;
+  std::uint32_t column = 0;
+  const char* backward_of = nullptr;  // the forward collective, when this call is its transpose
+
+  std::string str() const;  // "tests/test_x.cpp:12:7"
+  // "psum(...) at tests/test_x.cpp:12:7", "psum_scatter(...) in the backward of all_gather at ..."
+  std::string label(std::string_view call) const;
+  std::uint64_t hash() const;  // 0 for an unknown site
+};
 
 class Communicator {
  public:
@@ -86,6 +103,9 @@ class Communicator {
   // so that a backend's errors can say which user call disagreed or timed out.
   void set_origin(std::string origin) { origin_ = std::move(origin); }
   const std::string& origin() const { return origin_; }
+  // The call site of the next calls: part of every signature the group compares.
+  void set_call_site(const CallSite& site) { call_site_hash_ = site.hash(); }
+  std::uint64_t call_site_hash() const { return call_site_hash_; }
 
  protected:
   void record(CollectiveKind kind, std::size_t bytes) {
@@ -96,6 +116,7 @@ class Communicator {
  private:
   CommStats stats_;
   std::string origin_;
+  std::uint64_t call_site_hash_ = 0;
 };
 
 }  // namespace nax

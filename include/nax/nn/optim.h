@@ -37,6 +37,10 @@ Tensor global_norm(const std::vector<Tensor>& grads);
 
 // Scales grads so that their global norm is at most max_norm; returns the norm before clipping.
 double clip_by_global_norm(std::vector<Tensor>& grads, double max_norm);
+// The same scaling with no host read: the scale min(1, max_norm / (norm + 1e-6)) (1 exactly when
+// norm <= max_norm) is computed on the device; the norm comes back as a tensor, to read (a host
+// synchronisation) only when it is logged.
+Tensor clip_by_global_norm_on_device(std::vector<Tensor>& grads, double max_norm);
 
 // Linear warmup from 0 to peak over warmup_steps, then cosine decay to peak * final_ratio at
 // total_steps (and flat after).

@@ -27,7 +27,7 @@ class Scratch {
 }  // namespace
 
 Signature DeviceCommunicator::signature(CollectiveKind kind, DType dtype, std::size_t count, int detail, std::uint64_t pairs_hash) const {
-  return Signature{kind, dtype, count, detail, pairs_hash, &origin()};
+  return Signature{kind, dtype, count, detail, pairs_hash, &origin(), call_site_hash()};
 }
 
 void DeviceCommunicator::join(const Signature& sig, const void* send, void* recv) {

@@ -24,7 +24,7 @@ void copy_out(void* dst, const void* src, std::size_t bytes, bool large) {
 }  // namespace
 
 Signature LocalCommunicator::signature(CollectiveKind kind, DType dtype, std::size_t count, int detail, std::uint64_t pairs_hash) const {
-  return Signature{kind, dtype, count, detail, pairs_hash, &origin()};
+  return Signature{kind, dtype, count, detail, pairs_hash, &origin(), call_site_hash()};
 }
 
 void LocalCommunicator::reduce_block(const std::vector<void*>& dsts, std::size_t offset, std::size_t count, DType dtype,

@@ -18,6 +18,7 @@ namespace {
 struct WireSignature {
   std::int64_t kind, dtype, count, detail;
   std::uint64_t pairs_hash;
+  std::uint64_t call_site;
 };
 
 }  // namespace
@@ -39,7 +40,7 @@ MpiCommunicator::~MpiCommunicator() {
 
 CollectiveSignature MpiCommunicator::signature(CollectiveKind kind, DType dtype, std::size_t count, int detail,
                                                std::uint64_t pairs_hash) const {
-  return CollectiveSignature{kind, dtype, count, detail, pairs_hash, &origin()};
+  return CollectiveSignature{kind, dtype, count, detail, pairs_hash, &origin(), call_site_hash()};
 }
 
 void MpiCommunicator::wait(std::span<MPI_Request> requests, const CollectiveSignature& sig, bool agreed) {
@@ -68,7 +69,7 @@ void MpiCommunicator::begin(CollectiveKind kind, std::size_t bytes, const Collec
 std::string MpiCommunicator::mismatch_message(const CollectiveSignature& sig) {
   // Every rank of the group is here (they all saw the same extremes): gather what each called.
   const WireSignature wire{static_cast<std::int64_t>(sig.kind), static_cast<std::int64_t>(sig.dtype), static_cast<std::int64_t>(sig.count),
-                           sig.detail, sig.pairs_hash};
+                           sig.detail, sig.pairs_hash, sig.call_site};
   std::vector<WireSignature> all(members_.size());
   check(MPI_Allgather(&wire, sizeof wire, MPI_BYTE, all.data(), sizeof wire, MPI_BYTE, comm_.get()), "MPI_Allgather");
   const int length = static_cast<int>(origin().size());
@@ -82,7 +83,7 @@ std::string MpiCommunicator::mismatch_message(const CollectiveSignature& sig) {
   auto rank_signature = [&](std::size_t r, std::string& origin_text) {
     origin_text = origins.substr(static_cast<std::size_t>(offsets[r]), static_cast<std::size_t>(lengths[r]));
     return CollectiveSignature{static_cast<CollectiveKind>(all[r].kind), static_cast<DType>(all[r].dtype), static_cast<std::size_t>(all[r].count),
-                               static_cast<int>(all[r].detail), all[r].pairs_hash, &origin_text};
+                               static_cast<int>(all[r].detail), all[r].pairs_hash, &origin_text, all[r].call_site};
   };
   std::string first_origin, other_origin;
   const CollectiveSignature first = rank_signature(0, first_origin);

@@ -7,6 +7,7 @@
 
 #include "comm/element_at.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/cuda_allocator.h"
 #include "nax/core/error.h"
 
 namespace nax::cuda {
@@ -60,17 +61,77 @@ void NcclCommunicator::init_scratch() {
 
 NcclCommunicator::~NcclCommunicator() {
   QuietDeviceGuard guard(device_);  // a destructor must not throw (after a sticky CUDA error, say)
+  guard_.reset();
   if (scratch_ != nullptr) (void)cudaFree(scratch_);
+  if (signatures_device_ != nullptr) (void)cudaFree(signatures_device_);
+  if (signatures_host_ != nullptr) (void)cudaFreeHost(signatures_host_);
   if (last_started_ != nullptr) (void)cudaEventDestroy(last_started_);
   if (side_stream_ != nullptr) (void)cudaStreamDestroy(side_stream_);
-  if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
+  if (comm_ != nullptr) (void)ncclCommDestroy(comm_);  // null once aborted
+}
+
+void NcclCommunicator::guard(std::string label, std::vector<int> devices, double timeout_s, bool check_collectives) {
+  if (static_cast<int>(devices.size()) != size_)
+    fail("NcclCommunicator::guard", "{} devices named for a group of {} ranks", devices.size(), size_);
+  const std::size_t words = comm::NcclGuard::kSignatureWords * static_cast<std::size_t>(size_ + 1);
+  DeviceGuard device_guard(device_);
+  NAX_CUDA_CHECK(cudaMallocHost(&signatures_host_, words * sizeof(std::int64_t)));
+  NAX_CUDA_CHECK(cudaMalloc(&signatures_device_, words * sizeof(std::int64_t)));
+  check_collectives_ = check_collectives;
+  guard_ = std::make_unique<comm::NcclGuard>(real_ops(), std::move(label), std::move(devices), rank_,
+                                             std::chrono::duration<double>(timeout_s), std::chrono::microseconds(20));
+  set_before_device_free(&comm::NcclGuard::drain_gpu);
+}
+
+comm::NcclOps NcclCommunicator::real_ops() {
+  comm::NcclOps ops;
+  ops.gpu = device_;
+  ops.async_error = [this](std::string& message) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
+    if (asked != ncclSuccess) state = asked;
+    if (state == ncclSuccess) return comm::NcclOps::Status::ok;
+    if (state == ncclInProgress) return comm::NcclOps::Status::in_progress;
+    message = fmt::format("{} ({})", ncclGetErrorString(state), ncclGetLastError(comm_));
+    return comm::NcclOps::Status::error;
+  };
+  ops.idle = [this] {
+    const cudaError_t status = cudaStreamQuery(stream_);
+    if (status == cudaErrorNotReady) return false;
+    return true;  // done, or a CUDA error that the next checked call reports
+  };
+  ops.abort = [this] {
+    (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+  };
+  ops.all_gather_words = [this](const std::int64_t* mine, std::size_t words) -> const std::int64_t* {
+    const std::size_t all = words * static_cast<std::size_t>(size_);
+    DeviceGuard guard(device_);
+    std::copy(mine, mine + words, signatures_host_ + all);
+    NAX_CUDA_CHECK(cudaMemcpyAsync(signatures_device_ + all, signatures_host_ + all, words * sizeof(std::int64_t), cudaMemcpyHostToDevice, stream_));
+    NAX_NCCL_CHECK(ncclAllGather(signatures_device_ + all, signatures_device_, words, ncclInt64, comm_, stream_));
+    NAX_CUDA_CHECK(cudaMemcpyAsync(signatures_host_, signatures_device_, all * sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream_));
+    return signatures_host_;
+  };
+  return ops;
+}
+
+void NcclCommunicator::begin(CollectiveKind kind, std::size_t bytes, const CollectiveSignature& sig) {
+  record(kind, bytes);
+  if (!guard_) return;
+  guard_->check_usable(sig.str());
+  if (!check_collectives_ || size_ == 1) return;
+  // The exchange is an NCCL call on this communicator: after the started ones, as every NCCL call.
+  DeviceGuard device_guard(device_);
+  follow_started();
+  guard_->check_signature(sig);
 }
 
 std::string NcclCommunicator::describe() const { return fmt::format("nccl rank {} of {} on cuda:{}", rank_, size_, device_); }
 
 void NcclCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
   const ncclDataType_t type = nccl_type(dtype, "all_reduce");
-  record(CollectiveKind::all_reduce, count * dtype_size(dtype));
+  begin(CollectiveKind::all_reduce, count * dtype_size(dtype), {CollectiveKind::all_reduce, dtype, count, static_cast<int>(op), 0, &origin()});
   DeviceGuard guard(device_);
   follow_started();
   NAX_NCCL_CHECK(ncclAllReduce(send, recv, count, type, nccl_op(op), comm_, stream_));
@@ -78,7 +139,7 @@ void NcclCommunicator::all_reduce(const void* send, void* recv, std::size_t coun
 
 void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
   const ncclDataType_t type = nccl_type(dtype, "all_gather");
-  record(CollectiveKind::all_gather, count * dtype_size(dtype));
+  begin(CollectiveKind::all_gather, count * dtype_size(dtype), {CollectiveKind::all_gather, dtype, count, 0, 0, &origin()});
   DeviceGuard guard(device_);
   follow_started();
   NAX_NCCL_CHECK(ncclAllGather(send, recv, count, type, comm_, stream_));
@@ -86,7 +147,8 @@ void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t coun
 
 void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
   const ncclDataType_t type = nccl_type(dtype, "reduce_scatter");
-  record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size_) * dtype_size(dtype));
+  begin(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size_) * dtype_size(dtype),
+        {CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op), 0, &origin()});
   DeviceGuard guard(device_);
   follow_started();
   NAX_NCCL_CHECK(ncclReduceScatter(send, recv, count, type, nccl_op(op), comm_, stream_));
@@ -94,7 +156,8 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
 
 void NcclCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype) {
   const ncclDataType_t type = nccl_type(dtype, "all_to_all");
-  record(CollectiveKind::all_to_all, count * static_cast<std::size_t>(size_) * dtype_size(dtype));
+  begin(CollectiveKind::all_to_all, count * static_cast<std::size_t>(size_) * dtype_size(dtype),
+        {CollectiveKind::all_to_all, dtype, count, 0, 0, &origin()});
   DeviceGuard guard(device_);
   follow_started();
   NAX_NCCL_CHECK(ncclGroupStart());
@@ -110,7 +173,7 @@ void NcclCommunicator::permute(const void* send, void* recv, std::size_t count, 
                                const std::vector<std::pair<int, int>>& pairs) {
   check_permute_pairs(pairs, size_, "permute", describe());
   const ncclDataType_t type = nccl_type(dtype, "permute");
-  record(CollectiveKind::permute, count * dtype_size(dtype));
+  begin(CollectiveKind::permute, count * dtype_size(dtype), {CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs), &origin()});
   const std::size_t bytes = count * dtype_size(dtype);
   auto to = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.first == rank_; });
   auto from = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.second == rank_; });
@@ -130,18 +193,20 @@ void NcclCommunicator::permute(const void* send, void* recv, std::size_t count, 
 void NcclCommunicator::broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) {
   if (root < 0 || root >= size_) fail("broadcast", "root {} is out of range for a group of {} ranks", root, size_);
   const ncclDataType_t type = nccl_type(dtype, "broadcast");
-  record(CollectiveKind::broadcast, count * dtype_size(dtype));
+  begin(CollectiveKind::broadcast, count * dtype_size(dtype), {CollectiveKind::broadcast, dtype, count, root, 0, &origin()});
   DeviceGuard guard(device_);
   follow_started();
   NAX_NCCL_CHECK(ncclBroadcast(send, recv, count, type, root, comm_, stream_));
 }
 
 void NcclCommunicator::barrier() {
-  record(CollectiveKind::barrier, 0);
+  const CollectiveSignature sig{CollectiveKind::barrier, DType::f32, 0, 0, 0, &origin()};
+  begin(CollectiveKind::barrier, 0, sig);
   DeviceGuard guard(device_);
   follow_started();
   NAX_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_));
-  NAX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (guard_) guard_->wait(sig.str());  // polls for errors; aborts past the timeout
+  else NAX_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 namespace {

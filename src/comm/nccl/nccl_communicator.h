@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/nccl_guard.h"
 #include "nax/comm/communicator.h"
 
 namespace nax::cuda {
@@ -31,6 +32,13 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream() const { return stream_; }
   ncclComm_t comm() const { return comm_; }
 
+  // Turns failures into errors (comm/nccl_guard.h): polls ncclCommGetAsyncError while waiting,
+  // aborts the communicator on an error or after timeout_s, and with check_collectives compares
+  // the ranks' signatures before each collective (an 8-word NCCL all-gather and a host wait:
+  // a debugging mode's cost). `label` and `devices` (rank -> mesh device) name them in messages.
+  // Without it (make_nccl_group), collectives are NCCL's alone.
+  void guard(std::string label, std::vector<int> devices, double timeout_s, bool check_collectives);
+
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype) override;
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
@@ -50,6 +58,9 @@ class NcclCommunicator final : public Communicator {
 
  private:
   void init_scratch();
+  // Records the call and, when guarded, refuses it after an abort and checks its signature.
+  void begin(CollectiveKind kind, std::size_t bytes, const CollectiveSignature& sig);
+  comm::NcclOps real_ops();
   // Runs `enqueue` (a blocking form) on the side stream and returns the request for it.
   template <typename Enqueue>
   std::unique_ptr<Request> on_side_stream(Enqueue&& enqueue);
@@ -62,6 +73,10 @@ class NcclCommunicator final : public Communicator {
   int rank_ = 0, size_ = 0, device_ = 0;
   cudaStream_t stream_ = nullptr;
   float* scratch_ = nullptr;  // barrier's one element
+  std::unique_ptr<comm::NcclGuard> guard_;
+  bool check_collectives_ = false;
+  std::int64_t* signatures_host_ = nullptr;    // pinned: every rank's signature, then this rank's
+  std::int64_t* signatures_device_ = nullptr;  // the same on the device
 };
 
 ncclUniqueId make_nccl_id();

@@ -1,5 +1,7 @@
 #include "kernels/cuda/cuda_allocator.h"
 
+#include <atomic>
+
 #include "kernels/cuda/check.h"
 #include "nax/core/error.h"
 
@@ -8,6 +10,7 @@ namespace nax::cuda {
 namespace {
 
 constexpr std::size_t kMinimumBlock = 256;  // cudaMalloc's alignment
+std::atomic<void (*)(int)> before_free{nullptr};
 
 class CachingDeviceAllocator final : public CachingAllocator {
  public:
@@ -29,6 +32,7 @@ class CachingDeviceAllocator final : public CachingAllocator {
   }
 
   void raw_free(void* ptr) override {
+    if (auto hook = before_free.load()) hook(device_);
     DeviceGuard guard(device_);
     NAX_CUDA_CHECK(cudaFree(ptr));
   }
@@ -42,6 +46,8 @@ class CachingDeviceAllocator final : public CachingAllocator {
 };
 
 }  // namespace
+
+void set_before_device_free(void (*hook)(int gpu)) { before_free.store(hook); }
 
 std::size_t device_size_class(std::size_t bytes) { return caching_size_class(bytes, kMinimumBlock); }
 

@@ -13,4 +13,9 @@ std::shared_ptr<Allocator> make_caching_device_allocator(int device);
 // The size class a request of `bytes` is served from (the same classes as the host allocator).
 std::size_t device_size_class(std::size_t bytes);
 
+// Called with the GPU before each cudaFree, which synchronises the device and would wait forever
+// on NCCL kernels whose peers are stuck: the NCCL communicator installs one that waits (with its
+// timeout) for the collectives in flight on that GPU.
+void set_before_device_free(void (*hook)(int gpu));
+
 }  // namespace nax::cuda

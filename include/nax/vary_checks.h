@@ -1,0 +1,37 @@
+#pragma once
+// Checked casts between vary types, and assertions about them (an out_specs for per-shard code).
+// DESIGN.md §2-§3; docs/collectives.md.
+//
+// Checking mode (NAX_CHECK=1 in the environment): values typed Invariant are compared across the
+// devices of their Invariant mesh axes by expect_vary and by Shard::gather, so a per-device value
+// that was never marked Varying (e.g. full(shape, s.device())) is an error, not device 0's copy.
+#include <source_location>
+#include <string>
+#include <string_view>
+
+#include "nax/core/names.h"
+#include "nax/tensor.h"
+
+namespace nax {
+
+// Split over `mesh_axes` -> Varying: forgets which block each device holds; no data moves.
+// Transpose: the gradient is Split again.
+Tensor as_varying(const Tensor& x, const Names& mesh_axes);
+// Varying over `mesh_axes` -> Split(axis), the most minor cuts of `axis` in the order named: the
+// caller asserts that the devices hold the blocks of one tensor in group rank order. Refused over
+// an Invariant or already Split mesh axis, and along an axis x lacks. Transpose: as_varying.
+Tensor as_split(const Tensor& x, const Names& mesh_axes, const std::string& axis);
+
+// Asserts x's vary type. `spec`: "mesh_axis=varying" or "mesh_axis=tensor_axis" (Split along it;
+// several mesh axes cutting one tensor axis are listed major first), comma-separated; mesh axes not
+// named must be Invariant. E.g. expect_vary(y, "dp=batch,mp=varying"). In checking mode the
+// Invariant axes are also compared across devices.
+void expect_vary(const Tensor& x, std::string_view spec, std::source_location where = std::source_location::current());
+
+// Whether NAX_CHECK=1 is set.
+bool checking_enabled();
+// Compares x across the devices of the mesh axes over which it is typed Invariant (a hash of its
+// values): an error naming `what` when they differ. Call inside Runtime::run.
+void check_invariant(const Tensor& x, std::string_view what);
+
+}  // namespace nax
