@@ -27,6 +27,7 @@ done
 out=out/demo
 mkdir -p "$out"
 mesh="${MESH:-dp=2,mp=2}"
+rm -rf "$out/ckpt"  # a new run; gptj train refuses a folder holding another run's checkpoints
 build/bin/gptj train --config small --mesh "$mesh" "${corpus[@]}" --steps "${STEPS:-300}" --batch 8 --seq 128 \
   --lr 2e-3 --warmup 30 --eval-every 100 --ckpt-dir "$out/ckpt" --metrics "$out/metrics.jsonl"
 echo

@@ -54,8 +54,8 @@ TEST_CASE("mpi: process 0 writes the checkpoint and the metrics once; every proc
   auto interrupted = tiny(6);
   interrupted.ckpt_dir = dir, interrupted.stop_after = 3, interrupted.metrics = metrics;
   gptj::train(interrupted, corpus());
-  REQUIRE(std::filesystem::exists(dir + "/model.safetensors"));
-  REQUIRE(std::filesystem::exists(dir + "/trainer.json"));
+  REQUIRE(std::filesystem::exists(dir + "/step_000003/model.safetensors"));
+  REQUIRE(std::filesystem::exists(dir + "/step_000003/trainer.json"));
   for (const auto& entry : std::filesystem::directory_iterator(dir))  // no temporary left by a second writer
     REQUIRE(entry.path().string().find(".tmp.") == std::string::npos);
 

@@ -16,6 +16,7 @@ struct BlockConfig {
   std::int64_t head_dim = 16;
   std::int64_t d_ff = 256;
   std::int64_t rotary_dims = 8;
+  double layer_norm_eps = 1e-5;
 };
 
 // Global shapes of the block's parameters, with Hugging Face GPT-J's names and layouts (a linear
@@ -83,7 +84,7 @@ inline nax::Tensor mlp(const BlockParams& p, const nax::Tensor& h) {
 // x: [batch, seq, embed], Invariant over mp.
 inline nax::Tensor block(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c, KVCache* cache = nullptr) {
   using namespace nax;
-  Tensor h = layer_norm(x, "embed", p.ln_scale, p.ln_bias);
+  Tensor h = layer_norm(x, "embed", p.ln_scale, p.ln_bias, c.layer_norm_eps);
   return x + psum(attention(p, h, c, cache) + mlp(p, h), "mp") + p.mlp_out_bias;
 }
 
@@ -91,8 +92,8 @@ inline nax::Tensor block(const BlockParams& p, const nax::Tensor& x, const Block
 // (the same parameters; the one LayerNorm is applied before each half).
 inline nax::Tensor megatron_block(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c, KVCache* = nullptr) {
   using namespace nax;
-  Tensor a = x + psum(attention(p, layer_norm(x, "embed", p.ln_scale, p.ln_bias), c), "mp");
-  return a + psum(mlp(p, layer_norm(a, "embed", p.ln_scale, p.ln_bias)), "mp") + p.mlp_out_bias;
+  Tensor a = x + psum(attention(p, layer_norm(x, "embed", p.ln_scale, p.ln_bias, c.layer_norm_eps), c), "mp");
+  return a + psum(mlp(p, layer_norm(a, "embed", p.ln_scale, p.ln_bias, c.layer_norm_eps)), "mp") + p.mlp_out_bias;
 }
 
 }  // namespace gptj

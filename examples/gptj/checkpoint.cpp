@@ -1,134 +1,35 @@
 #include "checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <filesystem>
 
-#include <cstdio>
-#include <cstring>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
+#include "model.h"
 
 namespace gptj {
 
 using nlohmann::json;
+namespace ckpt = nax::checkpoint;
 
 namespace {
 
-std::string safetensors_dtype(nax::DType d) {
-  switch (d) {
-    case nax::DType::f32: return "F32";
-    case nax::DType::f64: return "F64";
-    case nax::DType::bf16: return "BF16";
-    case nax::DType::i32: return "I32";
-  }
-  return "?";
+// Field `key` of `j` as an integer in [lo, hi], or an error naming the file and the field.
+std::int64_t int_field(const json& j, const char* key, std::int64_t lo, std::int64_t hi, const std::string& path) {
+  if (!j.contains(key)) nax::fail("checkpoint", "'{}' has no field '{}'", path, key);
+  const json& v = j[key];
+  if (!v.is_number_integer()) nax::fail("checkpoint", "'{}': field '{}' is {}, not an integer", path, key, v.dump());
+  if (v.is_number_unsigned() ? v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi) : (v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi))
+    nax::fail("checkpoint", "'{}': field '{}' is {}, outside [{}, {}]", path, key, v.dump(), lo, hi);
+  const auto x = v.get<std::int64_t>();
+  if (x < lo) nax::fail("checkpoint", "'{}': field '{}' is {}, outside [{}, {}]", path, key, v.dump(), lo, hi);
+  return x;
 }
 
-nax::DType dtype_from(const std::string& s, const std::string& path) {
-  for (auto d : {nax::DType::f32, nax::DType::f64, nax::DType::bf16, nax::DType::i32})
-    if (safetensors_dtype(d) == s) return d;
-  nax::fail("load_safetensors", "'{}': unsupported dtype '{}'", path, s);
-}
-
-std::uint64_t fnv1a(const char* data, std::size_t n, std::uint64_t h = 0xcbf29ce484222325ull) {
-  for (std::size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(data[i]);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
+bool absent(const json& j, const char* key) { return !j.contains(key) || j[key].is_null(); }
 
 }  // namespace
 
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) nax::fail("checkpoint", "cannot create '{}': {}", tmp, std::strerror(errno));
-  std::size_t written = 0;
-  while (written < text.size()) {
-    ssize_t n = ::write(fd, text.data() + written, text.size() - written);
-    if (n <= 0) {
-      ::close(fd);
-      nax::fail("checkpoint", "writing '{}' failed: {}", tmp, std::strerror(errno));
-    }
-    written += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) nax::fail("checkpoint", "flushing '{}' failed: {}", tmp, std::strerror(errno));
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) nax::fail("checkpoint", "renaming '{}' to '{}' failed: {}", tmp, path, std::strerror(errno));
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) nax::fail("checkpoint", "cannot read '{}'", path);
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  return contents.str();
-}
-
-void save_safetensors(const std::string& path, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
-  json header = json::object();
-  std::string data;
-  for (const auto& [name, t] : tensors) {
-    if (!t.device().is_host()) nax::fail("save_safetensors", "'{}' is {} on {}: gather it to the host first", name, t.str(), t.device().str());
-    json shape = json::array();
-    for (const auto& a : t.shape().axes()) shape.push_back(a.size);
-    header[name] = {{"dtype", safetensors_dtype(t.dtype())}, {"shape", shape}, {"data_offsets", {data.size(), data.size() + t.nbytes()}}};
-    data.append(static_cast<const char*>(t.raw()), t.nbytes());
-  }
-  json meta = json::object();
-  for (const auto& [k, v] : metadata) meta[k] = v;
-  meta["nax.checksum"] = fmt::format("{:016x}", fnv1a(data.data(), data.size()));
-  header["__metadata__"] = meta;
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // align the data to 8 bytes
-  std::string file(8, '\0');
-  const std::uint64_t n = text.size();
-  for (int i = 0; i < 8; ++i) file[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
-  write_file_atomically(path, file + text + data);
-}
-
-std::map<std::string, nax::Tensor> load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
-  const std::string file = read_file(path);
-  if (file.size() < 8) nax::fail("load_safetensors", "'{}' is truncated ({} bytes)", path, file.size());
-  std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(file[static_cast<std::size_t>(i)]);
-  if (n > file.size() - 8) nax::fail("load_safetensors", "'{}' is truncated or corrupt: header of {} bytes in a {}-byte file", path, n, file.size());
-  json header;
-  try {
-    header = json::parse(file.substr(8, n));
-  } catch (const std::exception& e) {
-    nax::fail("load_safetensors", "'{}' has a corrupt header: {}", path, e.what());
-  }
-  const char* data = file.data() + 8 + n;
-  const std::size_t data_size = file.size() - 8 - n;
-  const auto meta = header.value("__metadata__", json::object());
-  if (!meta.contains("nax.checksum")) nax::fail("load_safetensors", "'{}' has no nax.checksum in its metadata", path);
-  const std::string want = meta["nax.checksum"].get<std::string>(), got = fmt::format("{:016x}", fnv1a(data, data_size));
-  if (want != got) nax::fail("load_safetensors", "'{}' fails its checksum (stored {}, computed {}): the file is corrupt or truncated", path, want, got);
-  if (metadata != nullptr)
-    for (const auto& [k, v] : meta.items()) (*metadata)[k] = v.get<std::string>();
-
-  std::map<std::string, nax::Tensor> out;
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") continue;
-    const nax::DType dtype = dtype_from(entry.at("dtype").get<std::string>(), path);
-    std::vector<nax::Axis> axes;
-    for (const auto& d : entry.at("shape")) axes.push_back({fmt::format("d{}", axes.size()), d.get<std::int64_t>()});
-    const nax::Shape shape(axes);
-    const auto begin = entry.at("data_offsets")[0].get<std::size_t>(), end = entry.at("data_offsets")[1].get<std::size_t>();
-    if (end < begin || end > data_size || end - begin != static_cast<std::size_t>(shape.numel()) * nax::dtype_size(dtype))
-      nax::fail("load_safetensors", "'{}': tensor '{}' has offsets [{}, {}) that do not fit its shape {} or the file", path, name, begin, end,
-                shape.str());
-    nax::Tensor t = nax::Tensor::empty(shape, dtype, nax::Device::host());
-    std::memcpy(t.raw_mutable(), data + begin, end - begin);
-    out.emplace(name, t);
-  }
-  return out;
-}
-
-namespace {
-// Hugging Face stores the attention projections as 2-D [heads*head_dim, embed] matrices.
 std::vector<std::int64_t> hf_dims(const nax::Shape& s) {
   std::vector<std::int64_t> dims;
   for (int i = 0; i < s.rank(); ++i) {
@@ -137,24 +38,11 @@ std::vector<std::int64_t> hf_dims(const nax::Shape& s) {
   }
   return dims;
 }
-}  // namespace
 
 nax::Tensor to_hf_layout(const nax::Tensor& t) {
   std::vector<nax::Axis> axes;
   for (auto d : hf_dims(t.shape())) axes.push_back({fmt::format("d{}", axes.size()), d});
   return t.with_shape(nax::Shape(axes));
-}
-
-nax::Tensor from_hf_layout(const std::map<std::string, nax::Tensor>& tensors, const std::string& name, const nax::Shape& shape,
-                           const std::string& path) {
-  auto it = tensors.find(name);
-  if (it == tensors.end()) nax::fail("checkpoint", "'{}' has no tensor '{}'", path, name);
-  std::vector<std::int64_t> dims;
-  for (const auto& a : it->second.shape().axes()) dims.push_back(a.size);
-  if (dims != hf_dims(shape))
-    nax::fail("checkpoint", "'{}': tensor '{}' has shape [{}], the model expects [{}]", path, name, fmt::join(dims, ", "),
-              fmt::join(hf_dims(shape), ", "));
-  return nax::cast(it->second.with_shape(shape), nax::DType::f32);
 }
 
 std::string hf_config_json(const Config& c) {
@@ -168,7 +56,7 @@ std::string hf_config_json(const Config& c) {
             {"n_inner", c.d_ff},
             {"rotary_dim", c.rotary_dims},
             {"activation_function", "gelu_new"},
-            {"layer_norm_epsilon", 1e-5},
+            {"layer_norm_epsilon", c.layer_norm_eps},
             {"tie_word_embeddings", false},
             {"bos_token_id", 0},
             {"eos_token_id", 0},
@@ -177,24 +65,53 @@ std::string hf_config_json(const Config& c) {
   return j.dump(2) + "\n";
 }
 
-Config config_from_json(const std::string& text) {
-  json j;
-  try {
-    j = json::parse(text);
-    Config c;
-    c.name = j.value("nax_config", std::string("custom"));
-    c.vocab = j.at("vocab_size").get<std::int64_t>();
-    c.max_seq = j.at("n_positions").get<std::int64_t>();
-    c.d_model = j.at("n_embd").get<std::int64_t>();
-    c.n_layers = j.at("n_layer").get<std::int64_t>();
-    c.n_heads = j.at("n_head").get<std::int64_t>();
-    c.head_dim = c.d_model / c.n_heads;
-    c.d_ff = j.at("n_inner").get<std::int64_t>();
-    c.rotary_dims = j.at("rotary_dim").get<std::int64_t>();
-    return c;
-  } catch (const std::exception& e) {
-    nax::fail("checkpoint", "config.json is not a GPT-J config: {}", e.what());
+Config config_from_json(const std::string& text, const std::string& path) {
+  const json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) nax::fail("checkpoint", "'{}' is not a JSON object", path);
+  if (!absent(j, "model_type") && j["model_type"] != "gptj")
+    nax::fail("checkpoint", "'{}': field 'model_type' is {}, not \"gptj\"", path, j["model_type"].dump());
+  if (!absent(j, "activation_function") && j["activation_function"] != "gelu_new")
+    nax::fail("checkpoint", "'{}': field 'activation_function' is {}: nax's GPT-J supports \"gelu_new\" only", path,
+              j["activation_function"].dump());
+  if (!absent(j, "tie_word_embeddings") && j["tie_word_embeddings"] != false)
+    nax::fail("checkpoint", "'{}': field 'tie_word_embeddings' is {}: nax's GPT-J has an untied lm_head", path, j["tie_word_embeddings"].dump());
+  Config c;
+  c.name = j.contains("nax_config") && j["nax_config"].is_string() ? j["nax_config"].get<std::string>() : "custom";
+  c.vocab = int_field(j, "vocab_size", 1, 1 << 24, path);
+  c.max_seq = int_field(j, "n_positions", 1, 1 << 20, path);
+  c.d_model = int_field(j, "n_embd", 1, 1 << 16, path);
+  c.n_layers = int_field(j, "n_layer", 1, 1024, path);
+  c.n_heads = int_field(j, "n_head", 1, c.d_model, path);
+  if (c.d_model % c.n_heads != 0)
+    nax::fail("checkpoint", "'{}': field 'n_head' = {} does not divide n_embd = {}", path, c.n_heads, c.d_model);
+  c.head_dim = c.d_model / c.n_heads;
+  c.d_ff = absent(j, "n_inner") ? 4 * c.d_model : int_field(j, "n_inner", 1, 1 << 20, path);
+  c.rotary_dims = absent(j, "rotary_dim") ? c.head_dim : int_field(j, "rotary_dim", 2, c.head_dim, path);
+  if (c.rotary_dims % 2 != 0) nax::fail("checkpoint", "'{}': field 'rotary_dim' = {} is odd (rotary pairs dimensions)", path, c.rotary_dims);
+  if (!absent(j, "layer_norm_epsilon")) {
+    const json& eps = j["layer_norm_epsilon"];
+    if (!eps.is_number() || !std::isfinite(eps.get<double>()) || eps.get<double>() <= 0 || eps.get<double>() > 1)
+      nax::fail("checkpoint", "'{}': field 'layer_norm_epsilon' is {}, not a number in (0, 1]", path, eps.dump());
+    c.layer_norm_eps = eps.get<double>();
   }
+  // A nax config by name: its dimensions are known, so a config.json edited apart from its
+  // weights (the heads or rotary dims, which the tensors' shapes cannot show) is caught.
+  const auto names = config_names();
+  if (std::find(names.begin(), names.end(), c.name) != names.end()) {
+    const Config known = config_by_name(c.name);
+    auto check = [&](const char* field, std::int64_t got, std::int64_t want) {
+      if (got != want) nax::fail("checkpoint", "'{}': field '{}' is {}, config '{}' has {}", path, field, got, c.name, want);
+    };
+    check("n_embd", c.d_model, known.d_model);
+    check("n_layer", c.n_layers, known.n_layers);
+    check("n_head", c.n_heads, known.n_heads);
+    check("n_inner", c.d_ff, known.d_ff);
+    check("rotary_dim", c.rotary_dims, known.rotary_dims);
+    check("n_positions", c.max_seq, known.max_seq);
+    if (c.vocab < known.vocab || (known.vocab != 256 && c.vocab != known.vocab))
+      nax::fail("checkpoint", "'{}': field 'vocab_size' is {}, config '{}' has {}", path, c.vocab, c.name, known.vocab);
+  }
+  return c;
 }
 
 NamedTensors gather_hf_parameters(nax::Shard& s, const nax::nn::Parameters& params) {
@@ -202,6 +119,72 @@ NamedTensors gather_hf_parameters(nax::Shard& s, const nax::nn::Parameters& para
   const auto& specs = params.specs();
   for (std::size_t i = 0; i < specs.size(); ++i) out.push_back({specs[i].name, to_hf_layout(s.gather(nax::stop_gradient(params[i])))});
   return out;
+}
+
+std::vector<ckpt::ShardedRead> model_reads(const std::vector<nax::nn::ParamSpec>& specs) {
+  std::vector<ckpt::ShardedRead> reads;
+  for (const auto& spec : specs) reads.push_back({spec.name, spec.global, hf_dims(spec.global)});
+  return reads;
+}
+
+std::vector<ckpt::ShardedRead> optimizer_reads(const std::vector<nax::nn::ParamSpec>& specs) {
+  std::vector<ckpt::ShardedRead> reads;
+  for (const char* kind : {"m", "v"})
+    for (const auto& spec : specs) reads.push_back({fmt::format("{}.{}", kind, spec.name), spec.global, hf_dims(spec.global)});
+  return reads;
+}
+
+std::string model_folder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  if (dir.empty()) nax::fail("checkpoint", "no checkpoint folder given");
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) nax::fail("checkpoint", "cannot read '{}/config.json': '{}' does not exist", dir, dir);
+  if (!fs::is_directory(dir, ec)) nax::fail("checkpoint", "'{}' is not a folder (give a run folder or a step folder)", dir);
+  std::string folder = dir;
+  if (!fs::exists(dir + "/config.json", ec)) {
+    const auto steps = ckpt::committed_steps(dir);
+    if (steps.empty()) nax::fail("checkpoint", "cannot read '{}/config.json', and '{}' holds no committed step_NNNNNN/ folder", dir, dir);
+    folder = ckpt::step_folder(dir, steps.back());
+  }
+  if (fs::exists(folder + "/manifest.json", ec)) ckpt::verify_step_folder(folder);
+  return folder;
+}
+
+void expect_exactly(const ckpt::SafetensorsReader& file, const std::vector<ckpt::ShardedRead>& reads) {
+  ckpt::expect_tensors(file, reads, nax::DType::f32);
+  if (file.tensors().size() != reads.size()) {
+    std::set<std::string> names;
+    for (const auto& r : reads) names.insert(r.name);
+    for (const auto& t : file.tensors())
+      if (!names.contains(t.name)) nax::fail("checkpoint", "'{}' holds tensor '{}', which the model does not have", file.path(), t.name);
+  }
+}
+
+ModelFiles open_model(const std::string& dir) {
+  const std::string folder = model_folder(dir);
+  const std::string config_path = folder + "/config.json";
+  Config config = config_from_json(read_file(config_path), config_path);
+  ModelFiles m{folder, config, ckpt::SafetensorsReader(folder + "/model.safetensors")};
+  expect_exactly(m.weights, model_reads(parameter_specs(config)));
+  return m;
+}
+
+TrainerState trainer_state_from_json(const std::string& text, const std::string& path) {
+  const json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) nax::fail("checkpoint", "'{}' is not a JSON object", path);
+  TrainerState t;
+  t.step = int_field(j, "step", 1, std::int64_t{1} << 40, path);
+  t.adam_steps = int_field(j, "adam_steps", 0, std::int64_t{1} << 40, path);
+  if (t.adam_steps != t.step)
+    nax::fail("checkpoint", "'{}': field 'adam_steps' = {} differs from 'step' = {} (one optimizer step per step)", path, t.adam_steps, t.step);
+  if (!j.contains("run") || !j["run"].is_object()) nax::fail("checkpoint", "'{}' has no object 'run' (the run record)", path);
+  t.run = j["run"];
+  return t;
+}
+
+std::string trainer_json(std::int64_t step, std::int64_t adam_steps, const json& run) {
+  const json j = {{"step", step}, {"adam_steps", adam_steps}, {"tokenizer", "bytes"}, {"run", run}};
+  return j.dump(2) + "\n";
 }
 
 }  // namespace gptj

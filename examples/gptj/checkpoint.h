@@ -1,11 +1,18 @@
 #pragma once
-// Checkpoints: safetensors files of global tensors (so a checkpoint saved on one mesh loads on
-// any other), Hugging Face GPT-J names and a config.json, plus the optimizer state and the
-// trainer's position for an exact resume. Written to a temporary file, flushed and renamed; a
-// checksum in the metadata is verified on load, so a corrupt or truncated file is refused.
+// GPT-J checkpoints on top of nax's checkpoint module (nax/checkpoint.h): a run folder of
+// step_NNNNNN/ folders, each one unit (docs/checkpoints.md) and each a folder that Hugging Face's
+// GPTJForCausalLM.from_pretrained loads:
+//   config.json            GPTJConfig (validated on load: types, ranges, activation, epsilon)
+//   model.safetensors      the parameters, Hugging Face names and layouts, f32
+//   optimizer.safetensors  AdamW's moments m.NAME and v.NAME, f32
+//   trainer.json           the step, the optimizer's step count, the tokenizer and the run record
+//                          (what defines the trajectory, compared on --resume)
+//   manifest.json          every file's size and checksum, written last
+#include <nax/checkpoint.h>
 #include <nax/nax.h>
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,28 +22,51 @@
 namespace gptj {
 
 using NamedTensors = std::vector<std::pair<std::string, nax::Tensor>>;
+using nax::checkpoint::load_safetensors;
+using nax::checkpoint::read_file;
+using nax::checkpoint::save_safetensors;
+using nax::checkpoint::write_file_atomically;
 
-// Host tensors in f32/f64/bf16/i32, with their dimensions as they are (see to_hf_layout).
-void save_safetensors(const std::string& path, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
-// Tensors keyed by name, as 1-D-or-more host tensors with axes "d0", "d1", ...
-std::map<std::string, nax::Tensor> load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
-
-// A model tensor as Hugging Face lays it out (heads and head_dim merged into one dimension), and
-// back: tensor `name` of a loaded file in the model's named `shape`, checked, as f32.
+// A model tensor's dims as Hugging Face lays it out (heads and head_dim merged into one).
+std::vector<std::int64_t> hf_dims(const nax::Shape& s);
 nax::Tensor to_hf_layout(const nax::Tensor& t);
-nax::Tensor from_hf_layout(const std::map<std::string, nax::Tensor>& tensors, const std::string& name, const nax::Shape& shape,
-                           const std::string& path);
 
-// Writes `text` to `path` atomically (temporary file, fsync, rename).
-void write_file_atomically(const std::string& path, const std::string& text);
-std::string read_file(const std::string& path);
-
-// config.json in the form of Hugging Face's GPTJConfig.
+// config.json in the form of Hugging Face's GPTJConfig, and back: every field type- and
+// range-checked, errors naming `path` and the field.
 std::string hf_config_json(const Config& c);
-Config config_from_json(const std::string& text);
+Config config_from_json(const std::string& text, const std::string& path = "config.json");
 
 // The model tensors of device `s`'s parameters, gathered to global host tensors in Hugging Face
 // layout (collective: every device calls it; the result is whole on each).
 NamedTensors gather_hf_parameters(nax::Shard& s, const nax::nn::Parameters& params);
+
+// The tensors a checkpoint holds for `specs`: model (Hugging Face names) and optimizer (m.NAME,
+// v.NAME), with their stored dims.
+std::vector<nax::checkpoint::ShardedRead> model_reads(const std::vector<nax::nn::ParamSpec>& specs);
+std::vector<nax::checkpoint::ShardedRead> optimizer_reads(const std::vector<nax::nn::ParamSpec>& specs);
+
+// Checks that `file` holds exactly `reads` (names, stored dims, f32), naming the file and tensor.
+void expect_exactly(const nax::checkpoint::SafetensorsReader& file, const std::vector<nax::checkpoint::ShardedRead>& reads);
+
+// A folder to load a model from: `dir` itself when it holds config.json (a step folder, or a
+// Hugging Face-style folder), else the newest committed step folder of run folder `dir`. A folder
+// with a manifest is verified against it.
+std::string model_folder(const std::string& dir);
+
+// A model folder opened for inference: its config (checked against the tensors) and weights.
+struct ModelFiles {
+  std::string folder;
+  Config config;
+  nax::checkpoint::SafetensorsReader weights;
+};
+ModelFiles open_model(const std::string& dir);
+
+// trainer.json, validated: the step, the optimizer's steps and the run record.
+struct TrainerState {
+  std::int64_t step = 0, adam_steps = 0;
+  nlohmann::json run;
+};
+TrainerState trainer_state_from_json(const std::string& text, const std::string& path);
+std::string trainer_json(std::int64_t step, std::int64_t adam_steps, const nlohmann::json& run);
 
 }  // namespace gptj

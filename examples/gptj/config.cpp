@@ -6,7 +6,7 @@ namespace gptj {
 
 namespace {
 Config make(std::string name, std::int64_t vocab, std::int64_t d_model, std::int64_t layers, std::int64_t heads, std::int64_t rotary) {
-  return Config{std::move(name), vocab, d_model, layers, heads, d_model / heads, 4 * d_model, rotary, 2048};
+  return Config{std::move(name), vocab, d_model, layers, heads, d_model / heads, 4 * d_model, rotary, 2048, 1e-5};
 }
 }  // namespace
 
@@ -38,6 +38,11 @@ Config padded_for(Config c, const nax::Mesh& mesh) {
 }
 
 void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch) {
+  for (const auto& axis : mesh.axis_names())
+    if (axis != "dp" && axis != "mp")
+      nax::fail("mesh", "the mesh {} has axis '{}', which the GPT-J model does not use (its axes: dp and mp)", mesh.str(), axis);
+  if (mesh.size() > kMaxDevices)
+    nax::fail("mesh", "the mesh {} has {} devices, more than the {} gptj runs (a thread or process each)", mesh.str(), mesh.size(), kMaxDevices);
   for (const char* axis : {"dp", "mp"})
     if (!mesh.has(axis)) nax::fail("mesh", "the mesh {} has no '{}' axis (use e.g. --mesh dp=2,mp=2)", mesh.str(), axis);
   const std::int64_t mp = mesh.axis_size("mp"), dp = mesh.axis_size("dp");
@@ -55,6 +60,14 @@ std::int64_t parameter_count(const Config& c) {
   const std::int64_t inner = c.n_heads * c.head_dim;
   const std::int64_t per_layer = 2 * c.d_model + 4 * inner * c.d_model + 2 * c.d_ff * c.d_model + c.d_ff + c.d_model;
   return c.n_layers * per_layer + 2 * c.vocab * c.d_model + c.vocab + 2 * c.d_model;
+}
+
+double training_bytes_lower_bound(const Config& c, std::int64_t batch, std::int64_t seq) {
+  const double tokens = static_cast<double>(batch) * static_cast<double>(seq);
+  const double state = 4.0 * 4.0 * static_cast<double>(parameter_count(c));  // value, gradient, m, v
+  const double per_layer = tokens * static_cast<double>(4 * c.d_model + c.d_ff);
+  const double activations = 4.0 * (static_cast<double>(c.n_layers) * per_layer + 2.0 * tokens * static_cast<double>(c.vocab));
+  return state + activations;
 }
 
 double flops_per_token(const Config& c, std::int64_t seq) {

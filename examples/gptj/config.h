@@ -18,6 +18,7 @@ struct Config {
   std::int64_t d_ff = 256;  // 4 d_model
   std::int64_t rotary_dims = 8;
   std::int64_t max_seq = 2048;
+  double layer_norm_eps = 1e-5;  // Hugging Face's layer_norm_epsilon
 };
 
 // tiny, small, 125m, 350m, 1.3b, 6b; throws naming the known ones otherwise.
@@ -32,9 +33,19 @@ Config padded_for(Config c, const nax::Mesh& mesh);
 // mp, as GPT-J pads 50257 to 50400; a config that already has room is returned as it is.
 Config with_vocab_at_least(Config c, std::int64_t vocab, const nax::Mesh& mesh);
 
-// Checks that the mesh divides the model (heads, d_ff and vocab over mp) and the batch (over dp),
-// with one clear message per failure.
+// The most devices a mesh may have here: a simulated device is a thread, and a mesh beyond this
+// is a typo (dp=1024,mp=4) rather than a plan; under mpirun, a process each.
+inline constexpr int kMaxDevices = 256;
+
+// Checks that the mesh has the model's axes only (dp and mp), at most kMaxDevices devices, and
+// divides the model (heads, d_ff and vocab over mp) and the batch (over dp), with one clear
+// message per failure.
 void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch);
+
+// A lower bound of the host memory one training step needs over the whole mesh, in bytes: f32
+// parameters, gradients and AdamW's two moments, plus the activations the backward keeps (each
+// layer's inputs, attention and MLP activations, and the logits). Doubles: no overflow.
+double training_bytes_lower_bound(const Config& c, std::int64_t batch, std::int64_t seq);
 
 // Weights of the model (excluding nothing: embeddings included).
 std::int64_t parameter_count(const Config& c);

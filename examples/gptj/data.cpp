@@ -1,6 +1,7 @@
 #include "data.h"
 
 #include <fmt/format.h>
+#include <nax/checkpoint/files.h>
 
 #include <nax/text/token_file.h>
 
@@ -27,11 +28,14 @@ TextData TextData::load(const std::vector<std::string>& files, double heldout_fr
   if (files.empty()) nax::fail("data", "no text files given (--data FILE...)");
   std::string text;
   for (const auto& path : files) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) nax::fail("data", "cannot read '{}'", path);
-    std::ostringstream contents;
-    contents << in.rdbuf();
-    text += contents.str();
+    std::string contents;
+    try {
+      contents = nax::checkpoint::read_file(path, 1ull << 36);  // regular files only: a folder or a FIFO is refused
+    } catch (const nax::Error& e) {
+      nax::fail("data", "{}", e.what());
+    }
+    if (contents.empty()) nax::fail("data", "--data '{}' is empty", path);
+    text += contents;
     text += '\n';
   }
   return from_text(text, heldout_fraction);

@@ -57,7 +57,7 @@ void export_run(const ExportOptions& options, const TextData& data) {
         {"d_ff", config.d_ff},
         {"rotary_dims", config.rotary_dims},
         {"max_seq", config.max_seq},
-        {"layer_norm_eps", 1e-5}}},
+        {"layer_norm_eps", config.layer_norm_eps}}},
       {"mesh", mesh.str()},
       {"seed", o.seed},
       {"batch", o.batch},

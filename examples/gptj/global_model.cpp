@@ -10,7 +10,7 @@ using namespace nax;
 GlobalTensor GlobalModel::block(std::int64_t layer, const GlobalTensor& x) const {
   auto p = [&](const char* name) { return param(fmt::format("transformer.h.{}.{}", layer, name)); };
   const std::int64_t rot = config_.rotary_dims;
-  GlobalTensor h = layer_norm(x, "embed", p("ln_1.weight"), p("ln_1.bias"));
+  GlobalTensor h = layer_norm(x, "embed", p("ln_1.weight"), p("ln_1.bias"), config_.layer_norm_eps);
   GlobalTensor q = rotary(dot(h, p("attn.q_proj.weight"), "embed"), "seq", "head_dim", rot);
   GlobalTensor k = rotary(dot(h, p("attn.k_proj.weight"), "embed"), "seq", "head_dim", rot);
   GlobalTensor v = dot(h, p("attn.v_proj.weight"), "embed");
@@ -23,7 +23,7 @@ GlobalTensor GlobalModel::block(std::int64_t layer, const GlobalTensor& x) const
 GlobalTensor GlobalModel::logits(const GlobalTensor& ids) const {
   GlobalTensor x = embedding(param("transformer.wte.weight"), ids, "vocab");
   for (std::int64_t i = 0; i < config_.n_layers; ++i) x = block(i, x);
-  GlobalTensor h = layer_norm(x, "embed", param("transformer.ln_f.weight"), param("transformer.ln_f.bias"));
+  GlobalTensor h = layer_norm(x, "embed", param("transformer.ln_f.weight"), param("transformer.ln_f.bias"), config_.layer_norm_eps);
   return dot(h, param("lm_head.weight"), "embed") + param("lm_head.bias");
 }
 

@@ -6,6 +6,8 @@
 //   gptj tokenize --tokenizer tokenizer.json --text TEXT
 #include <fmt/format.h>
 
+#include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -59,7 +61,11 @@ long long stoll_base10(const std::string& v, std::size_t* used) { return std::st
 double stod_plain(const std::string& v, std::size_t* used) { return std::stod(v, used); }
 
 std::int64_t to_int(const std::string& flag, const std::string& v) { return parse_value<long long>(flag, v, "an integer", stoll_base10); }
-double to_double(const std::string& flag, const std::string& v) { return parse_value<double>(flag, v, "a number", stod_plain); }
+double to_double(const std::string& flag, const std::string& v) {
+  const double x = parse_value<double>(flag, v, "a number", stod_plain);
+  if (!std::isfinite(x)) nax::fail("gptj", "{} expects a finite number, got '{}'", flag, v);
+  return x;
+}
 
 
 // --trace FILE: records the command's timeline and writes it at the end (nax/trace.h; under mpirun
@@ -110,7 +116,7 @@ void train_help() {
       "Trains a GPT-J-style model written per shard on a simulated device mesh (threads), or\n"
       "under mpirun -np <devices> on one process per device.\n\n"
       "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
-      "  --mesh SPEC        mesh axes dp and mp, e.g. dp=2,mp=2           (default dp=2,mp=2)\n"
+      "  --mesh SPEC        mesh axes dp and mp, e.g. dp=2,mp=2, at most 256 devices (default dp=2,mp=2)\n"
       "  --backend B        cpu: simulated devices (threads); cuda: device d on GPU d % GPUs,\n"
       "                     NCCL when each device has a GPU, else virtual devices (default cpu)\n"
       "  --sharding MODE    hand: the model written per shard; auto: the same model in the global\n"
@@ -125,10 +131,14 @@ void train_help() {
       "  --warmup N         warmup steps                                  (default 20)\n"
       "  --seed S           init and data seed                            (default 0)\n"
       "  --micro-batches M  gradient accumulation over M micro-batches    (default 1)\n"
-      "  --ckpt-dir DIR     write checkpoints there (at the end, or every --save-every steps)\n"
+      "  --ckpt-dir DIR     write checkpoints there, DIR/step_NNNNNN/ (at the end, or every\n"
+      "                     --save-every steps); a new run needs an empty or new folder\n"
       "  --save-every N     checkpoint period in steps                    (default 0: at the end)\n"
+      "  --keep K           keep the newest K checkpoints                 (default 0: all)\n"
       "  --stop-after N     stop (and checkpoint) after step N, as if interrupted\n"
-      "  --resume           continue from the checkpoint in --ckpt-dir\n"
+      "  --resume           continue from the newest checkpoint in --ckpt-dir; the run's settings\n"
+      "                     must match the checkpoint's (the mesh may change)\n"
+      "  --allow-extend-steps  with --resume: a larger --steps, the cosine schedule stretched over it\n"
       "  --eval-every K     held-out loss every K steps                   (default 50)\n"
       "  --metrics FILE     one JSON object per step (step, loss, tokens_per_s, mfu, ...)\n"
       "  --tokenizer FILE   a Hugging Face tokenizer.json (byte-level BPE) instead of bytes; the text\n"
@@ -143,7 +153,7 @@ void sample_help() {
   fmt::print(
       "usage: gptj sample --ckpt DIR [flags]\n"
       "Generates text from a checkpoint, on any mesh, with a KV cache.\n\n"
-      "  --ckpt DIR         a checkpoint written by gptj train             (required)\n"
+      "  --ckpt DIR         a run folder of gptj train (its newest checkpoint) or a step folder\n"
       "  --mesh SPEC        e.g. dp=1,mp=2                                (default dp=1,mp=1)\n"
       "  --backend B        cpu or cuda, as for gptj train                (default cpu)\n"
       "  --prompt TEXT      the text to continue\n"
@@ -163,6 +173,7 @@ int run_train(int argc, char** argv) {
                             {"--micro-batches", [&](const std::string& v) { o.micro_batches = to_int("--micro-batches", v); }},
                             {"--ckpt-dir", [&](const std::string& v) { o.ckpt_dir = v; }},
                             {"--save-every", [&](const std::string& v) { o.save_every = to_int("--save-every", v); }},
+                            {"--keep", [&](const std::string& v) { o.keep = to_int("--keep", v); }},
                             {"--stop-after", [&](const std::string& v) { o.stop_after = to_int("--stop-after", v); }},
                             {"--eval-every", [&](const std::string& v) { o.eval_every = to_int("--eval-every", v); }},
                             {"--metrics", [&](const std::string& v) { o.metrics = v; }},
@@ -171,8 +182,10 @@ int run_train(int argc, char** argv) {
                             {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }},
                             {"--token-cache", [&](const std::string& v) { o.token_cache = v; }}}),
               train_help,
-              {{"--resume", [&](const std::string&) { o.resume = true; }}, {"--quiet", [&](const std::string&) { o.quiet = true; }}});
-  if (o.steps < 1 || o.batch < 1 || o.seq < 1) nax::fail("gptj", "--steps, --batch and --seq must be positive");
+              {{"--resume", [&](const std::string&) { o.resume = true; }},
+               {"--allow-extend-steps", [&](const std::string&) { o.allow_extend_steps = true; }},
+               {"--quiet", [&](const std::string&) { o.quiet = true; }}});
+  gptj::check_options(o);  // before the data is read
   trace.start();
   auto result = gptj::train(o, o.tokenizer.empty() ? gptj::TextData::load(o.data)
                                                    : gptj::TextData::load_tokenized(o.data, o.tokenizer, o.token_cache, o.quiet));
@@ -245,7 +258,7 @@ int run_compare(int argc, char** argv) {
               {{"--with-jax", [&](const std::string&) { c.with_jax = true; }},
                {"--install-jax", [&](const std::string&) { c.install_jax = true; }},
                {"--quiet", [&](const std::string&) { o.quiet = true; }}});
-  if (o.steps < 1 || o.batch < 1 || o.seq < 1) nax::fail("gptj", "--steps, --batch and --seq must be positive");
+  gptj::check_options(o);
   if (c.timing_skip < 0 || c.timing_skip >= o.steps) nax::fail("gptj", "--warmup-steps must be at least 0 and below --steps ({})", o.steps);
   if (c.projected_mfu <= 0 || c.projected_mfu > 1) nax::fail("gptj", "--mfu must be in (0, 1]");
   trace.start();
@@ -261,6 +274,7 @@ int run_export(int argc, char** argv) {
   gptj::TrainOptions& o = e.train;
   parse_flags(argc, argv, 2, run_flags(o, {{"--out", [&](const std::string& v) { e.out = v; }}}), export_help);
   if (e.out.empty()) nax::fail("gptj", "export needs --out DIR");
+  gptj::check_options(o);
   gptj::export_run(e, gptj::TextData::load(o.data));
   fmt::print("exported config {} for mesh {} ({} steps of batch {} x seq {}) to {}\n", o.config, o.mesh, o.steps, o.batch, o.seq, e.out);
   return 0;
@@ -326,6 +340,7 @@ int run_sample(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::signal(SIGXFSZ, SIG_IGN);  // a file size limit: a write error naming the file, not a kill
   try {
     const std::string command = argc > 1 ? argv[1] : "--help";
     if (command == "train") return run_train(argc, argv);

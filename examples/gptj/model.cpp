@@ -34,7 +34,7 @@ AxisRules axis_rules(const Mesh& mesh) {
 }
 
 BlockConfig block_config(const Config& c) {
-  return BlockConfig{.d_model = c.d_model, .n_heads = c.n_heads, .head_dim = c.head_dim, .d_ff = c.d_ff, .rotary_dims = c.rotary_dims};
+  return BlockConfig{.d_model = c.d_model, .n_heads = c.n_heads, .head_dim = c.head_dim, .d_ff = c.d_ff, .rotary_dims = c.rotary_dims, .layer_norm_eps = c.layer_norm_eps};
 }
 
 BlockParams Model::layer(std::int64_t i) const {
@@ -51,7 +51,7 @@ Tensor Model::logits(const Tensor& ids, std::vector<KVCache>* caches) const {
   const BlockConfig bc = block_config(config_);
   for (std::int64_t i = 0; i < config_.n_layers; ++i)
     x = block(layer(i), x, bc, caches != nullptr ? &(*caches)[static_cast<std::size_t>(i)] : nullptr);
-  Tensor h = layer_norm(x, "embed", param("transformer.ln_f.weight"), param("transformer.ln_f.bias"));
+  Tensor h = layer_norm(x, "embed", param("transformer.ln_f.weight"), param("transformer.ln_f.bias"), config_.layer_norm_eps);
   return dot(h, param("lm_head.weight"), "embed") + param("lm_head.bias");
 }
 

@@ -35,40 +35,43 @@ std::int32_t choose(const std::vector<double>& logits, const SampleOptions& o, s
 }
 
 
-// A checkpoint's model, ready to be cut over a mesh.
+// A checkpoint's model, validated, ready to be cut over a mesh one tensor at a time.
 struct Loaded {
-  Config config;
+  ModelFiles files;
   std::vector<nn::ParamSpec> specs;
-  std::vector<Tensor> globals;
   Mesh mesh;
   AxisRules rules;
 };
 
 Loaded load_for_inference(const SampleOptions& o) {
   if (o.ckpt_dir.empty()) fail("sample", "--ckpt DIR is required");
-  Loaded m{config_from_json(read_file(o.ckpt_dir + "/config.json")), {}, {}, Mesh::parse(o.mesh), {}};
-  check_fits(m.config, m.mesh, m.mesh.has("dp") ? m.mesh.axis_size("dp") : 1);
-  m.specs = parameter_specs(m.config);
-  const std::string path = o.ckpt_dir + "/model.safetensors";
-  const auto file = load_safetensors(path);
-  for (const auto& spec : m.specs) m.globals.push_back(from_hf_layout(file, spec.name, spec.global, path));
+  const Mesh mesh = Mesh::parse(o.mesh);
+  Loaded m{open_model(o.ckpt_dir), {}, mesh, {}};
+  check_fits(m.files.config, m.mesh, m.mesh.has("dp") ? m.mesh.axis_size("dp") : 1);
+  m.specs = parameter_specs(m.files.config);
   m.rules = axis_rules(m.mesh);
   m.rules.set("batch", {});  // one sequence, the same on every data-parallel replica
   return m;
 }
 
 Model model_on(Shard& s, const Loaded& m) {
-  std::vector<Tensor> values;
-  for (const auto& g : m.globals) values.push_back(s.shard(g, m.rules));
-  return Model(m.config, nn::Parameters::from_values(m.specs, std::move(values)));
+  return Model(m.files.config, nn::Parameters::from_values(m.specs, checkpoint::load_sharded(s, m.files.weights, model_reads(m.specs), m.rules)));
 }
 
-std::vector<std::int32_t> prompt_tokens(const SampleOptions& o, const Config& c) {
-  if (o.tokenizer.empty()) return encode(o.prompt.empty() ? std::string("\n") : o.prompt);
-  const auto tokenizer = nax::text::BpeTokenizer::from_file(o.tokenizer);
-  if (tokenizer.vocab_size() > c.vocab) fail("sample", "tokenizer {} has {} ids, more than the model's vocabulary {}", o.tokenizer, tokenizer.vocab_size(), c.vocab);
-  auto tokens = tokenizer.encode(o.prompt);
-  if (tokens.empty()) tokens.push_back(tokenizer.token_to_id("<|endoftext|>").value_or(0));
+std::vector<std::int32_t> prompt_tokens(const SampleOptions& o, const Loaded& m, std::int64_t generated) {
+  const Config& c = m.files.config;
+  std::vector<std::int32_t> tokens;
+  if (o.tokenizer.empty()) {
+    tokens = encode(o.prompt.empty() ? std::string("\n") : o.prompt);
+  } else {
+    const auto tokenizer = nax::text::BpeTokenizer::from_file(o.tokenizer);
+    if (tokenizer.vocab_size() > c.vocab) fail("sample", "tokenizer {} has {} ids, more than the model's vocabulary {}", o.tokenizer, tokenizer.vocab_size(), c.vocab);
+    tokens = tokenizer.encode(o.prompt);
+    if (tokens.empty()) tokens.push_back(tokenizer.token_to_id("<|endoftext|>").value_or(0));
+  }
+  const auto context = c.max_seq, prompt = static_cast<std::int64_t>(tokens.size());
+  if (prompt > context || generated > context - prompt)  // subtracted, so that no sum overflows
+    fail("sample", "the prompt ({} tokens) plus {} generated exceeds the model's context of {} tokens", prompt, generated, context);
   return tokens;
 }
 
@@ -80,7 +83,7 @@ std::string text_of(const SampleOptions& o, const std::vector<std::int32_t>& tok
 
 std::vector<std::vector<double>> prompt_logits(const SampleOptions& o) {
   const Loaded m = load_for_inference(o);
-  const auto tokens = prompt_tokens(o, m.config);
+  const auto tokens = prompt_tokens(o, m, 0);
   Runtime rt = Runtime::from_env(m.mesh, runtime_options(o.backend));
   return rt.run([&](Shard& s) {
     NoGrad no_grad;
@@ -88,18 +91,24 @@ std::vector<std::vector<double>> prompt_logits(const SampleOptions& o) {
     Tensor ids = s.shard(from_vector(Shape{{"batch", 1}, {"seq", static_cast<std::int64_t>(tokens.size())}}, tokens), m.rules);
     auto values = s.gather(all_gather_invariant(model.logits(ids), "mp", "vocab")).to_vector<double>();
     std::vector<std::vector<double>> rows;
-    const auto vocab = static_cast<std::size_t>(m.config.vocab);
+    const auto vocab = static_cast<std::size_t>(m.files.config.vocab);
     for (std::size_t i = 0; i < tokens.size(); ++i) rows.emplace_back(values.begin() + static_cast<std::ptrdiff_t>(i * vocab), values.begin() + static_cast<std::ptrdiff_t>((i + 1) * vocab));
     return rows;
   })[static_cast<std::size_t>(rt.local_devices().front())];  // every device has them; under MPI only ours is here
 }
 
-std::string sample(const SampleOptions& o) {
+void check_options(const SampleOptions& o) {
   if (o.tokens < 0) fail("sample", "--tokens must be at least 0, got {}", o.tokens);
+  if (!std::isfinite(o.temperature) || o.temperature < 0 || o.temperature > 1000)
+    fail("sample", "--temperature must be a finite number in [0, 1000], got {}", o.temperature);
+  if (o.top_k < 0) fail("sample", "--top-k must be at least 0 (0: the whole vocabulary), got {}", o.top_k);
+  if (static_cast<std::int64_t>(o.seed) < 0) fail("sample", "--seed must be at least 0, got {}", static_cast<std::int64_t>(o.seed));
+}
+
+std::string sample(const SampleOptions& o) {
+  check_options(o);
   const Loaded m = load_for_inference(o);
-  const auto tokens = prompt_tokens(o, m.config);
-  if (static_cast<std::int64_t>(tokens.size()) + o.tokens > m.config.max_seq)
-    fail("sample", "prompt ({} tokens) plus --tokens {} exceeds the context of {}", tokens.size(), o.tokens, m.config.max_seq);
+  const auto tokens = prompt_tokens(o, m, o.tokens);
   const AxisRules& rules = m.rules;
   Runtime rt = Runtime::from_env(m.mesh, runtime_options(o.backend));
   return rt.run([&](Shard& s) {

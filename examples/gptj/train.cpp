@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "checkpoint.h"
@@ -51,48 +53,145 @@ double peak_gflops(const TrainOptions& o, int devices) {
   return gpus * gpu_peak_flops(o.dtype) * 1e-9;
 }
 
-struct Checkpoint {
-  std::vector<Tensor> params, adam;  // global host tensors
-  std::int64_t step = 0, adam_steps = 0;
-};
+namespace ckpt = nax::checkpoint;
 
-void save_checkpoint(Shard& s, const std::string& dir, const Config& c, const nn::Parameters& params, const nn::AdamW& opt,
-                     std::int64_t step, const TrainOptions& o) {
-  const NamedTensors model = gather_hf_parameters(s, params);
-  NamedTensors state;
-  const auto& specs = params.specs();
-  auto moments = opt.state();
-  for (std::size_t i = 0; i < moments.size(); ++i)
-    state.push_back({fmt::format("{}.{}", i < specs.size() ? "m" : "v", specs[i % specs.size()].name), to_hf_layout(s.gather(moments[i]))});
-  if (s.device() != 0) return;
-  std::filesystem::create_directories(dir);
-  save_safetensors(dir + "/model.safetensors", model, {{"format", "pt"}});
-  save_safetensors(dir + "/optimizer.safetensors", state, {{"adam_steps", std::to_string(opt.steps())}});
-  write_file_atomically(dir + "/config.json", hf_config_json(c));
-  nlohmann::json trainer = {{"step", step}, {"seed", o.seed}, {"batch", o.batch}, {"seq", o.seq}, {"config", c.name}};
-  write_file_atomically(dir + "/trainer.json", trainer.dump(2) + "\n");
+// What defines a run's trajectory, stored in every checkpoint and compared on --resume. The mesh
+// and the sharding are not in it: a checkpoint resumes on any mesh.
+nlohmann::json run_record(const TrainOptions& o) {
+  const Config c = config_by_name(o.config);  // unpadded: the padding follows the mesh
+  nlohmann::json data = nlohmann::json::array();
+  for (const auto& path : o.data) {
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(path, ec);
+    if (ec) fail("train", "--data '{}': {}", path, ec.message());
+    data.push_back({{"bytes", bytes}, {"checksum", ckpt::file_checksum(path)}});
+  }
+  return {{"config", {{"name", c.name}, {"vocab", c.vocab}, {"d_model", c.d_model}, {"n_layers", c.n_layers}, {"n_heads", c.n_heads},
+                      {"d_ff", c.d_ff}, {"rotary_dims", c.rotary_dims}, {"max_seq", c.max_seq}, {"layer_norm_eps", c.layer_norm_eps}}},
+          {"steps", o.steps}, {"warmup", o.warmup}, {"lr", o.lr}, {"schedule", "warmup_cosine"}, {"clip", o.clip},
+          {"weight_decay", o.weight_decay}, {"batch", o.batch}, {"seq", o.seq}, {"seed", o.seed},
+          {"dtype", std::string(dtype_name(o.dtype))}, {"micro_batches", o.micro_batches}, {"data", data},
+          {"tokenizer", o.tokenizer.empty() ? std::string("bytes") : ckpt::file_checksum(o.tokenizer)}};
 }
 
-Checkpoint load_checkpoint(const std::string& dir, const Config& c, const std::vector<nn::ParamSpec>& specs) {
-  Checkpoint ck;
-  auto trainer = nlohmann::json::parse(read_file(dir + "/trainer.json"), nullptr, false);
-  if (trainer.is_discarded() || !trainer.contains("step")) fail("checkpoint", "'{}/trainer.json' is corrupt", dir);
-  if (trainer.value("config", std::string()) != c.name)
-    fail("checkpoint", "'{}' was trained with config '{}', not '{}'", dir, trainer.value("config", std::string("?")), c.name);
-  ck.step = trainer["step"].get<std::int64_t>();
-  const auto model = load_safetensors(dir + "/model.safetensors");
-  std::map<std::string, std::string> meta;
-  const auto state = load_safetensors(dir + "/optimizer.safetensors", &meta);
-  ck.adam_steps = std::stoll(meta.at("adam_steps"));
-  for (const auto& spec : specs) ck.params.push_back(from_hf_layout(model, spec.name, spec.global, dir + "/model.safetensors"));
-  for (const char* kind : {"m", "v"})
-    for (const auto& spec : specs)
-      ck.adam.push_back(from_hf_layout(state, fmt::format("{}.{}", kind, spec.name), spec.global, dir + "/optimizer.safetensors"));
-  return ck;
+// A difference between the checkpoint's run and this one is an error naming the field and both
+// values; --allow-extend-steps lets --steps grow.
+void check_resume(const nlohmann::json& saved, const nlohmann::json& now, const TrainOptions& o, std::int64_t step, const std::string& path) {
+  for (const auto& [field, value] : now.items()) {
+    if (!saved.contains(field)) fail("train", "--resume: '{}' has no field '{}' in its run record", path, field);
+    const auto& before = saved[field];
+    if (before == value) continue;
+    if (field == "steps" && o.allow_extend_steps && before.is_number_integer() && value.get<std::int64_t>() > before.get<std::int64_t>())
+      continue;
+    fail("train", "--resume: {} differs: the checkpoint's run has {}, this one {}{}", field, before.dump(), value.dump(),
+         field == "steps" ? " (add --allow-extend-steps to stretch the schedule over more steps)" : "");
+  }
+  if (step >= o.steps) fail("train", "--resume: the checkpoint '{}' is at step {}, and --steps is {}: nothing left to run", path, step, o.steps);
+}
+
+struct ResumePoint {
+  std::string folder;
+  TrainerState trainer;
+  std::optional<ckpt::SafetensorsReader> model, optimizer;
+};
+
+// The newest committed checkpoint of `dir`, verified and compared with this run before any work.
+ResumePoint open_resume(const TrainOptions& o, const Config& config, const std::vector<nn::ParamSpec>& specs) {
+  const auto steps = ckpt::committed_steps(o.ckpt_dir);
+  if (steps.empty()) fail("train", "--resume: '{}' holds no committed checkpoint (step_NNNNNN/)", o.ckpt_dir);
+  ResumePoint r;
+  r.folder = ckpt::step_folder(o.ckpt_dir, steps.back());
+  ckpt::verify_step_folder(r.folder);
+  const std::string config_path = r.folder + "/config.json", trainer_path = r.folder + "/trainer.json";
+  const Config saved = config_from_json(read_file(config_path), config_path);
+  if (saved.name != config.name) fail("checkpoint", "'{}' was trained with config '{}', not '{}'", r.folder, saved.name, config.name);
+  r.trainer = trainer_state_from_json(read_file(trainer_path), trainer_path);
+  if (r.trainer.step != steps.back()) fail("checkpoint", "'{}': field 'step' is {}, the folder's name says {}", trainer_path, r.trainer.step, steps.back());
+  check_resume(r.trainer.run, run_record(o), o, r.trainer.step, r.folder);
+  r.model.emplace(r.folder + "/model.safetensors");
+  expect_exactly(*r.model, model_reads(specs));
+  r.optimizer.emplace(r.folder + "/optimizer.safetensors");
+  expect_exactly(*r.optimizer, optimizer_reads(specs));
+  const auto& meta = r.optimizer->metadata();
+  if (auto it = meta.find("adam_steps"); it == meta.end() || it->second != std::to_string(r.trainer.adam_steps))
+    fail("checkpoint", "'{}': metadata adam_steps differs from trainer.json's {}", r.optimizer->path(), r.trainer.adam_steps);
+  return r;
+}
+
+// Collective: device 0 writes (with `folder`), every device takes part in the gathers.
+void save_checkpoint(Shard& s, ckpt::RunFolder* folder, const Config& c, const nn::Parameters& params, const nn::AdamW& opt,
+                     std::int64_t step, const TrainOptions& o, const nlohmann::json& run) {
+  std::vector<ckpt::ShardedTensor> model, state;
+  const auto& specs = params.specs();
+  for (std::size_t i = 0; i < specs.size(); ++i) model.push_back({specs[i].name, params[i], specs[i].global, hf_dims(specs[i].global)});
+  const auto moments = opt.state();
+  for (std::size_t i = 0; i < moments.size(); ++i) {
+    const auto& spec = specs[i % specs.size()];
+    state.push_back({fmt::format("{}.{}", i < specs.size() ? "m" : "v", spec.name), moments[i], spec.global, hf_dims(spec.global)});
+  }
+  const std::string tmp = folder != nullptr ? folder->begin_step(step) : std::string();
+  try {
+    ckpt::save_sharded(s, tmp + "/model.safetensors", model, {{"format", "pt"}});
+    ckpt::save_sharded(s, tmp + "/optimizer.safetensors", state, {{"adam_steps", std::to_string(opt.steps())}});
+    if (folder == nullptr) return;
+    write_file_atomically(tmp + "/config.json", hf_config_json(c));
+    write_file_atomically(tmp + "/trainer.json", trainer_json(step, opt.steps(), run));
+    folder->commit_step(tmp, step, o.keep);
+  } catch (...) {
+    if (folder != nullptr) {
+      std::error_code ec;
+      std::filesystem::remove_all(tmp, ec);  // the committed steps stay as they were
+    }
+    throw;
+  }
+}
+
+// A fresh run refuses a folder that holds anything but temporaries (another run's checkpoints
+// would be mixed with this one's).
+void check_fresh(const std::string& dir) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name == ".lock" || name.find(".tmp.") != std::string::npos) continue;
+    const auto steps = ckpt::committed_steps(dir);
+    if (!steps.empty())
+      fail("train", "'{}' already holds checkpoints (newest step {}): add --resume to continue that run, or choose another --ckpt-dir", dir,
+           steps.back());
+    fail("train", "--ckpt-dir '{}' is not empty (it holds '{}'): choose an empty or new folder", dir, name);
+  }
 }
 
 
 }  // namespace
+
+void check_options(const TrainOptions& o) {
+  constexpr std::int64_t kBillion = 1'000'000'000;
+  auto range = [](const char* flag, std::int64_t v, std::int64_t lo, std::int64_t hi) {
+    if (v < lo || v > hi) fail("gptj", "{} must be in [{}, {}], got {}", flag, lo, hi, v);
+  };
+  range("--steps", o.steps, 1, kBillion);
+  range("--batch", o.batch, 1, 1 << 24);
+  range("--seq", o.seq, 1, 1 << 20);
+  range("--warmup", o.warmup, 0, kBillion);
+  range("--micro-batches", o.micro_batches, 1, 1 << 24);
+  range("--save-every", o.save_every, 0, kBillion);
+  range("--stop-after", o.stop_after, 0, kBillion);
+  range("--eval-every", o.eval_every, 0, kBillion);
+  range("--keep", o.keep, 0, kBillion);
+  if (static_cast<std::int64_t>(o.seed) < 0) fail("gptj", "--seed must be at least 0, got {}", static_cast<std::int64_t>(o.seed));
+  if (!std::isfinite(o.lr) || o.lr <= 0 || o.lr > 10) fail("gptj", "--lr must be a finite number in (0, 10], got {}", o.lr);
+  if (o.resume && o.ckpt_dir.empty()) fail("train", "--resume needs --ckpt-dir");
+  if (o.allow_extend_steps && !o.resume) fail("train", "--allow-extend-steps goes with --resume");
+}
+
+void check_memory(const Config& config, std::int64_t batch, std::int64_t seq) {
+  const double need = training_bytes_lower_bound(config, batch, seq);
+  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE)) * process_count();
+  if (need > have)
+    fail("train", "config {} at batch {} x seq {} needs at least {:.1f} GB (parameters, gradients, AdamW state and activations), "
+         "more than this machine's {:.1f} GB of memory",
+         config.name, batch, seq, need * 1e-9, have * 1e-9);
+}
 
 RuntimeOptions runtime_options(Backend backend) {
   RuntimeOptions options;
@@ -101,20 +200,26 @@ RuntimeOptions runtime_options(Backend backend) {
 }
 
 TrainResult train(const TrainOptions& o, const TextData& data) {
+  check_options(o);
   const Mesh mesh = Mesh::parse(o.mesh);
   const Config config = with_vocab_at_least(padded_for(config_by_name(o.config), mesh), data.vocab_size(), mesh);
   check_fits(config, mesh, o.batch);
+  check_memory(config, o.batch, o.seq);
   check_sharding(o.sharding);
   check_compute_dtype(o.dtype);
   if (o.micro_batches < 1 || (o.batch / mesh.axis_size("dp")) % o.micro_batches != 0)
     fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, o.batch / mesh.axis_size("dp"));
   if (o.seq > config.max_seq) fail("train", "--seq {} exceeds the config's maximum {}", o.seq, config.max_seq);
   const auto specs = parameter_specs(config);
-  Checkpoint resume;
-  if (o.resume) {
-    if (o.ckpt_dir.empty()) fail("train", "--resume needs --ckpt-dir");
-    resume = load_checkpoint(o.ckpt_dir, config, specs);
+  if (o.resume && o.ckpt_dir.empty()) fail("train", "--resume needs --ckpt-dir");
+  std::optional<ckpt::RunFolder> folder;  // process 0 writes the checkpoints, holding the folder's lock
+  if (!o.ckpt_dir.empty() && process_index() == 0) {
+    folder.emplace(o.ckpt_dir);
+    if (!o.resume) check_fresh(o.ckpt_dir);
   }
+  const nlohmann::json run = run_record(o);
+  ResumePoint resume;
+  if (o.resume) resume = open_resume(o, config, specs);
   std::ofstream metrics;
   const bool lead_process = process_index() == 0;  // under mpirun, process 0 alone reports and writes
   if (!o.metrics.empty() && lead_process) {
@@ -139,13 +244,10 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
     Model& model = learner.model();
     nn::AdamW& opt = learner.optimizer();
     std::int64_t first = 0;
-    if (o.resume) {
-      std::vector<Tensor> values, moments;
-      for (const auto& p : resume.params) values.push_back(s.shard(p, rules));
-      for (const auto& m : resume.adam) moments.push_back(s.shard(m, rules));
-      model.params().assign(values);
-      opt.load_state(moments, resume.adam_steps);
-      first = resume.step;
+    if (o.resume) {  // one global tensor at a time, each device keeping its block
+      model.params().assign(ckpt::load_sharded(s, *resume.model, model_reads(specs), rules));
+      opt.load_state(ckpt::load_sharded(s, *resume.optimizer, optimizer_reads(specs), rules), resume.trainer.adam_steps);
+      first = resume.trainer.step;
     }
     auto heldout_loss = [&] {
       NoGrad no_grad;
@@ -189,7 +291,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       const bool eval_now = o.eval_every > 0 && (step + 1) % o.eval_every == 0;
       const double heldout = eval_now ? heldout_loss() : 0.0;
       if (!o.ckpt_dir.empty() && ((o.save_every > 0 && (step + 1) % o.save_every == 0) || step + 1 == last))
-        save_checkpoint(s, o.ckpt_dir, config, model.params(), opt, step + 1, o);
+        save_checkpoint(s, lead && folder ? &*folder : nullptr, config, model.params(), opt, step + 1, o, run);
       if (!lead) continue;
       result.losses.push_back(loss);
       result.collectives_per_step = static_cast<double>(calls);

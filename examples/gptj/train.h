@@ -26,6 +26,9 @@ struct TrainOptions {
   std::string ckpt_dir;  // empty: no checkpoints
   bool resume = false;
   std::int64_t save_every = 0;  // 0: only at the end
+  std::int64_t keep = 0;        // committed step folders kept (the newest); 0: all
+  // --resume may raise --steps: the cosine schedule is then stretched over the new total.
+  bool allow_extend_steps = false;
   std::int64_t stop_after = 0;  // stop (and checkpoint) after this step, as if interrupted; 0: run all
   std::int64_t eval_every = 50;
   std::int64_t eval_batches = 4;
@@ -56,6 +59,13 @@ struct TrainResult {
   double forward_s = 0, backward_s = 0, optimizer_s = 0;
 };
 
+// Checks every number of the options (ranges, finite, no overflow), before any work.
+void check_options(const TrainOptions& options);
+
+// Refuses a run whose training_bytes_lower_bound exceeds the machine's memory (times the
+// processes under mpirun), naming both.
+void check_memory(const Config& config, std::int64_t batch, std::int64_t seq);
+
 TrainResult train(const TrainOptions& options, const TextData& data);
 
 // The runtime options of a --backend.
@@ -72,6 +82,9 @@ struct SampleOptions {
   std::uint64_t seed = 0;
   std::string tokenizer;  // the tokenizer.json the model was trained with; empty: bytes
 };
+
+// Checks --tokens, --temperature and --top-k.
+void check_options(const SampleOptions& options);
 
 // The prompt's continuation (without the prompt).
 std::string sample(const SampleOptions& options);

@@ -2,6 +2,7 @@
 // Everything public in nax.
 #include "nax/async_collectives.h"
 #include "nax/autodiff.h"
+#include "nax/checkpoint.h"
 #include "nax/collectives.h"
 #include "nax/comm/communicator.h"
 #include "nax/core/allocator.h"

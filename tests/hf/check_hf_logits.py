@@ -5,6 +5,7 @@ the ones `gptj logits` prints. Exits 77 (skipped) when torch or transformers can
     check_hf_logits.py GPTJ_BINARY WORK_DIR
 """
 import json
+import shutil
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ except Exception as error:  # the packages are optional: say why the check is sk
 
 gptj, work = sys.argv[1], sys.argv[2]
 ckpt = f"{work}/ckpt"
+shutil.rmtree(ckpt, ignore_errors=True)  # a new run needs an empty folder
 text = "the quick brown fox jumps over the lazy dog\n" * 50
 with open(f"{work}/corpus.txt", "w") as f:
     f.write(text)
@@ -27,7 +29,8 @@ prompt = "the quick brown"
 ours = json.loads(subprocess.run([gptj, "logits", "--ckpt", ckpt, "--prompt", prompt, "--mesh", "dp=1,mp=2"],
                                  check=True, capture_output=True, text=True).stdout)
 
-model = GPTJForCausalLM.from_pretrained(ckpt, torch_dtype=torch.float32)
+# A committed step folder is itself a Hugging Face model folder.
+model = GPTJForCausalLM.from_pretrained(f"{ckpt}/step_000003", torch_dtype=torch.float32)
 model.eval()
 ids = torch.tensor([list(prompt.encode())])
 with torch.no_grad():

@@ -1,0 +1,76 @@
+#pragma once
+// safetensors files (Hugging Face's format: an 8-byte little-endian header length, a JSON header
+// of name -> {dtype, shape, data_offsets} plus "__metadata__", then the tensors' bytes), written
+// and read one tensor at a time. nax adds "nax.checksum" to the metadata: a checksum of the whole
+// file (length, header and data) with the checksum's own 16 digits read as zeros.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nax/tensor.h"
+
+namespace nax::checkpoint {
+
+using Metadata = std::map<std::string, std::string>;
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> dims;
+  std::uint64_t begin = 0, end = 0;  // byte offsets in the data region (filled in by the writer)
+  std::uint64_t nbytes() const { return end - begin; }
+};
+
+// The safetensors name of a dtype ("F32", "F64", "BF16", "I32").
+std::string safetensors_dtype(DType dtype);
+
+// Writes the header at once (every tensor's name, dtype and dims, in the order write() will be
+// called), then each tensor's bytes as it comes: memory stays one tensor, whatever the file.
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(std::string path, std::vector<TensorInfo> tensors, const Metadata& metadata = {});
+  ~SafetensorsWriter();
+  // The next tensor, a host tensor of the announced dtype and element count.
+  void write(const Tensor& host);
+  // Every tensor written: fills in the checksum, flushes and renames the file into place.
+  void commit();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Opens and validates a file: the header length against the file size, the JSON, every entry's
+// fields and types, the dtype x shape = byte length of each tensor, offsets ordered and covering
+// the data region exactly once, no duplicate names, and the checksum over the whole file. Every
+// refusal is a nax::Error naming the file and the field. Reads tensors on demand (thread-safe).
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);
+
+  const std::string& path() const;
+  const std::vector<TensorInfo>& tensors() const;  // in file order
+  const Metadata& metadata() const;
+  const TensorInfo* find(const std::string& name) const;
+  // The entry `name`, which must exist with these dims (and dtype when given), else an error
+  // naming the file and the tensor.
+  const TensorInfo& expect(const std::string& name, const std::vector<std::int64_t>& dims) const;
+  const TensorInfo& expect(const std::string& name, const std::vector<std::int64_t>& dims, DType dtype) const;
+  // Tensor `name` on the host, with axes d0, d1, ... or, given, `shape` (same element count).
+  Tensor read(const std::string& name) const;
+  Tensor read(const std::string& name, const Shape& shape) const;
+
+ private:
+  struct State;
+  std::shared_ptr<const State> state_;
+};
+
+// Whole-file conveniences: host tensors with their dims as they are.
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const Metadata& metadata = {});
+std::map<std::string, Tensor> load_safetensors(const std::string& path, Metadata* metadata = nullptr);
+
+}  // namespace nax::checkpoint

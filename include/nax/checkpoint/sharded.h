@@ -1,0 +1,48 @@
+#pragma once
+// Save and load named global tensors from per-shard code, on any mesh: a file saved on one mesh
+// loads on any other. Both stream one tensor at a time: a save gathers one global tensor, the
+// writing device appends it to the file and drops it; a load reads one global tensor and keeps
+// this device's block. No device holds more than one global tensor at once, and under mpirun no
+// process gathers the whole model.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nax/checkpoint/safetensors.h"
+#include "nax/nn/parameters.h"
+#include "nax/runtime.h"
+
+namespace nax::checkpoint {
+
+struct ShardedTensor {
+  std::string name;
+  Tensor block;   // this device's block (Split or Invariant over the mesh axes, not Varying)
+  Shape global;   // the global shape the blocks make up
+  // The dims it is stored with (same element count and row-major order, e.g. heads and
+  // head_dim merged); empty: the global shape's sizes.
+  std::vector<std::int64_t> stored_dims = {};
+};
+
+// Collective (every device calls it with the same names and shapes): writes `path` atomically;
+// only `writer` (a device of the mesh) touches the file.
+void save_sharded(Shard& s, const std::string& path, const std::vector<ShardedTensor>& tensors, const Metadata& metadata = {},
+                  int writer = 0);
+
+struct ShardedRead {
+  std::string name;
+  Shape global;  // the global shape to read the stored tensor as
+  std::vector<std::int64_t> stored_dims = {};  // as in ShardedTensor
+};
+
+// Checks that `file` holds each tensor with its stored dims and `dtype` (before any work on the
+// mesh: errors name the file and the tensor).
+void expect_tensors(const SafetensorsReader& file, const std::vector<ShardedRead>& tensors, DType dtype);
+
+// This device's blocks of the tensors, cut by `rules` (call expect_tensors first, once).
+std::vector<Tensor> load_sharded(Shard& s, const SafetensorsReader& file, const std::vector<ShardedRead>& tensors, const AxisRules& rules);
+
+// A model's parameters in two calls: save (collective) and load on any mesh.
+void save_parameters(Shard& s, const std::string& path, const nn::Parameters& params, const Metadata& metadata = {});
+nn::Parameters load_parameters(Shard& s, const SafetensorsReader& file, const std::vector<nn::ParamSpec>& specs, const AxisRules& rules);
+
+}  // namespace nax::checkpoint

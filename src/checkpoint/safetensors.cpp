@@ -1,0 +1,356 @@
+#include "nax/checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "nax/checkpoint/files.h"
+#include "nax/checkpoint/run_folder.h"
+
+namespace nax::checkpoint {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kChecksumKey = "nax.checksum";
+constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;  // the safetensors specification's limit
+constexpr int kMaxRank = 16;
+constexpr std::size_t kMaxJsonDepth = 8;
+const std::string kZeroChecksum(16, '0');
+
+DType dtype_from(const std::string& s, const std::string& path, const std::string& name) {
+  for (auto d : {DType::f32, DType::f64, DType::bf16, DType::i32})
+    if (safetensors_dtype(d) == s) return d;
+  fail("safetensors", "'{}': tensor '{}' has dtype '{}' (nax reads F32, F64, BF16 and I32)", path, name, s);
+}
+
+std::string little_endian(std::uint64_t n) {
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return bytes;
+}
+
+// Where the checksum's digits sit in a header's text, or npos.
+std::size_t checksum_position(const std::string& header, const std::string& digits) {
+  const std::string pattern = fmt::format("\"{}\":\"{}\"", kChecksumKey, digits);
+  const auto at = header.find(pattern);
+  return at == std::string::npos ? at : at + pattern.size() - 1 - digits.size();
+}
+
+std::uint64_t element_count(const std::vector<std::int64_t>& dims, const std::string& path, const std::string& name) {
+  std::uint64_t n = 1;
+  for (auto d : dims)
+    if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n))
+      fail("safetensors", "'{}': tensor '{}' has a shape of more than 2^64 elements", path, name);
+  return n;
+}
+
+// JSON parse that refuses duplicate keys (JSON allows them; the last would win silently) and
+// deep nesting, naming the file.
+json parse_header(const std::string& text, const std::string& path) {
+  std::vector<std::set<std::string>> keys;
+  json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      keys.emplace_back();
+      if (keys.size() > kMaxJsonDepth) fail("safetensors", "'{}': the header nests deeper than {} levels", path, kMaxJsonDepth);
+    } else if (event == json::parse_event_t::object_end) {
+      keys.pop_back();
+    } else if (event == json::parse_event_t::key && !keys.empty()) {
+      const auto key = parsed.get<std::string>();
+      if (!keys.back().insert(key).second) fail("safetensors", "'{}': the header lists '{}' twice", path, key);
+    }
+    return true;
+  };
+  try {
+    return json::parse(text, check);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail("safetensors", "'{}' has a header that is not valid JSON: {}", path, e.what());
+  }
+}
+
+std::int64_t dim_from(const json& d, const std::string& path, const std::string& name) {
+  if (!d.is_number_integer() || (d.is_number_integer() && !d.is_number_unsigned() && d.get<std::int64_t>() < 0))
+    fail("safetensors", "'{}': tensor '{}' has shape entry {}, not a non-negative integer", path, name, d.dump());
+  const auto v = d.get<std::uint64_t>();
+  if (v > static_cast<std::uint64_t>(INT64_MAX)) fail("safetensors", "'{}': tensor '{}' has shape entry {} out of range", path, name, v);
+  return static_cast<std::int64_t>(v);
+}
+
+std::uint64_t offset_from(const json& d, const std::string& path, const std::string& name) {
+  if (!d.is_number_unsigned()) fail("safetensors", "'{}': tensor '{}' has data_offsets entry {}, not a non-negative integer", path, name, d.dump());
+  return d.get<std::uint64_t>();
+}
+
+TensorInfo entry_from(const std::string& name, const json& entry, const std::string& path) {
+  if (!entry.is_object()) fail("safetensors", "'{}': the entry of tensor '{}' is not an object", path, name);
+  for (const auto& [field, value] : entry.items())
+    if (field != "dtype" && field != "shape" && field != "data_offsets")
+      fail("safetensors", "'{}': tensor '{}' has an unknown field '{}'", path, name, field);
+  for (const char* field : {"dtype", "shape", "data_offsets"})
+    if (!entry.contains(field)) fail("safetensors", "'{}': tensor '{}' has no '{}'", path, name, field);
+  if (!entry["dtype"].is_string()) fail("safetensors", "'{}': tensor '{}' has a dtype that is not a string", path, name);
+  TensorInfo info{name, dtype_from(entry["dtype"].get<std::string>(), path, name), {}, 0, 0};
+  const json& shape = entry["shape"];
+  if (!shape.is_array() || shape.size() > kMaxRank)
+    fail("safetensors", "'{}': tensor '{}' has a shape that is not a list of at most {} sizes", path, name, kMaxRank);
+  for (const auto& d : shape) info.dims.push_back(dim_from(d, path, name));
+  const json& offsets = entry["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2) fail("safetensors", "'{}': tensor '{}' has data_offsets that are not [begin, end]", path, name);
+  info.begin = offset_from(offsets[0], path, name), info.end = offset_from(offsets[1], path, name);
+  if (info.end < info.begin) fail("safetensors", "'{}': tensor '{}' has data_offsets [{}, {}) that end before they begin", path, name, info.begin, info.end);
+  std::uint64_t bytes = 0;
+  if (__builtin_mul_overflow(element_count(info.dims, path, name), dtype_size(info.dtype), &bytes) || bytes != info.nbytes())
+    fail("safetensors", "'{}': tensor '{}' is {} [{}] ({} bytes by its dtype and shape) but data_offsets [{}, {}) hold {} bytes", path, name,
+         entry["dtype"].get<std::string>(), fmt::join(info.dims, ", "), bytes, info.begin, info.end, info.nbytes());
+  return info;
+}
+
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  Fd(const Fd&) = delete;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+void pread_all(int fd, void* out, std::uint64_t n, std::uint64_t offset, const std::string& path) {
+  auto* p = static_cast<char*>(out);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail("safetensors", "reading '{}' failed: {}", path, std::strerror(errno));
+    if (r == 0) fail("safetensors", "'{}' ended early (it changed while being read)", path);
+    p += r, n -= static_cast<std::uint64_t>(r), offset += static_cast<std::uint64_t>(r);
+  }
+}
+
+}  // namespace
+
+std::string safetensors_dtype(DType d) {
+  switch (d) {
+    case DType::f32: return "F32";
+    case DType::f64: return "F64";
+    case DType::bf16: return "BF16";
+    case DType::i32: return "I32";
+  }
+  return "?";
+}
+
+// --- writer ---
+
+struct SafetensorsWriter::State {
+  explicit State(std::string path) : file(std::move(path)) {}
+  AtomicFile file;
+  std::vector<TensorInfo> tensors;
+  std::size_t next = 0;
+  std::uint64_t checksum_at = 0;  // file offset of the checksum's digits
+  Checksum sum;
+};
+
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorInfo> tensors, const Metadata& metadata) {
+  json header = json::object();
+  std::uint64_t offset = 0;
+  std::set<std::string> names;
+  for (auto& t : tensors) {
+    if (t.name == "__metadata__" || !names.insert(t.name).second)
+      fail("save_safetensors", "'{}': tensor name '{}' is reserved or repeated", path, t.name);
+    std::uint64_t bytes = element_count(t.dims, path, t.name) * dtype_size(t.dtype);
+    t.begin = offset, t.end = offset + bytes, offset = t.end;
+    header[t.name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.dims}, {"data_offsets", {t.begin, t.end}}};
+  }
+  json meta = json::object();
+  for (const auto& [k, v] : metadata) meta[k] = v;
+  meta[kChecksumKey] = kZeroChecksum;
+  header["__metadata__"] = meta;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data aligned to 8 bytes
+  const std::string prefix = little_endian(text.size()) + text;
+  state_ = std::make_unique<State>(std::move(path));
+  state_->tensors = std::move(tensors);
+  state_->checksum_at = 8 + checksum_position(text, kZeroChecksum);
+  state_->file.write(prefix);
+  state_->sum.update(prefix.data(), prefix.size());
+}
+
+SafetensorsWriter::~SafetensorsWriter() = default;
+
+void SafetensorsWriter::write(const Tensor& t) {
+  State& s = *state_;
+  if (s.next >= s.tensors.size()) fail("save_safetensors", "'{}': more tensors written than the {} announced", s.file.path(), s.tensors.size());
+  const TensorInfo& info = s.tensors[s.next];
+  if (!t.device().is_host() && !t.device().host_accessible())
+    fail("save_safetensors", "'{}': tensor '{}' is {} on {}: gather it to the host first", s.file.path(), info.name, t.str(), t.device().str());
+  if (t.dtype() != info.dtype || t.nbytes() != info.nbytes())
+    fail("save_safetensors", "'{}': tensor '{}' is {}, announced as {} of {} bytes", s.file.path(), info.name, t.str(),
+         safetensors_dtype(info.dtype), info.nbytes());
+  s.file.write(t.raw(), t.nbytes());
+  s.sum.update(t.raw(), t.nbytes());
+  ++s.next;
+  kill_point();
+}
+
+void SafetensorsWriter::commit() {
+  State& s = *state_;
+  if (s.next != s.tensors.size())
+    fail("save_safetensors", "'{}': {} of {} tensors written before commit", s.file.path(), s.next, s.tensors.size());
+  const std::string digits = s.sum.hex();
+  s.file.write_at(s.checksum_at, digits.data(), digits.size());
+  s.file.commit();
+}
+
+// --- reader ---
+
+struct SafetensorsReader::State {
+  std::string path;
+  std::shared_ptr<Fd> fd;
+  std::uint64_t data_start = 0;
+  std::vector<TensorInfo> tensors;
+  std::map<std::string, std::size_t> index;
+  Metadata metadata;
+};
+
+SafetensorsReader::SafetensorsReader(const std::string& path) {
+  auto st = std::make_shared<State>();
+  st->path = path;
+  st->fd = std::make_shared<Fd>(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (st->fd->fd < 0) fail("safetensors", "cannot read '{}': {}", path, std::strerror(errno));
+  struct stat info {};
+  if (::fstat(st->fd->fd, &info) != 0) fail("safetensors", "cannot stat '{}': {}", path, std::strerror(errno));
+  if (S_ISDIR(info.st_mode)) fail("safetensors", "'{}' is a folder, not a safetensors file", path);
+  if (!S_ISREG(info.st_mode)) fail("safetensors", "'{}' is not a regular file (a device, FIFO or socket)", path);
+  const auto file_size = static_cast<std::uint64_t>(info.st_size);
+  if (file_size < 8) fail("safetensors", "'{}' is truncated: {} bytes, fewer than the 8 of the header length", path, file_size);
+  unsigned char length[8];
+  pread_all(st->fd->fd, length, 8, 0, path);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | length[i];
+  if (n > file_size - 8 || n > kMaxHeaderBytes)
+    fail("safetensors", "'{}' is truncated or corrupt: its header length {} does not fit the {}-byte file (or the {}-byte limit)", path, n,
+         file_size, kMaxHeaderBytes);
+  std::string text(n, '\0');
+  pread_all(st->fd->fd, text.data(), n, 8, path);
+  st->data_start = 8 + n;
+  const std::uint64_t data_size = file_size - st->data_start;
+  const json header = parse_header(text, path);
+  if (!header.is_object()) fail("safetensors", "'{}': the header is not a JSON object", path);
+
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) fail("safetensors", "'{}': __metadata__ is not an object", path);
+      for (const auto& [k, v] : entry.items()) {
+        if (!v.is_string()) fail("safetensors", "'{}': metadata '{}' is not a string", path, k);
+        st->metadata[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    st->tensors.push_back(entry_from(name, entry, path));
+  }
+  std::sort(st->tensors.begin(), st->tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  std::uint64_t covered = 0;
+  for (const auto& t : st->tensors) {
+    if (t.begin != covered)
+      fail("safetensors", "'{}': tensor '{}' begins at byte {} of the data, where {} (the end of the tensor before it) was expected: {}",
+           path, t.name, t.begin, covered, t.begin < covered ? "it overlaps another" : "a gap is left");
+    covered = t.end;
+  }
+  if (covered != data_size)
+    fail("safetensors", "'{}': the tensors cover {} bytes of data, the file holds {} after its header", path, covered, data_size);
+  for (std::size_t i = 0; i < st->tensors.size(); ++i) st->index[st->tensors[i].name] = i;
+
+  auto checksum = st->metadata.find(kChecksumKey);
+  if (checksum == st->metadata.end()) fail("safetensors", "'{}' has no {} in its metadata (not written by nax?)", path, kChecksumKey);
+  const std::string want = checksum->second;
+  const auto at = want.size() == 16 ? checksum_position(text, want) : std::string::npos;
+  if (at == std::string::npos) fail("safetensors", "'{}': metadata {} is malformed", path, kChecksumKey);
+  std::string zeroed = text;
+  zeroed.replace(at, 16, kZeroChecksum);
+  Checksum sum;
+  sum.update(length, 8);
+  sum.update(zeroed.data(), zeroed.size());
+  std::vector<char> buffer(std::min<std::uint64_t>(data_size, 1 << 20));
+  for (std::uint64_t done = 0; done < data_size;) {
+    const std::uint64_t chunk = std::min<std::uint64_t>(buffer.size(), data_size - done);
+    pread_all(st->fd->fd, buffer.data(), chunk, st->data_start + done, path);
+    sum.update(buffer.data(), chunk);
+    done += chunk;
+  }
+  if (sum.hex() != want)
+    fail("safetensors", "'{}' fails its checksum (stored {}, computed {}): the file is corrupt or truncated", path, want, sum.hex());
+  state_ = std::move(st);
+}
+
+const std::string& SafetensorsReader::path() const { return state_->path; }
+const std::vector<TensorInfo>& SafetensorsReader::tensors() const { return state_->tensors; }
+const Metadata& SafetensorsReader::metadata() const { return state_->metadata; }
+
+const TensorInfo* SafetensorsReader::find(const std::string& name) const {
+  auto it = state_->index.find(name);
+  return it == state_->index.end() ? nullptr : &state_->tensors[it->second];
+}
+
+const TensorInfo& SafetensorsReader::expect(const std::string& name, const std::vector<std::int64_t>& dims) const {
+  const TensorInfo* t = find(name);
+  if (t == nullptr) fail("safetensors", "'{}' has no tensor '{}'", path(), name);
+  if (t->dims != dims)
+    fail("safetensors", "'{}': tensor '{}' has shape [{}], expected [{}]", path(), name, fmt::join(t->dims, ", "), fmt::join(dims, ", "));
+  return *t;
+}
+
+const TensorInfo& SafetensorsReader::expect(const std::string& name, const std::vector<std::int64_t>& dims, DType dtype) const {
+  const TensorInfo& t = expect(name, dims);
+  if (t.dtype != dtype)
+    fail("safetensors", "'{}': tensor '{}' is {}, expected {}", path(), name, safetensors_dtype(t.dtype), safetensors_dtype(dtype));
+  return t;
+}
+
+Tensor SafetensorsReader::read(const std::string& name) const {
+  const TensorInfo* t = find(name);
+  if (t == nullptr) fail("safetensors", "'{}' has no tensor '{}'", path(), name);
+  std::vector<Axis> axes;
+  for (auto d : t->dims) axes.push_back({fmt::format("d{}", axes.size()), d});
+  return read(name, Shape(axes));
+}
+
+Tensor SafetensorsReader::read(const std::string& name, const Shape& shape) const {
+  const TensorInfo* t = find(name);
+  if (t == nullptr) fail("safetensors", "'{}' has no tensor '{}'", path(), name);
+  if (static_cast<std::uint64_t>(shape.numel()) * dtype_size(t->dtype) != t->nbytes())
+    fail("safetensors", "'{}': tensor '{}' of {} bytes read as {}", path(), name, t->nbytes(), shape.str());
+  Tensor out = Tensor::empty(shape, t->dtype, Device::host());
+  pread_all(state_->fd->fd, out.raw_mutable(), t->nbytes(), state_->data_start + t->begin, path());
+  return out;
+}
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors, const Metadata& metadata) {
+  std::vector<TensorInfo> infos;
+  for (const auto& [name, t] : tensors) {
+    std::vector<std::int64_t> dims;
+    for (const auto& a : t.shape().axes()) dims.push_back(a.size);
+    infos.push_back({name, t.dtype(), dims});
+  }
+  SafetensorsWriter writer(path, std::move(infos), metadata);
+  for (const auto& [name, t] : tensors) writer.write(t);
+  writer.commit();
+}
+
+std::map<std::string, Tensor> load_safetensors(const std::string& path, Metadata* metadata) {
+  SafetensorsReader reader(path);
+  std::map<std::string, Tensor> out;
+  for (const auto& t : reader.tensors()) out.emplace(t.name, reader.read(t.name));
+  if (metadata != nullptr) *metadata = reader.metadata();
+  return out;
+}
+
+}  // namespace nax::checkpoint

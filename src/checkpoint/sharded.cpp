@@ -1,0 +1,75 @@
+#include "nax/checkpoint/sharded.h"
+
+#include "nax/autodiff.h"
+#include "nax/ops.h"
+
+namespace nax::checkpoint {
+
+namespace {
+
+std::vector<std::int64_t> dims_of(const Shape& s) {
+  std::vector<std::int64_t> dims;
+  for (const auto& a : s.axes()) dims.push_back(a.size);
+  return dims;
+}
+
+template <typename T>
+std::vector<std::int64_t> stored_dims(const T& t) {
+  return t.stored_dims.empty() ? dims_of(t.global) : t.stored_dims;
+}
+
+std::int64_t product(const std::vector<std::int64_t>& dims) {
+  std::int64_t n = 1;
+  for (auto d : dims) n *= d;
+  return n;
+}
+
+}  // namespace
+
+void save_sharded(Shard& s, const std::string& path, const std::vector<ShardedTensor>& tensors, const Metadata& metadata, int writer) {
+  std::unique_ptr<SafetensorsWriter> file;
+  if (s.device() == writer) {
+    std::vector<TensorInfo> infos;
+    for (const auto& t : tensors) {
+      const auto dims = stored_dims(t);
+      if (product(dims) != t.global.numel())
+        fail("save_sharded", "'{}': tensor '{}' of global shape {} stored as [{}]: the element counts differ", path, t.name, t.global.str(),
+             fmt::join(dims, ", "));
+      infos.push_back({t.name, t.block.dtype(), dims});
+    }
+    file = std::make_unique<SafetensorsWriter>(path, std::move(infos), metadata);
+  }
+  for (const auto& t : tensors) {
+    Tensor global = s.gather(stop_gradient(t.block));  // one global tensor alive at a time
+    if (global.shape() != t.global)
+      fail("save_sharded", "'{}': tensor '{}' gathers to {}, announced as {}", path, t.name, global.shape().str(), t.global.str());
+    if (file) file->write(global);
+  }
+  if (file) file->commit();
+}
+
+void expect_tensors(const SafetensorsReader& file, const std::vector<ShardedRead>& tensors, DType dtype) {
+  for (const auto& t : tensors) file.expect(t.name, stored_dims(t), dtype);
+}
+
+std::vector<Tensor> load_sharded(Shard& s, const SafetensorsReader& file, const std::vector<ShardedRead>& tensors, const AxisRules& rules) {
+  std::vector<Tensor> blocks;
+  blocks.reserve(tensors.size());
+  for (const auto& t : tensors) blocks.push_back(s.shard(file.read(t.name, t.global), rules));  // the global copy dies here
+  return blocks;
+}
+
+void save_parameters(Shard& s, const std::string& path, const nn::Parameters& params, const Metadata& metadata) {
+  std::vector<ShardedTensor> tensors;
+  for (std::size_t i = 0; i < params.size(); ++i) tensors.push_back({params.specs()[i].name, params[i], params.specs()[i].global});
+  save_sharded(s, path, tensors, metadata);
+}
+
+nn::Parameters load_parameters(Shard& s, const SafetensorsReader& file, const std::vector<nn::ParamSpec>& specs, const AxisRules& rules) {
+  std::vector<ShardedRead> reads;
+  for (const auto& spec : specs) reads.push_back({spec.name, spec.global});
+  for (const auto& r : reads) file.expect(r.name, dims_of(r.global));
+  return nn::Parameters::from_values(specs, load_sharded(s, file, reads, rules));
+}
+
+}  // namespace nax::checkpoint

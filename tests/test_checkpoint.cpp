@@ -1,0 +1,286 @@
+// nax/checkpoint.h: safetensors files validated field by field, the checksum over header and data,
+// run folders whose step folders are each one unit, the writer's lock, and named global tensors
+// saved on one mesh and loaded on another.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "helpers.h"
+
+using namespace nax;
+using namespace nax::checkpoint;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string scratch(const std::string& name) {
+  auto dir = fs::temp_directory_path() / fmt::format("nax_test_ckpt_{}_{}", name, ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A new file each time: rewriting one by truncation makes ext4 flush it (auto_da_alloc), slowly.
+void put(const std::string& path, const std::string& bytes) {
+  fs::remove(path);
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+}
+
+// A file with this header text (which must hold "nax.checksum":"0000000000000000") and data, its
+// checksum filled in as the writer does: so that the loader's other checks are what refuses it.
+std::string sealed(const std::string& header, const std::string& data) {
+  std::string length(8, '\0');
+  for (int i = 0; i < 8; ++i) length[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  std::string file = length + header + data;
+  const std::string zeros = "\"nax.checksum\":\"0000000000000000\"";
+  const auto at = file.find(zeros);
+  if (at == std::string::npos) return file;
+  Checksum sum;
+  sum.update(file.data(), file.size());
+  file.replace(at + zeros.size() - 17, 16, sum.hex());
+  return file;
+}
+
+std::string header_with(const std::string& tensors) {
+  return fmt::format("{{{}{}\"__metadata__\":{{\"nax.checksum\":\"0000000000000000\"}}}}", tensors, tensors.empty() ? "" : ",");
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: safetensors round trip of every dtype, one tensor at a time", "[unit][checkpoint]") {
+  const std::string dir = scratch("roundtrip"), path = dir + "/t.safetensors";
+  const Tensor f32 = random_normal(Shape{{"a", 4}, {"b", 3}}, 1, "w"), f64 = cast(f32, DType::f64), bf16 = cast(f32, DType::bf16);
+  const Tensor i32 = arange({"n", 5}, DType::i32), scalar_like = full(Shape{{"one", 1}}, 7.0);
+  save_safetensors(path, {{"f32", f32}, {"f64", f64}, {"bf16", bf16}, {"i32", i32}, {"s", scalar_like}}, {{"k", "v"}});
+  Metadata meta;
+  auto loaded = load_safetensors(path, &meta);
+  REQUIRE(meta.at("k") == "v");
+  REQUIRE(meta.at("nax.checksum").size() == 16);
+  for (const auto& [name, want] : std::map<std::string, Tensor>{{"f32", f32}, {"f64", f64}, {"bf16", bf16}, {"i32", i32}, {"s", scalar_like}}) {
+    INFO(name);
+    REQUIRE(loaded.at(name).dtype() == want.dtype());
+    REQUIRE(loaded.at(name).to_vector<double>() == want.to_vector<double>());
+  }
+  SafetensorsReader reader(path);
+  REQUIRE(reader.tensors().front().name == "f32");  // file order is write order
+  REQUIRE(reader.read("f32", Shape{{"x", 12}}).to_vector<double>() == f32.to_vector<double>());
+  REQUIRE_THROWS_WITH(reader.expect("f32", {3, 4}), Contains("'f32' has shape [4, 3], expected [3, 4]") && Contains(path));
+  REQUIRE_THROWS_WITH(reader.expect("f32", {4, 3}, DType::i32), Contains("is F32, expected I32"));
+  REQUIRE_THROWS_WITH(reader.expect("nope", {1}), Contains("has no tensor 'nope'"));
+  // The writer refuses what it did not announce.
+  SafetensorsWriter w(dir + "/w.safetensors", {{"a", DType::f32, {2}}});
+  REQUIRE_THROWS_WITH(w.write(i32), Contains("announced as F32"));
+  REQUIRE_THROWS_WITH(w.commit(), Contains("0 of 1 tensors written"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: one changed byte anywhere in a file is refused by the checksum", "[unit][checkpoint][errors]") {
+  const std::string dir = scratch("checksum"), path = dir + "/t.safetensors";
+  save_safetensors(path, {{"w", random_normal(Shape{{"a", 8}}, 1, "w")}, {"i", arange({"n", 3}, DType::i32)}});
+  const std::string good = bytes_of(path);
+  for (std::size_t at = 0; at < good.size(); ++at) {
+    std::string bad = good;
+    bad[at] = static_cast<char>(bad[at] ^ 0x01);
+    put(path, bad);
+    INFO("byte " << at << " of " << good.size());
+    REQUIRE_THROWS_AS(SafetensorsReader(path), Error);
+  }
+  // A header edit that stays valid JSON (a dtype, a dim) is caught by the checksum too.
+  std::string edited = good;
+  edited.replace(edited.find("\"I32\""), 5, "\"F32\"");
+  put(path, edited);
+  REQUIRE_THROWS_WITH(SafetensorsReader(path), Contains("fails its checksum") && Contains(path));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: malformed headers are refused naming the file and the field", "[unit][checkpoint][errors]") {
+  const std::string dir = scratch("malformed"), path = dir + "/t.safetensors";
+  const std::string data16(16, '\x01');
+  struct Case {
+    const char* what;
+    std::string file;
+    const char* expected;
+  };
+  const std::vector<Case> cases{
+      {"gap", sealed(header_with(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]})"), data16), "a gap is left"},
+      {"overlap", sealed(header_with(R"("a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]})"), data16), "overlaps"},
+      {"past the end", sealed(header_with(R"("a":{"dtype":"F32","shape":[5],"data_offsets":[0,20]})"), data16), "cover 20 bytes"},
+      {"short of the end", sealed(header_with(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})"), data16), "cover 8 bytes"},
+      {"dtype x shape", sealed(header_with(R"("a":{"dtype":"F64","shape":[4],"data_offsets":[0,16]})"), data16), "32 bytes by its dtype and shape"},
+      {"duplicate", sealed(header_with(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]})"), data16), "lists 'a' twice"},
+      {"dtype", sealed(header_with(R"("a":{"dtype":"F16","shape":[8],"data_offsets":[0,16]})"), data16), "dtype 'F16'"},
+      {"negative dim", sealed(header_with(R"("a":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]})"), data16), "not a non-negative integer"},
+      {"fraction", sealed(header_with(R"("a":{"dtype":"F32","shape":[4.0],"data_offsets":[0,16]})"), data16), "not a non-negative integer"},
+      {"huge dims", sealed(header_with(R"("a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]})"), data16), "more than 2^64"},
+      {"missing field", sealed(header_with(R"("a":{"dtype":"F32","shape":[4]})"), data16), "has no 'data_offsets'"},
+      {"reversed offsets", sealed(header_with(R"("a":{"dtype":"F32","shape":[4],"data_offsets":[16,0]})"), data16), "end before they begin"},
+      {"unknown field", sealed(header_with(R"("a":{"dtype":"F32","shape":[4],"data_offsets":[0,16],"x":1})"), data16), "unknown field 'x'"},
+      {"no checksum", sealed(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", data16), "no nax.checksum"},
+      {"not JSON", sealed("{\"a\": [", data16), "not valid JSON"},
+      {"not an object", sealed("[1, 2]", data16), "not a JSON object"},
+      {"deep", sealed(std::string(100, '{'), data16), "header"},
+      {"header longer than the file", std::string("\xff\xff\x00\x00\x00\x00\x00\x00{}", 10), "does not fit the 10-byte file"},
+      {"truncated length", std::string("\x02\x00", 2), "fewer than the 8"},
+  };
+  for (const auto& c : cases) {
+    put(path, c.file);
+    INFO(c.what);
+    REQUIRE_THROWS_WITH(SafetensorsReader(path), Contains(c.expected) && Contains(path));
+  }
+  REQUIRE_THROWS_WITH(SafetensorsReader(dir), Contains("is a folder"));
+  fs::create_symlink("/dev/zero", dir + "/zero.safetensors");
+  REQUIRE_THROWS_WITH(SafetensorsReader(dir + "/zero.safetensors"), Contains("not a regular file"));
+  REQUIRE_THROWS_WITH(read_file(dir + "/zero.safetensors"), Contains("not a regular file"));
+  REQUIRE_THROWS_WITH(read_file(dir), Contains("is a folder"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: step folders are committed whole, pruned, verified, and temporaries of dead writers removed", "[unit][checkpoint]") {
+  const std::string dir = scratch("run");
+  // A temporary left by a writer that died (a child that has exited: its pid is free).
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  const std::string stale = fmt::format("{}/step_000001.tmp.{}", dir, child);
+  fs::create_directories(stale);
+  put(stale + "/model.safetensors", "half");
+  {
+    RunFolder run(dir);
+    REQUIRE_FALSE(fs::exists(stale));
+    REQUIRE(committed_steps(dir).empty());
+    for (std::int64_t step : {1, 2, 3}) {
+      const std::string tmp = run.begin_step(step);
+      REQUIRE(committed_steps(dir).size() == static_cast<std::size_t>(step - 1));
+      save_safetensors(tmp + "/w.safetensors", {{"w", full(Shape{{"a", 3}}, static_cast<double>(step))}});
+      write_file_atomically(tmp + "/info.json", "{}");
+      run.commit_step(tmp, step, /*keep=*/step == 3 ? 1 : 0);
+    }
+    REQUIRE(committed_steps(dir) == std::vector<std::int64_t>{3});
+    const std::string folder = step_folder(dir, 3);
+    verify_step_folder(folder);
+    REQUIRE(load_safetensors(folder + "/w.safetensors").at("w").to_vector<double>() == std::vector<double>{3, 3, 3});
+    // A second writer on the same folder is refused, naming the holder.
+    REQUIRE_THROWS_WITH(RunFolder(dir), Contains(fmt::format("in use by another writer (pid {})", ::getpid())));
+
+    std::string info = bytes_of(folder + "/info.json");
+    put(folder + "/info.json", "{ }");
+    REQUIRE_THROWS_WITH(verify_step_folder(folder), Contains("info.json") && Contains("has 3 bytes, its manifest says 2"));
+    put(folder + "/info.json", "[]");
+    REQUIRE_THROWS_WITH(verify_step_folder(folder), Contains("info.json") && Contains("fails its checksum"));
+    put(folder + "/info.json", info);
+    put(folder + "/extra", "x");
+    REQUIRE_THROWS_WITH(verify_step_folder(folder), Contains("'extra', which its manifest does not list"));
+    fs::remove(folder + "/extra");
+    fs::remove(folder + "/info.json");
+    REQUIRE_THROWS_WITH(verify_step_folder(folder), Contains("info.json") && Contains("missing"));
+  }
+  RunFolder again(dir);  // the lock was released with the first
+  fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: global tensors saved on one mesh load on another, one tensor at a time", "[unit][checkpoint]") {
+  const std::string dir = scratch("sharded"), path = dir + "/p.safetensors";
+  const std::vector<nn::ParamSpec> specs{{"w", Shape{{"heads", 4}, {"head_dim", 2}, {"embed", 3}}}, {"b", Shape{{"embed", 3}}}};
+  std::vector<Tensor> globals;
+  for (const auto& spec : specs) globals.push_back(random_normal(spec.global, 1, spec.name));
+  {
+    Runtime rt = Runtime::local(Mesh::parse("dp=2,mp=2"));
+    const AxisRules rules{{"heads", "mp"}};
+    rt.run([&](Shard& s) {
+      std::vector<Tensor> blocks;
+      for (const auto& g : globals) blocks.push_back(s.shard(g, rules));
+      save_parameters(s, path, nn::Parameters::from_values(specs, blocks));
+      save_sharded(s, dir + "/merged.safetensors", {{"w", blocks[0], specs[0].global, {8, 3}}});
+    });
+  }
+  SafetensorsReader merged(dir + "/merged.safetensors");
+  REQUIRE(merged.expect("w", {8, 3}).nbytes() == 96);
+  SafetensorsReader file(path);
+  for (const std::string mesh : {"mp=4", "x=1", "mp=2,dp=3"}) {
+    Runtime rt = Runtime::local(Mesh::parse(mesh));
+    const AxisRules rules = mesh == "x=1" ? AxisRules{} : AxisRules{{"heads", "mp"}};
+    rt.run([&](Shard& s) {
+      const nn::Parameters params = load_parameters(s, file, specs, rules);
+      for (std::size_t i = 0; i < specs.size(); ++i) NAX_EXPECT(testing::same_values(s.gather(params[i]), globals[i]));
+      const auto blocks = load_sharded(s, merged, {{"w", specs[0].global, {8, 3}}}, rules);
+      NAX_EXPECT(testing::same_values(s.gather(blocks[0]), globals[0]));
+    });
+  }
+  REQUIRE_THROWS_WITH(Runtime::local(Mesh::parse("x=1")).run([&](Shard& s) { load_parameters(s, file, {{"w", Shape{{"heads", 2}}}}, {}); }),
+                      Contains("'w' has shape [4, 2, 3], expected [2]"));
+  fs::remove_all(dir);
+}
+
+// Mutations of a valid file: raw byte edits (which the checksum must refuse), and header edits
+// resealed with a fresh checksum (which reach the structural checks). Every load either succeeds
+// or raises a nax::Error; a raw edit never loads.
+TEST_CASE("checkpoint: mutation fuzzer, thousands of damaged files, no crash and no silent load", "[unit][checkpoint][fuzz]") {
+  const std::string dir = scratch("fuzz"), path = dir + "/t.safetensors";
+  save_safetensors(path, {{"a", random_normal(Shape{{"x", 3}, {"y", 2}}, 1, "a")}, {"b", arange({"n", 4}, DType::i32)},
+                          {"c", cast(random_normal(Shape{{"z", 5}}, 1, "c"), DType::bf16)}},
+                   {{"adam_steps", "3"}});
+  const std::string good = bytes_of(path);
+  std::uint64_t header_length = 0;
+  for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | static_cast<unsigned char>(good[static_cast<std::size_t>(i)]);
+  const std::string header = good.substr(8, header_length), data = good.substr(8 + header_length);
+  std::string zero_header = header;
+  {
+    const auto at = zero_header.find("\"nax.checksum\":\"") + 16;
+    zero_header.replace(at, 16, std::string(16, '0'));
+  }
+  const std::vector<std::string> tokens{"0", "1", "-1", "4", "8", "1e3", "2.5", "null", "true", "\"F32\"", "\"I32\"", "\"F64\"", "\"BF16\"",
+                                        "[]", "{}", "[0,0]", "[2]", "18446744073709551615", ",", ":", "\"a\"", "\"\"", "9223372036854775807"};
+  std::mt19937_64 rng(42);
+  auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % std::max<std::size_t>(n, 1)); };
+  int refused = 0, loaded = 0;
+  const int kMutations = 20000;
+  for (int i = 0; i < kMutations; ++i) {
+    std::string file;
+    const bool raw = i % 2 == 0;
+    if (raw) {
+      file = good;
+      switch (pick(4)) {
+        case 0: file[pick(file.size())] ^= static_cast<char>(1 + pick(255)); break;
+        case 1: file.resize(pick(file.size())); break;
+        case 2: file.insert(pick(file.size()), std::string(1 + pick(8), static_cast<char>(pick(256)))); break;
+        default: file.erase(pick(file.size()), 1 + pick(8)); break;
+      }
+      if (file == good) continue;
+    } else {
+      std::string h = zero_header, d = data;
+      for (std::size_t k = 0, edits = 1 + pick(3); k < edits; ++k) {
+        const std::size_t at = pick(h.size());
+        switch (pick(4)) {
+          case 0: h.replace(at, 1 + pick(6), tokens[pick(tokens.size())]); break;
+          case 1: h.insert(at, tokens[pick(tokens.size())]); break;
+          case 2: h.erase(at, 1 + pick(4)); break;
+          default: d.resize(pick(d.size() + 8), '\x7f'); break;
+        }
+      }
+      file = sealed(h, d);
+    }
+    put(path, file);
+    try {
+      SafetensorsReader reader(path);
+      for (const auto& t : reader.tensors()) reader.read(t.name);
+      ++loaded;
+      if (raw) FAIL("a raw mutation loaded (mutation " << i << ")");
+    } catch (const Error&) {
+      ++refused;
+    }
+  }
+  INFO("refused " << refused << ", loaded " << loaded);
+  REQUIRE(refused + loaded >= kMutations * 9 / 10);
+  REQUIRE(refused > kMutations / 2);
+  fs::remove_all(dir);
+}
