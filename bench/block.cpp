@@ -8,7 +8,7 @@
 #include <cblas.h>
 #include <fmt/format.h>
 
-#include "../examples/gptj/block.h"
+#include "block.h"
 #include "bench_util.h"
 
 using namespace nax;

@@ -4,6 +4,7 @@
 // examples/moe/reference.h (same groups, same capacity drops).
 //
 //   build/bin/moe [--mesh dp=2,ep=2] [--k 2]   (the mesh needs an axis ep; dp is optional)
+#include <cmath>
 #include <fmt/format.h>
 
 #include "moe/moe.h"
@@ -46,7 +47,12 @@ int main(int argc, char** argv) {
                                            w_out.to_vector<double>(), c);
     const auto got = results[0].to_vector<double>();
     double worst = 0;
-    for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want.y[i]));
+    if (got.size() != want.y.size()) worst = INFINITY;
+    // A NaN counts as an infinite error (std::max would drop it and pass).
+    for (std::size_t i = 0; i < got.size() && i < want.y.size(); ++i) {
+      const double err = std::abs(got[i] - want.y[i]);
+      worst = std::max(worst, std::isnan(err) ? INFINITY : err);
+    }
     fmt::print("mesh {}, k={}, capacity {} per expert per group: {} of {} assignments dropped\n", mesh.str(), c.k, c.capacity,
                want.dropped, groups * tokens * c.k);
     fmt::print("gradient norms: router {:.4f}, w_in {:.4f}, w_out {:.4f}\n", std::sqrt(sum(square(results[1]), results[1].shape().names()).item()),

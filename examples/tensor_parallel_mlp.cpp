@@ -4,6 +4,7 @@
 // same MLP on one device.
 //
 //   build/bin/tensor_parallel_mlp [--mesh dp=2,mp=2]   (the mesh needs axes dp and mp)
+#include <cmath>
 #include <nax/nax.h>
 
 #include <fmt/format.h>
@@ -39,7 +40,12 @@ int main(int argc, char** argv) {
     Tensor reference = mlp(x, random_normal(w_in_shape, 0, "w_in", 0.1), random_normal(w_out_shape, 0, "w_out", 0.1));
     double worst = 0;
     auto want = reference.to_vector<double>(), got = outputs[0].to_vector<double>();
-    for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+    if (got.size() != want.size()) worst = INFINITY;
+    // A NaN counts as an infinite error (std::max would drop it and pass).
+    for (std::size_t i = 0; i < want.size() && i < got.size(); ++i) {
+      const double err = std::abs(got[i] - want[i]);
+      worst = std::max(worst, std::isnan(err) ? INFINITY : err);
+    }
     fmt::print("mesh {}: max |sharded - single device| = {:.2e}\n", mesh.str(), worst);
     return worst < 1e-4 ? 0 : 1;
   } catch (const std::exception& e) {

@@ -10,21 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "comparison.h"
+
 namespace nax::testing {
 
-inline double max_rel_error(const std::vector<double>& got, const std::vector<double>& want) {
-  REQUIRE(got.size() == want.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    double scale = std::max(1.0, std::abs(want[i]));
-    double err = std::abs(got[i] - want[i]) / scale;
-    if (!(err <= worst)) worst = std::isnan(err) ? INFINITY : err;
-  }
-  return worst;
-}
-
+// got's elements against want, element-wise and NaN-safe (comparison.h).
 inline void require_close(const Tensor& got, const std::vector<double>& want, double tol = 1e-5) {
-  REQUIRE(max_rel_error(got.to_vector<double>(), want) <= tol);
+  require_close(got.to_vector<double>(), want, tol);
 }
 
 inline void require_equal(const Tensor& got, const Tensor& want) {

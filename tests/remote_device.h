@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 #include "nax/core/allocator.h"
 #include "nax/core/device.h"
 

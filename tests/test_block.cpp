@@ -1,7 +1,7 @@
 // Mesh independence at block level: the GPT-J block (parallel residual, one psum) and the
 // Megatron-style block (two psums) give the same output and the same parameter gradients on
 // mp=1, 2, 4 and dp=2,mp=2 as on one device: 1e-6 relative in f64, 1e-4 in f32.
-#include "../examples/gptj/block.h"
+#include "block.h"
 #include "helpers.h"
 
 using namespace nax;

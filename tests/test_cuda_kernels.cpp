@@ -22,7 +22,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 #include "nax/core/dtype.h"
 #include "nax/core/error.h"
 

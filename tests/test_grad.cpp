@@ -1,5 +1,5 @@
 // Autodiff: every op of ops.h and every collective against central finite differences in f64
-// (fresh random inputs per run, seeds printed on failure), on the host and on meshes of 1, 2 and
+// (random inputs from fixed seeds, printed on failure), on the host and on meshes of 1, 2 and
 // 4 devices, 1-D and 2-D; and the tape's behaviour (no_grad, stop_gradient, freeing, errors).
 #include "grad_check.h"
 

@@ -40,10 +40,7 @@ Tensor varying_input(Shard& s, const Shape& shape, DType dtype = DType::f64) {
 }
 
 double relative_error(const std::vector<double>& got, const std::vector<double>& want) {
-  if (got.size() != want.size()) return INFINITY;
-  double worst = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / std::max(1.0, std::abs(want[i])));
-  return std::isnan(worst) ? INFINITY : worst;
+  return nax::testing::max_rel_error(got, want);  // NaN-safe (comparison.h); no Catch2 macro, so usable on any thread
 }
 
 // The thread runtime and the MPI runtime on one mesh.

@@ -28,3 +28,4 @@
 #include "nax/global/global_tensor.h"
 #include "nax/global/ops.h"
 #include "nax/global/placement.h"
+#include "nax/global/vary_placement.h"

@@ -37,15 +37,6 @@ std::uint64_t CallSite::hash() const {
   return (h ^ (backward_of != nullptr ? 1u : 0u)) * kPrime;
 }
 
-std::string_view reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::max: return "max";
-    case ReduceOp::min: return "min";
-  }
-  return "?";
-}
-
 void check_permute_pairs(const std::vector<std::pair<int, int>>& pairs, int n, std::string_view op, std::string_view group,
                          const std::function<std::string()>& detail) {
   auto suffix = [&] { return detail ? ": " + detail() : std::string(); };

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include "kernels/kernels.h"
 #include "nax/core/error.h"
 
 namespace nax {
@@ -17,17 +16,9 @@ Backend parse_backend(std::string_view name) {
 
 Device::Device(int index, Backend backend, std::shared_ptr<Allocator> allocator, std::shared_ptr<kernels::Kernels> kernels)
     : index_(index), backend_(backend), allocator_(std::move(allocator)), kernels_(std::move(kernels)) {
-  if (!kernels_) kernels_ = kernels::cpu_kernels_ptr();
+  if (!allocator_ || !kernels_) fail("Device", "device {} needs an allocator and kernels", index);
 }
-
-bool Device::host_accessible() const { return kernels_->host_accessible(); }
 
 std::string Device::str() const { return is_host() ? "host" : fmt::format("{}:{}", backend_name(backend_), index_); }
-
-const std::shared_ptr<Device>& Device::host() {
-  static const std::shared_ptr<Device> host =
-      std::make_shared<Device>(-1, Backend::cpu, make_caching_host_allocator());
-  return host;
-}
 
 }  // namespace nax

@@ -5,6 +5,7 @@
 #include <ostream>
 
 #include "nax/global/ops.h"
+#include "nax/global/vary_placement.h"
 #include "nax/runtime.h"
 
 namespace nax {
@@ -32,14 +33,11 @@ GlobalTensor GlobalTensor::from_local(const Tensor& local, const std::map<std::s
   const Mesh& mesh = current_mesh("GlobalTensor::from_local");
   Placements placements;
   for (const auto& m : mesh.axis_names()) {
-    switch (local.vary().kind(m)) {
-      case Vary::Invariant: break;
-      case Vary::Split: placements.set(m, Placement::shard(local.vary().split_axis(m))); break;
-      case Vary::Varying: {
-        auto it = partial_ops.find(m);
-        placements.set(m, Placement::partial(it == partial_ops.end() ? PartialOp::sum : it->second));
-      }
-    }
+    const Vary kind = local.vary().kind(m);
+    auto it = partial_ops.find(m);
+    const Placement p = placement_of(kind, kind == Vary::Split ? local.vary().split_axis(m) : std::string(),
+                                     it == partial_ops.end() ? ReduceOp::sum : it->second);
+    if (!p.is_replicate()) placements.set(m, p);
   }
   for (const auto& axis : local.shape().names()) {
     auto cuts = local.vary().split_mesh_axes(axis);

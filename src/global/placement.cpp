@@ -10,7 +10,7 @@ std::string Placement::str() const {
   switch (kind_) {
     case Kind::replicate: return "R";
     case Kind::shard: return fmt::format("S({})", axis_);
-    case Kind::partial: return op_ == PartialOp::sum ? "P(sum)" : "P(max)";
+    case Kind::partial: return fmt::format("P({})", reduce_op_name(op_));
   }
   return "?";
 }

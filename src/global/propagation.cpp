@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "nax/global/cost_model.h"
+#include "nax/global/vary_placement.h"
 #include "nax/runtime.h"
 
 namespace nax::global_detail {
@@ -218,8 +219,7 @@ void check_vary(const Rule& rule, const Tensor& out, const Placements& expected,
   for (const auto& m : mesh.axis_names()) {
     const Placement& p = expected.on(m);
     const Vary k = out.vary().kind(m);
-    const bool agrees = (p.is_replicate() && k == Vary::Invariant) || (p.is_partial() && k == Vary::Varying) ||
-                        (p.is_shard() && k == Vary::Split && out.vary().split_axis(m) == p.axis());
+    const bool agrees = vary_of(p) == k && (!p.is_shard() || out.vary().split_axis(m) == p.axis());
     if (!agrees)
       fail(rule.op, "internal: the strategy gives {} over mesh axis '{}' but the per-shard op gave {}", p.str(), m, out.str());
   }

@@ -15,7 +15,7 @@
 
 #include <algorithm>
 
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "global/propagation.h"
 #include "nax/collectives.h"
 #include "nax/global/ops.h"

@@ -4,7 +4,7 @@
 #include <map>
 #include <numbers>
 
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 #include "nax/autodiff.h"
 #include "nax/collectives.h"
 #include "nax/index_ops.h"

@@ -3,7 +3,7 @@
 // first, so the lowest global index wins a tie.
 #include "ops/across_blocks.h"
 
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "nax/collectives.h"
 #include "nax/transformer_ops.h"
 #include "ops/internal.h"

@@ -12,7 +12,7 @@
 #include <memory>
 #include <optional>
 
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "nax/collectives.h"
 #include "nax/ops.h"
 #include "nax/runtime.h"

@@ -8,7 +8,7 @@
 
 #include <algorithm>
 
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "ops/collective_forward.h"
 #include "ops/internal.h"
 

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "nax/collectives.h"
 #include "nax/transformer_ops.h"
 #include "ops/row_ops.h"

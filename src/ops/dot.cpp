@@ -5,7 +5,7 @@
 #include <optional>
 #include <set>
 
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "ops/internal.h"
 
 namespace nax {

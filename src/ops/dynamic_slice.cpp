@@ -1,6 +1,6 @@
 // dynamic_slice / dynamic_update_slice: slices whose start is a tensor (one value per device, e.g.
 // axis_index(m) * block), read on the host; the data moves with the static slice and concat ops.
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "nax/index_ops.h"
 #include "ops/row_ops.h"
 

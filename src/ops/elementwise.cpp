@@ -1,5 +1,5 @@
 // Elementwise ops, broadcasting by axis name: the result has a's axes in order, then b's others.
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "ops/internal.h"
 
 namespace nax {

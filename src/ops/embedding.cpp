@@ -1,7 +1,7 @@
 // embedding(table, ids, vocab): a row lookup. With the vocab cut over mesh axes each device looks
 // up only the ids of its block (others give zero rows) and the result is a partial value to psum;
 // no one-hot is built. The backward scatter-adds the gradient rows into a zero table gradient.
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "nax/transformer_ops.h"
 #include "ops/row_ops.h"
 #include "ops/vocab_parallel.h"

@@ -1,5 +1,5 @@
 // gelu (tanh form): one fused loop forward, and one backward recomputing tanh from the saved input.
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "nax/transformer_ops.h"
 #include "ops/row_ops.h"
 

@@ -9,7 +9,7 @@
 #include <limits>
 #include <optional>
 
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "nax/index_ops.h"
 #include "nax/collectives.h"
 #include "nax/transformer_ops.h"

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 #include "nax/ops.h"
 #include "nax/runtime.h"
 #include "nax/trace.h"

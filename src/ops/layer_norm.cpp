@@ -1,7 +1,7 @@
 // layer_norm: fused forward (one pass for each row's mean and variance) that keeps only the mean
 // and 1/std of each row, and a fused backward giving dx, dscale and dbias. Rows along a non-innermost
 // axis are made contiguous by one permutation; the result keeps x's axis order.
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "nax/transformer_ops.h"
 #include "ops/row_ops.h"
 

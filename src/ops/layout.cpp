@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <set>
 
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "ops/internal.h"
 
 namespace nax {

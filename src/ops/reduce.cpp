@@ -3,7 +3,7 @@
 
 #include <fmt/format.h>
 
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "ops/internal.h"
 
 namespace nax {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "ops/internal.h"
 
 namespace nax {

@@ -1,7 +1,7 @@
 // cumsum: a prefix sum along one whole axis, by the device's row kernel (kernels::scan_rows), or
 // where a backend has none as log2(n) shifted adds (Hillis-Steele) of the layout and elementwise
 // ops. Its gradient is the reverse prefix sum.
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "nax/index_ops.h"
 #include "ops/across_blocks.h"
 #include "ops/row_ops.h"

@@ -1,7 +1,7 @@
 // softmax and log_softmax over one axis: a stable fused forward per row (max, exponentials, sum),
 // and a backward from the saved output alone. The axis must be whole on this device; over a vocab
 // cut across devices the loss uses the vocab-parallel pieces instead (cross_entropy).
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "nax/transformer_ops.h"
 #include "ops/row_ops.h"
 

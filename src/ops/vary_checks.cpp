@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "nax/collectives.h"
 #include "nax/ops.h"
 #include "ops/internal.h"

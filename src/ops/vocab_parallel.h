@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 #include "nax/tensor.h"
 
 namespace nax::detail {

@@ -4,7 +4,7 @@
 
 #include <map>
 
-#include "autodiff/node.h"
+#include "ops/node.h"
 #include "nax/transformer_ops.h"
 #include "ops/row_ops.h"
 

@@ -2,6 +2,7 @@
 // allocator per mesh device; NCCL communicators on the device's compute stream, so collectives are
 // ordered with the kernels around them without any host synchronisation.
 #include "runtime/cuda_devices.h"
+#include "runtime/components.h"
 
 #include <nccl.h>
 
@@ -15,9 +16,8 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "nax/core/error.h"
 
-namespace nax::detail {
+namespace nax::detail::cuda_impl {
 
-bool cuda_built() { return true; }
 int cuda_gpu_count() { return cuda::cuda_device_count(); }
 
 std::shared_ptr<Device> make_cuda_device(int index, int gpu) {
@@ -34,7 +34,7 @@ const cuda::CudaKernels& cuda_kernels_of(const Device& device) {
 
 int gpu_of(const Device& device) { return cuda_kernels_of(device).gpu(); }
 
-namespace {
+std::string new_nccl_id();
 
 class ProcessNcclIds final : public NcclIds {
  public:
@@ -49,8 +49,6 @@ class ProcessNcclIds final : public NcclIds {
   std::mutex mutex_;
   std::map<std::string, std::string> ids_;
 };
-
-}  // namespace
 
 std::string new_nccl_id() {
   const ncclUniqueId made = cuda::make_nccl_id();
@@ -73,4 +71,20 @@ std::unique_ptr<Communicator> make_nccl_communicator(const std::string& id, int 
   return comm;
 }
 
-}  // namespace nax::detail
+}  // namespace nax::detail::cuda_impl
+
+// Linking nax::cuda pulls this object in (the target's link options name nax_link_cuda_component,
+// static libraries included), and loading it registers the CUDA backend with the runtime.
+extern "C" void nax_link_cuda_component() {}
+
+namespace {
+const bool registered = (nax::detail::register_component(nax::detail::CudaComponent{
+                             .gpu_count = nax::detail::cuda_impl::cuda_gpu_count,
+                             .make_device = nax::detail::cuda_impl::make_cuda_device,
+                             .gpu_of = nax::detail::cuda_impl::gpu_of,
+                             .make_nccl_ids = nax::detail::cuda_impl::make_nccl_ids,
+                             .new_nccl_id = nax::detail::cuda_impl::new_nccl_id,
+                             .make_nccl_communicator = nax::detail::cuda_impl::make_nccl_communicator,
+                         }),
+                         true);
+}  // namespace

@@ -1,6 +1,7 @@
 #pragma once
-// The CUDA side of the runtimes (cuda_devices.cpp, built with the CUDA backend; no_cuda.cpp
-// otherwise): devices on GPUs and NCCL communicators for their groups.
+// The CUDA side of the runtimes: devices on GPUs and NCCL communicators for their groups. The core
+// library defines these (components.cpp) by forwarding to the CUDA component when a program links
+// nax::cuda (cuda_devices.cpp implements them there), and raises an error saying so otherwise.
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,7 +11,7 @@
 
 namespace nax::detail {
 
-// Whether nax was built with the CUDA backend, and the GPUs this process sees (0 without either).
+// Whether this program links the CUDA backend, and the GPUs this process sees (0 without either).
 bool cuda_built();
 int cuda_gpu_count();
 

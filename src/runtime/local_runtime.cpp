@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "comm/local/device_communicator.h"
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 #include "comm/local/local_communicator.h"
 #include "runtime/cuda_devices.h"
 #include "runtime/runtime_state.h"

@@ -9,8 +9,9 @@
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_session.h"
 #include "comm/mpi/mpi_world.h"
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 #include "nax/trace.h"
+#include "runtime/components.h"
 #include "runtime/cuda_devices.h"
 #include "runtime/runtime_state.h"
 
@@ -163,9 +164,7 @@ void MpiState::run(const std::function<void(Shard&)>& fn) {
   if (world_->control().aborting()) throw Error(world_->control().abort_reason());
 }
 
-}  // namespace
-
-Runtime Runtime::mpi(const Mesh& mesh, RuntimeOptions options) {
+std::unique_ptr<Runtime::State> make_mpi_runtime(const Mesh& mesh, const RuntimeOptions& options) {
   const double timeout = detail::collective_timeout_s(options);
   mpi::Session& session = mpi::Session::get();
   if (session.world_size() != mesh.size())
@@ -173,14 +172,25 @@ Runtime Runtime::mpi(const Mesh& mesh, RuntimeOptions options) {
          mesh.str(), mesh.size(), session.world_size(), mesh.size());
   session.set_exit_timeout(timeout);
   detail::configure_blas_threads(options);
-  return Runtime(std::make_unique<MpiState>(mesh, options));
+  return std::make_unique<MpiState>(mesh, options);
 }
 
-namespace {
 bool in_mpi_job() { return mpi::active() || detail::launched_by_mpirun(); }
+int mpi_process_index() { return in_mpi_job() ? mpi::Session::get().world_rank() : 0; }
+int mpi_process_count() { return in_mpi_job() ? mpi::Session::get().world_size() : 1; }
+
 }  // namespace
-
-int process_index() { return in_mpi_job() ? mpi::Session::get().world_rank() : 0; }
-int process_count() { return in_mpi_job() ? mpi::Session::get().world_size() : 1; }
-
 }  // namespace nax
+
+// Linking nax::mpi pulls this object in (the target's link options name nax_link_mpi_component,
+// static libraries included), and loading it registers Runtime::mpi with the runtime.
+extern "C" void nax_link_mpi_component() {}
+
+namespace {
+const bool registered = (nax::detail::register_component(nax::detail::MpiComponent{
+                             .make_runtime = nax::make_mpi_runtime,
+                             .process_index = nax::mpi_process_index,
+                             .process_count = nax::mpi_process_count,
+                         }),
+                         true);
+}  // namespace

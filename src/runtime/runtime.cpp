@@ -6,8 +6,9 @@
 #include <utility>
 
 #include "kernels/cpu/kernels.h"
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 #include "nax/trace.h"
+#include "runtime/components.h"
 #include "runtime/cuda_devices.h"
 #include "runtime/runtime_state.h"
 
@@ -71,9 +72,8 @@ double collective_timeout_s(const RuntimeOptions& options) {
 }
 
 std::shared_ptr<Device> make_device(int d, Backend backend, int slot, std::string_view op, const Mesh& mesh) {
-  if (backend == Backend::cpu) return std::make_shared<Device>(d, Backend::cpu, make_caching_host_allocator());
-  if (!cuda_built())
-    fail(op, "backend cuda for mesh {}: nax was built without the CUDA backend (NAX_WITH_CUDA=OFF or no toolkit found)", mesh.str());
+  if (backend == Backend::cpu) return std::make_shared<Device>(d, Backend::cpu, make_caching_host_allocator(), kernels::cpu_kernels_ptr());
+  if (!cuda_built()) fail(op, "backend cuda for mesh {}: {}", mesh.str(), cuda_unavailable_reason());
   if (cuda_gpu_count() == 0) fail(op, "backend cuda for mesh {}: this process sees no CUDA GPU", mesh.str());
   return make_cuda_device(d, slot % cuda_gpu_count());
 }

@@ -14,11 +14,9 @@
 #include <vector>
 
 #include "nax/core/dtype.h"
+#include "nax/core/reduce_op.h"
 
 namespace nax {
-
-enum class ReduceOp { sum, max, min };
-std::string_view reduce_op_name(ReduceOp op);
 
 enum class CollectiveKind { all_reduce, all_gather, reduce_scatter, all_to_all, permute, broadcast, barrier };
 inline constexpr int kCollectiveKinds = 7;

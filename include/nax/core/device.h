@@ -1,7 +1,9 @@
 #pragma once
 // A device: where a tensor's memory lives and which runtime worker computes on it.
 // The host (index -1) holds tensors made outside Runtime::run. A device computes through its
-// backend's kernels (src/kernels/kernels.h); only CPU devices' memory can be read by the host.
+// backend's kernels (nax/kernels/kernels.h), which the runtime hands it; only CPU devices' memory
+// can be read by the host. Core only holds the kernels: the two members that use them,
+// host_accessible and host, are defined by the kernel layer (src/kernels/device.cpp).
 #include <memory>
 #include <string>
 #include <string_view>
@@ -11,7 +13,7 @@
 namespace nax {
 
 namespace kernels {
-class Kernels;  // the backend's raw compute: src/kernels/kernels.h
+class Kernels;  // the backend's raw compute: nax/kernels/kernels.h
 }
 
 enum class Backend { cpu, cuda };
@@ -20,8 +22,8 @@ Backend parse_backend(std::string_view name);  // "cpu" or "cuda"; anything else
 
 class Device {
  public:
-  // `kernels`: the backend's compute for this device (the CPU kernels when null).
-  Device(int index, Backend backend, std::shared_ptr<Allocator> allocator, std::shared_ptr<kernels::Kernels> kernels = nullptr);
+  // `kernels`: the backend's compute for this device (kernels::cpu_kernels_ptr() for a CPU device).
+  Device(int index, Backend backend, std::shared_ptr<Allocator> allocator, std::shared_ptr<kernels::Kernels> kernels);
 
   int index() const { return index_; }
   bool is_host() const { return index_ < 0; }

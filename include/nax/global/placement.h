@@ -7,9 +7,13 @@
 #include <utility>
 #include <vector>
 
+#include "nax/core/reduce_op.h"
+
 namespace nax {
 
-enum class PartialOp { sum, max };
+// The reduction a partial value still needs: core's ReduceOp (the global view makes sum and max);
+// vary_placement.h maps placements to vary types.
+using PartialOp = ReduceOp;
 
 class Placement {
  public:

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "comm/element_at.h"
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 
 namespace nax::local {
 

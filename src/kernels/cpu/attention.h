@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 #include "nax/core/dtype.h"
 
 namespace nax::cpu {

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/strided.h"
-#include "nax/comm/communicator.h"
+#include "nax/core/reduce_op.h"
 #include "nax/core/dtype.h"
 
 namespace nax::cpu {

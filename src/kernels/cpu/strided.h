@@ -1,11 +1,11 @@
 #pragma once
-// N-d iteration over strided operands (the Layout of kernels/kernels.h): dimensions are coalesced
+// N-d iteration over strided operands (the Layout of nax/kernels/kernels.h): dimensions are coalesced
 // where every operand's layout allows, then `row` is called once per innermost row with each
 // operand's offset and stride.
 #include <array>
 #include <cstdint>
 
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 #include "nax/core/error.h"
 
 namespace nax::cpu {

@@ -1,7 +1,7 @@
 #pragma once
 // Fused causal attention on CUDA, flash-attention style (forward and backward): no [tq x tk]
 // matrix in device memory. Semantics as the kernel interface's causal_attention_forward and
-// _backward (src/kernels/kernels.h; the CPU reference is src/kernels/cpu/attention.cpp): query i
+// _backward (include/nax/kernels/kernels.h; the CPU reference is src/kernels/cpu/attention.cpp): query i
 // of tq sits at position i + tk - tq and attends keys 0..that position, scores scaled by
 // sizes.scale; lse[b * tq + i] is row i's log-sum-exp, f32.
 //
@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 
 namespace nax::cuda {
 

@@ -1,5 +1,5 @@
 #pragma once
-// The CUDA backend of the kernel interface (kernels/kernels.h) for one GPU: every method selects
+// The CUDA backend of the kernel interface (nax/kernels/kernels.h) for one GPU: every method selects
 // the GPU and enqueues its work on the one compute stream, in call order, and returns; only
 // copy_to_host and synchronize wait. f32, f64, bf16 (f32 arithmetic and accumulation inside the
 // kernels) and i32 where the kernel has integer semantics. Not thread-safe: one worker per GPU.
@@ -11,7 +11,7 @@
 
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/resources.h"
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 
 namespace nax::cuda {
 

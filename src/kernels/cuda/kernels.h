@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 
 namespace nax::cuda {
 
@@ -49,7 +49,7 @@ struct AdamWConfig {
 };
 void adamw_step(cudaStream_t stream, float* param, float* m, float* v, const float* grad, bf16_t* param_bf16, std::size_t n,
                 const AdamWConfig& config);
-// The same out of place, with the coefficients of the kernel interface (kernels/kernels.h).
+// The same out of place, with the coefficients of the kernel interface (nax/kernels/kernels.h).
 void adamw_step(cudaStream_t stream, std::size_t n, const float* param, const float* m, const float* v, const float* grad,
                 float* param_out, float* m_out, float* v_out, const kernels::AdamWStep& step);
 

@@ -1,12 +1,12 @@
 #pragma once
 // CUDA kernels that fill, move and select elements of any dtype (layout.cu), with the semantics of
-// the kernel interface (kernels/kernels.h) and the CPU kernels. Each is enqueued on `stream`.
+// the kernel interface (nax/kernels/kernels.h) and the CPU kernels. Each is enqueued on `stream`.
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 #include "nax/core/dtype.h"
 
 namespace nax::cuda {

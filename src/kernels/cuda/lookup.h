@@ -1,6 +1,6 @@
 #pragma once
 // CUDA vocabulary lookups (lookup.cu): embedding rows by id and picked logits, and their scatters,
-// with the vocab-parallel range of kernels/kernels.h (ids outside it read as zero, scatter nothing).
+// with the vocab-parallel range of nax/kernels/kernels.h (ids outside it read as zero, scatter nothing).
 // ids and targets are i32 in device memory.
 #include <cuda_runtime.h>
 
@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/resources.h"
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 #include "nax/core/dtype.h"
 
 namespace nax::cuda {

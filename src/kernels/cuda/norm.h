@@ -1,6 +1,6 @@
 #pragma once
 // CUDA row normalisations (norm.cu): layer_norm and (log-)softmax over contiguous rows of length
-// n, f32, f64 or bf16 (statistics and sums in f32 for bf16). The semantics of kernels/kernels.h.
+// n, f32, f64 or bf16 (statistics and sums in f32 for bf16). The semantics of nax/kernels/kernels.h.
 #include <cuda_runtime.h>
 
 #include <cstdint>

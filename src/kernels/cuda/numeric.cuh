@@ -8,7 +8,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "nax/comm/communicator.h"
+#include "nax/core/reduce_op.h"
 #include "nax/core/dtype.h"
 #include "nax/core/error.h"
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 
 #include "kernels/cuda/resources.h"
-#include "kernels/kernels.h"
-#include "nax/comm/communicator.h"
+#include "nax/kernels/kernels.h"
+#include "nax/core/reduce_op.h"
 #include "nax/core/dtype.h"
 
 namespace nax::cuda {

@@ -1,11 +1,11 @@
 #pragma once
-// The CUDA rotary embedding (rotary.cu), in place, with the semantics of kernels/kernels.h:
+// The CUDA rotary embedding (rotary.cu), in place, with the semantics of nax/kernels/kernels.h:
 // `outer_offsets` (outer_count of them) are in device memory here.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 
 namespace nax::cuda {
 

@@ -9,7 +9,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/map.cuh"
 #include "kernels/cuda/numeric.cuh"
-#include "kernels/kernels.h"
+#include "nax/kernels/kernels.h"
 
 namespace nax::cuda::detail {
 

@@ -1,0 +1,58 @@
+// The tape every op records on: grad mode, parameters, stop_gradient and record (node.h). The
+// backward pass that walks it is the autodiff layer's (src/autodiff/autodiff.cpp).
+#include "ops/node.h"
+
+#include <atomic>
+
+#include "nax/core/error.h"
+
+namespace nax {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+}  // namespace
+
+bool grad_enabled() { return g_grad_enabled; }
+NoGrad::NoGrad() : previous_(g_grad_enabled) { g_grad_enabled = false; }
+NoGrad::~NoGrad() { g_grad_enabled = previous_; }
+
+Tensor parameter(const Tensor& x) {
+  if (!x.defined()) fail("parameter", "the tensor is undefined");
+  auto node = std::make_shared<autodiff::Node>();
+  node->op = "parameter";
+  node->leaf = true;
+  return x.with_grad_node(std::move(node));
+}
+
+Tensor stop_gradient(const Tensor& x) { return x.requires_grad() ? x.with_grad_node(nullptr) : x; }
+
+namespace autodiff {
+
+std::uint64_t Node::next_sequence() {
+  static std::atomic<std::uint64_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!g_grad_enabled) return false;
+  for (const Tensor* t : inputs)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+Tensor record(std::string op, const Tensor& out, std::vector<Tensor> inputs, BackwardFn backward) {
+  if (!g_grad_enabled) return out;
+  bool needed = false;
+  for (auto& t : inputs) {
+    if (t.defined() && t.requires_grad()) needed = true;
+    else t = Tensor();  // keep nothing alive for an input that takes no gradient
+  }
+  if (!needed) return out;
+  auto node = std::make_shared<Node>();
+  node->op = std::move(op);
+  node->inputs = std::move(inputs);
+  node->backward = std::move(backward);
+  return out.with_grad_node(std::move(node));
+}
+}  // namespace autodiff
+}  // namespace nax

@@ -1,0 +1,86 @@
+#pragma once
+// The one way tests compare computed numbers with a reference: element by element, each element's
+// error |got - want| / max(1, |want|) (absolute near zero, relative elsewhere), and a NaN or an
+// infinity on either side that the other side does not match exactly counts as an infinite error,
+// so that no comparison passes on a NaN (std::max(worst, NaN) would have dropped it).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "nax/core/dtype.h"
+
+namespace nax::testing {
+
+// One element's error; infinite where either side is NaN, or infinite without the other matching.
+inline double element_error(double got, double want) {
+  if (std::isnan(got) || std::isnan(want)) return std::numeric_limits<double>::infinity();
+  if (std::isinf(got) || std::isinf(want)) return got == want ? 0.0 : std::numeric_limits<double>::infinity();
+  return std::abs(got - want) / std::max(1.0, std::abs(want));
+}
+
+struct Mismatch {
+  double error = 0;      // the worst element's error (infinite for a NaN or a size mismatch)
+  std::size_t index = 0;  // where it is
+  double got = 0, want = 0;
+};
+
+// The worst element of got against want (sizes must match: else an infinite error).
+template <typename G, typename W>
+Mismatch worst_element(const std::vector<G>& got, const std::vector<W>& want) {
+  Mismatch worst;
+  if (got.size() != want.size()) {
+    worst.error = std::numeric_limits<double>::infinity();
+    return worst;
+  }
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = static_cast<double>(got[i]), w = static_cast<double>(want[i]);
+    const double e = element_error(g, w);
+    if (e > worst.error || (i == 0 && e == worst.error)) worst = {e, i, g, w};
+  }
+  return worst;
+}
+
+// The worst element's error (0 for empty vectors).
+template <typename G, typename W>
+double max_rel_error(const std::vector<G>& got, const std::vector<W>& want) {
+  return worst_element(got, want).error;
+}
+
+inline double max_rel_error(const std::vector<double>& got, const std::vector<double>& want) {  // braced lists too
+  return worst_element(got, want).error;
+}
+
+// Requires every element of got within tol of want, and says which element is worst when not.
+template <typename G, typename W>
+void require_close(const std::vector<G>& got, const std::vector<W>& want, double tol) {
+  const Mismatch worst = worst_element(got, want);
+  INFO("sizes " << got.size() << " and " << want.size() << "; worst element " << worst.index << ": got " << worst.got
+                << ", want " << worst.want << ", error " << worst.error << " (tolerance " << tol << ")");
+  REQUIRE(worst.error <= tol);
+}
+
+// The tolerance for a result computed in `dtype` from sums of `reduction_length` terms: a few
+// units in the last place of the dtype, growing with the square root of the length (rounding
+// errors of a long sum add up like a random walk), at least the dtype's own rounding.
+inline double tolerance_for(DType dtype, std::int64_t reduction_length = 1) {
+  double eps = 0;
+  switch (dtype) {
+    case DType::f64: eps = std::numeric_limits<double>::epsilon(); break;
+    case DType::f32: eps = std::numeric_limits<float>::epsilon(); break;
+    case DType::bf16: eps = 1.0 / 128; break;  // 8 significant bits: 2^-7
+    default: eps = 0; break;  // integers: exact
+  }
+  return 8 * eps * std::sqrt(static_cast<double>(std::max<std::int64_t>(1, reduction_length)));
+}
+
+inline void require_close(const std::vector<double>& got, const std::vector<double>& want, double tol) {  // braced lists too
+  require_close<double, double>(got, want, tol);
+}
+
+}  // namespace nax::testing
