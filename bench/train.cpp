@@ -6,7 +6,7 @@
 // peak (989 TFLOP/s dense bf16 on H100/H200; goal for 1.3b at seq 2048 in bf16: >= 40%).
 //
 //   build/bin/bench_train [--config small] [--meshes dp=1,mp=1;dp=1,mp=2;...] [--steps N] [--json FILE]
-//                         [--backend cpu|cuda] [--dtype f32|bf16] [--batch B] [--seq T]
+//                         [--backend cpu|cuda] [--dtype f32|bf16] [--batch B] [--seq T] [--remat]
 #include <fmt/format.h>
 
 #include <thread>
@@ -22,11 +22,12 @@ int main(int argc, char** argv) {
     std::int64_t steps = 8, batch = 8, seq = 128;
     nax::Backend backend = nax::Backend::cpu;
     nax::DType dtype = nax::DType::f32;
+    bool remat = false;
     for (int i = 1; i < argc; ++i) {
       std::string arg = argv[i];
       if (arg == "--help" || arg == "-h") {
         fmt::print("usage: bench_train [--config small] [--meshes 'dp=1,mp=1;dp=2,mp=2'] [--steps N] [--batch B] [--seq T] [--json FILE]\n"
-                   "                   [--backend cpu|cuda] [--dtype f32|bf16]\n");
+                   "                   [--backend cpu|cuda] [--dtype f32|bf16] [--remat]\n");
         return 0;
       }
       if (arg == "--config") config = bench::flag_value(argc, argv, i);
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
       else if (arg == "--json") json_path = bench::flag_value(argc, argv, i);
       else if (arg == "--backend") backend = nax::parse_backend(bench::flag_value(argc, argv, i));
       else if (arg == "--dtype") dtype = gptj::parse_compute_dtype(bench::flag_value(argc, argv, i));
+      else if (arg == "--remat") remat = true;
       else nax::fail("bench_train", "unknown argument '{}' (try --help)", arg);
     }
     std::string text;
@@ -57,6 +59,7 @@ int main(int argc, char** argv) {
       gptj::TrainOptions o;
       o.config = config, o.mesh = mesh, o.steps = steps, o.batch = batch, o.seq = seq, o.eval_every = 0, o.eval_batches = 1, o.quiet = true;
       o.backend = backend, o.dtype = dtype, o.warmup = std::min<std::int64_t>(o.warmup, steps);
+      o.remat = remat;
       o.time_phases = true;  // a queue drain at each phase boundary: microseconds against steps of 100s of ms
       auto r = gptj::train(o, data);
       if (base == 0) base = r.tokens_per_s;
@@ -67,6 +70,7 @@ int main(int argc, char** argv) {
                          .add("config", config)
                          .add("backend", std::string(nax::backend_name(backend)))
                          .add("dtype", std::string(nax::dtype_name(dtype)))
+                         .add("remat", remat)
                          .add("batch", static_cast<double>(batch))
                          .add("seq", static_cast<double>(seq))
                          .add("tokens_per_s", r.tokens_per_s)

@@ -119,6 +119,8 @@ void train_help() {
       "  --tokenizer FILE   a Hugging Face tokenizer.json (byte-level BPE) instead of bytes; the text\n"
       "                     is tokenized once into FILE.tokens (docs/tokenizer.md)\n"
       "  --token-cache DIR  where those token files go                  (default: beside the data)\n"
+      "  --remat            activation checkpointing per block: keep only each block's input and\n"
+      "                     recompute its forward in backward (less memory, one more forward)\n"
       "  --quiet            no progress line\n");
 }
 
@@ -154,6 +156,7 @@ int run_train(int argc, char** argv) {
               train_help,
               {{"--resume", [&](const std::string&) { o.resume = true; }},
                {"--allow-extend-steps", [&](const std::string&) { o.allow_extend_steps = true; }},
+               {"--remat", [&](const std::string&) { o.remat = true; }},
                {"--quiet", [&](const std::string&) { o.quiet = true; }}});
   gptj::check_options(o);  // before the data is read
   auto result = gptj::train(o, o.tokenizer.empty() ? gptj::TextData::load(o.data)
