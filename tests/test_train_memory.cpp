@@ -14,7 +14,7 @@ void require_same_steps(const nax::testing::StepValues& got, const nax::testing:
 
 }  // namespace
 
-TEST_CASE("--remat gives the same losses and gradient norms as without", "[gptj][remat][mesh]") {
+TEST_CASE("training with remat per block (--remat) gives the same losses and gradient norms as without", "[gptj][remat][mesh]") {
   for (const std::string mesh : {"dp=1,mp=1", "dp=1,mp=2", "dp=2,mp=2"}) {
     INFO("mesh " << mesh);
     gptj::TrainOptions o = nax::testing::tiny(mesh, 3);
