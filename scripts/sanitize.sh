@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the tests under sanitizers: ASan+UBSan on every test but the install and Hugging Face ones
-# (build-asan/), TSan on the runtime, communicator, error, gradient, nn, global-view, device and async
+# (build-asan/), TSan on the runtime, communicator, error, gradient, nn, global-view, device, async and trace
 # tests (build-tsan/). OpenBLAS runs one thread so that TSan sees only our own threads. The CUDA
 # backend is left out (its code cannot run without a GPU; compute-sanitizer is its tool).
 #   scripts/sanitize.sh [asan|tsan]   (both when no argument)
@@ -17,8 +17,8 @@ if [ "$which" = all ] || [ "$which" = asan ]; then
 fi
 if [ "$which" = all ] || [ "$which" = tsan ]; then
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DNAX_SANITIZE=thread -DNAX_BUILD_BENCH=OFF -DNAX_BUILD_EXAMPLES=ON -DNAX_WITH_CUDA=OFF
-  cmake --build build-tsan -j "$(nproc)" --target test_mesh test_errors test_grad test_nn test_global test_devices test_async
-  for t in test_mesh test_errors test_grad test_nn test_global test_devices test_async; do
+  cmake --build build-tsan -j "$(nproc)" --target test_mesh test_errors test_grad test_nn test_global test_devices test_async test_trace
+  for t in test_mesh test_errors test_grad test_nn test_global test_devices test_async test_trace; do
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "build-tsan/bin/$t"
   done
 fi
