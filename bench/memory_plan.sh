@@ -19,7 +19,7 @@ printf "%-44s %12s %12s %8s\n" "case" "planned GB" "measured GB" "error"
 for c in "${cases[@]}"; do
   read -r config seq batch mesh flags <<<"$c"
   # shellcheck disable=SC2086
-  planned=$("$build/bin/gptj" plan --config "$config" --seq "$seq" --batch "$batch" --mesh "$mesh" ${flags:-} | awk '$1 == "peak" {print $2}')
+  planned=$("$build/bin/gptj" plan --config "$config" --seq "$seq" --batch "$batch" --mesh "$mesh" ${flags:-} | awk '$1 == "peak" && $2 != "in" {print $2}')
   # shellcheck disable=SC2086
   "$build/bin/bench_train" --config "$config" --seq "$seq" --batch "$batch" --meshes "$mesh" --steps 2 ${flags:-} --json "$json" >/dev/null
   measured=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))[0]['peak_device_bytes'] / 1e9)" "$json")

@@ -17,6 +17,7 @@ namespace {
 // One device's sizes: its parameters (those cut over mp divided by mp) and its tokens.
 struct DeviceSizes {
   double params = 0, block_params = 0, head_params = 0;  // elements
+  double largest = 0;                                    // the largest parameter's elements
   double tokens = 0;                                    // batch / dp x seq
   double d = 0, attn = 0, ff = 0, heads = 0, vocab = 0;  // per device: d_model, heads x head_dim / mp, d_ff / mp, heads / mp, vocab / mp
   double layers = 0;
@@ -31,6 +32,7 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o) {
     const bool cut = spec.global.has("vocab") || spec.global.has("heads") || spec.global.has("mlp");
     const double n = static_cast<double>(spec.global.numel()) / (cut ? mp : 1.0);
     s.params += n;
+    s.largest = std::max(s.largest, n);
     (spec.name.starts_with("transformer.h.") ? s.block_params : s.head_params) += n;
   }
   s.block_params /= static_cast<double>(c.n_layers);
@@ -74,6 +76,7 @@ double head_transient(const DeviceSizes& s) { return 4 * 2 * s.tokens * s.vocab;
 
 MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) {
   if (o.dtype != DType::f32 && o.dtype != DType::bf16) fail("plan", "--dtype expects bf16 or f32, got '{}'", dtype_name(o.dtype));
+  if (o.batch < 1) fail("plan", "--batch must be at least 1, got {}", o.batch);
   check_fits(c, mesh, o.batch);
   if (o.seq < 1 || o.seq > c.max_seq) fail("plan", "--seq must be in 1..{} for config {}, got {}", c.max_seq, c.name, o.seq);
   if (!(o.device_memory > 0)) fail("plan", "--device-memory must be positive");
@@ -100,8 +103,11 @@ MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) 
   const double at_first_block = kept_per_block + recompute + block_transient(s, e) + p.gradients;
   const double at_dp_sum = (s.dp > 1 ? 4 : 1) * p.gradients;
   p.backward_peak = state + std::max({at_head, at_last_block, at_first_block, at_dp_sum});
-  // The step: the accumulated gradients and their clipped copy, the old parameters and the new.
-  p.optimizer_peak = 2 * p.parameters + p.optimizer + 2 * p.gradients;
+  // The step: the accumulated gradients and their clipped copy, the old parameters and the new, and
+  // while the largest parameter is updated its new moments beside the old (with --zero: every
+  // updated part, and the largest parameter's part and gathered copy).
+  const double step_transient = o.zero ? 4 * (std::ceil(s.params / s.dp) + s.largest * (1 + 1 / s.dp)) : 8 * s.largest;
+  p.optimizer_peak = 2 * p.parameters + p.optimizer + 2 * p.gradients + step_transient;
   p.peak = std::max(p.backward_peak, p.optimizer_peak);
   p.fits = p.peak <= o.device_memory;
   return p;
