@@ -6,9 +6,12 @@
 // peak (989 TFLOP/s dense bf16 on H100/H200; goal for 1.3b at seq 2048 in bf16: >= 40%).
 //
 //   build/bin/bench_train [--config small] [--meshes dp=1,mp=1;dp=1,mp=2;...] [--steps N] [--json FILE]
-//                         [--backend cpu|cuda] [--dtype f32|bf16] [--batch B] [--seq T]
+//                         [--backend cpu|cuda] [--dtype f32|bf16] [--batch B] [--seq T] [--trace FILE]
+// --trace FILE writes each mesh's timeline (nax/trace.h): FILE itself for one mesh, else FILE with
+// the mesh before the extension (run.json -> run.dp=1_mp=2.json).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "bench_util.h"
@@ -17,7 +20,7 @@
 
 int main(int argc, char** argv) {
   try {
-    std::string config = "small", json_path;
+    std::string config = "small", json_path, trace_path;
     std::vector<std::string> meshes = {"dp=1,mp=1", "dp=1,mp=2", "dp=2,mp=1", "dp=2,mp=2"};
     std::int64_t steps = 8, batch = 8, seq = 128;
     nax::Backend backend = nax::Backend::cpu;
@@ -26,7 +29,7 @@ int main(int argc, char** argv) {
       std::string arg = argv[i];
       if (arg == "--help" || arg == "-h") {
         fmt::print("usage: bench_train [--config small] [--meshes 'dp=1,mp=1;dp=2,mp=2'] [--steps N] [--batch B] [--seq T] [--json FILE]\n"
-                   "                   [--backend cpu|cuda] [--dtype f32|bf16]\n");
+                   "                   [--backend cpu|cuda] [--dtype f32|bf16] [--trace FILE]\n");
         return 0;
       }
       if (arg == "--config") config = bench::flag_value(argc, argv, i);
@@ -42,6 +45,7 @@ int main(int argc, char** argv) {
       else if (arg == "--batch") batch = bench::parse_integer(bench::flag_value(argc, argv, i), "--batch");
       else if (arg == "--seq") seq = bench::parse_integer(bench::flag_value(argc, argv, i), "--seq");
       else if (arg == "--json") json_path = bench::flag_value(argc, argv, i);
+      else if (arg == "--trace") trace_path = bench::flag_value(argc, argv, i);
       else if (arg == "--backend") backend = nax::parse_backend(bench::flag_value(argc, argv, i));
       else if (arg == "--dtype") dtype = gptj::parse_compute_dtype(bench::flag_value(argc, argv, i));
       else nax::fail("bench_train", "unknown argument '{}' (try --help)", arg);
@@ -57,6 +61,15 @@ int main(int argc, char** argv) {
       gptj::TrainOptions o;
       o.config = config, o.mesh = mesh, o.steps = steps, o.batch = batch, o.seq = seq, o.eval_every = 0, o.eval_batches = 1, o.quiet = true;
       o.backend = backend, o.dtype = dtype, o.warmup = std::min<std::int64_t>(o.warmup, steps);
+      std::string mesh_trace = trace_path;
+      if (!trace_path.empty() && meshes.size() > 1) {
+        std::string tag = mesh;
+        std::replace(tag.begin(), tag.end(), ',', '_');
+        const std::size_t dot = trace_path.find_last_of('.'), slash = trace_path.find_last_of('/');
+        const bool extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+        mesh_trace = extension ? fmt::format("{}.{}{}", trace_path.substr(0, dot), tag, trace_path.substr(dot)) : trace_path + "." + tag;
+      }
+      const nax::trace::Scope trace(mesh_trace, "bench_train " + mesh);
       o.time_phases = true;  // a queue drain at each phase boundary: microseconds against steps of 100s of ms
       auto r = gptj::train(o, data);
       if (base == 0) base = r.tokens_per_s;

@@ -3,6 +3,7 @@
 
 The layers, lowest first (docs/architecture.md describes each):
   core      include/nax/core, include/nax/tensor.h, src/core
+  trace     include/nax/trace.h, src/trace (the timeline recorder; it uses core only)
   kernels   include/nax/kernels, src/kernels (cpu, cuda)
   comm      include/nax/comm, src/comm (local, mpi, nccl)
   runtime   include/nax/runtime.h, src/runtime
@@ -24,9 +25,10 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["core", "kernels", "comm", "runtime", "ops", "autodiff", "global", "nn", "checkpoint", "text"]
+LAYERS = ["core", "trace", "kernels", "comm", "runtime", "ops", "autodiff", "global", "nn", "checkpoint", "text"]
 TOP_LEVEL_HEADERS = {
     "tensor.h": "core",  # the value type; its methods are defined by the op layer (src/ops/tensor.cpp)
+    "trace.h": "trace",
     "runtime.h": "runtime",
     "ops.h": "ops",
     "collectives.h": "ops",

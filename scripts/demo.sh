@@ -3,7 +3,8 @@
 # text of Debian's fortunes package on a simulated dp=2,mp=2 mesh for a few minutes, prints the
 # held-out loss and a sample, then compares the hand-coded model with the automatically sharded
 # one (and JAX's jit/NamedSharding, installed from PyPI into .venv-jax/ unless JAX=0) on the same
-# mesh, and draws the loss curves and the comparison into out/demo/plots/.
+# mesh, and draws the loss curves, the comparison and the per-step breakdown of each device's time
+# (from the comparison's trace) into out/demo/plots/.
 #   STEPS=300 MESH=dp=2,mp=2 COMPARE_STEPS=20 JAX=1 scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,5 +38,9 @@ echo
 jax=()
 [ "${JAX:-1}" = "1" ] && jax=(--with-jax --install-jax)
 build/bin/gptj compare --config small --mesh "$mesh" "${corpus[@]}" --steps "${COMPARE_STEPS:-20}" --batch 8 --seq 128 \
-  --lr 2e-3 --warmup 30 --json "$out/compare.json" "${jax[@]}"
+  --lr 2e-3 --warmup 30 --json "$out/compare.json" --trace "$out/compare_trace.json" "${jax[@]}"
 /usr/bin/python3 scripts/plot.py --metrics "$out/metrics.jsonl" --label "train (hand, $mesh)" --compare "$out/compare.json" --out "$out/plots"
+# Where each device's time goes per step, hand-coded vs automatic (open the trace in ui.perfetto.dev).
+trace_files=("$out"/compare_trace.json)
+[ -f "$out/compare_trace.json" ] || trace_files=("$out"/compare_trace.rank*.json)
+/usr/bin/python3 scripts/trace_breakdown.py "${trace_files[@]}" --plot "$out/plots/breakdown.png" --fit

@@ -289,7 +289,7 @@ TEST_CASE("layer_norm_epsilon of config.json is honoured", "[e2e][gptj]") {
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("--resume compares the run's settings and names what differs", "[e2e][gptj][errors]") {
+TEST_CASE("resume (--resume) compares the run's settings and names what differs", "[e2e][gptj][errors]") {
   const std::string dir = scratch_dir("resume_checks");
   auto first = tiny("dp=1,mp=2", 4);
   first.ckpt_dir = dir, first.stop_after = 2;

@@ -16,6 +16,7 @@
 #include "checkpoint.h"
 #include "export.h"
 #include "learner.h"
+#include "progress.h"
 
 #ifndef NAX_SOURCE_DIR
 #define NAX_SOURCE_DIR "."
@@ -49,12 +50,17 @@ struct Track {
   std::size_t peak = 0;
 };
 
-void step_and_track(Shard& s, Learner& learner, Learner& other, Track& track, const Tensor& x, const Tensor& y, double lr) {
+void step_and_track(Shard& s, Learner& learner, Learner& other, Track& track, const Tensor& x, const Tensor& y, double lr,
+                    std::int64_t step) {
   const std::size_t others = resident_bytes(other);
   s.device_ptr()->allocator().reset_peak();
   const auto comm_before = s.comm_stats();
   const auto t0 = Clock::now();
+  trace::Span step_span("step", "step", [&] {
+    return fmt::format("\"step\": {}, \"sharding\": {}", step, trace::quote(learner.sharding()));
+  });
   const auto stats = learner.step(x, y, lr);
+  step_span.close();
   track.step_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   track.last_comm = s.comm_stats_since(comm_before);
   track.losses.push_back(stats.loss);
@@ -168,6 +174,7 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   const AxisRules rules = axis_rules(mesh);
   Runtime rt = Runtime::from_env(mesh, runtime_options(o.train.backend));
   Track hand_track, auto_track;
+  Progress progress(o.train.quiet || process_index() != 0, o.train.steps);
   rt.run([&](Shard& s) {
     Learner h(s, config, rules, hand), a(s, config, rules, automatic);
     for (std::int64_t step = 0; step < o.train.steps; ++step) {
@@ -179,18 +186,18 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
       Track& at = s.device() == 0 ? auto_track : scratch;
       // Alternate which goes first, so that neither always follows the other's cache footprint.
       if (step % 2 == 0) {
-        step_and_track(s, h, a, ht, x, y, lr);
-        step_and_track(s, a, h, at, x, y, lr);
+        step_and_track(s, h, a, ht, x, y, lr, step);
+        step_and_track(s, a, h, at, x, y, lr, step);
       } else {
-        step_and_track(s, a, h, at, x, y, lr);
-        step_and_track(s, h, a, ht, x, y, lr);
+        step_and_track(s, a, h, at, x, y, lr, step);
+        step_and_track(s, h, a, ht, x, y, lr, step);
       }
-      if (s.device() == 0 && !o.train.quiet)
-        fmt::print(stderr, "\rcompare: step {}/{} | hand loss {:.4f} {:.0f} ms | auto loss {:.4f} {:.0f} ms   ", step + 1, o.train.steps,
-                   ht.losses.back(), 1e3 * ht.step_s.back(), at.losses.back(), 1e3 * at.step_s.back());
+      if (s.device() == 0)
+        progress.update(step, fmt::format("compare: step {}/{} | hand loss {:.4f} {:.0f} ms | auto loss {:.4f} {:.0f} ms", step + 1,
+                                          o.train.steps, ht.losses.back(), 1e3 * ht.step_s.back(), at.losses.back(), 1e3 * at.step_s.back()));
     }
   });
-  if (!o.train.quiet) fmt::print(stderr, "\n");
+  progress.finish();
   std::vector<CompareRow> rows;
   if (process_index() != 0) return rows;
   rows.push_back(row_of("hand", hand_track, o));

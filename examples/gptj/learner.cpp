@@ -59,13 +59,19 @@ Learner::StepStats Learner::step(const Tensor& ids, const Tensor& targets, doubl
   };
   Tensor loss_sum;
   for (std::int64_t m = 0; m < micro; ++m) {
-    Tensor l = loss(micro_batch(ids, m, micro), micro_batch(targets, m, micro));
-    phase(stats.forward_s);
+    Tensor l;
+    {
+      const trace::Span forward_span("phase", "forward");
+      l = loss(micro_batch(ids, m, micro), micro_batch(targets, m, micro));
+      phase(stats.forward_s);
+    }
+    const trace::Span backward_span("phase", "backward");
     acc.add(grad(l, model_.params().values()));
     phase(stats.backward_s);
     const Tensor wide = cast(stop_gradient(l), DType::f64);
     loss_sum = loss_sum.defined() ? loss_sum + wide : wide;
   }
+  const trace::Span optimizer_span("phase", "optimizer");
   auto grads = acc.mean();
   stats.grad_norm = nn::clip_by_global_norm_on_device(grads, options_.clip);
   model_.params().assign(optimizer_.step(model_.params().values(), grads, lr));

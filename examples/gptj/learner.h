@@ -35,6 +35,7 @@ class Learner {
   StepStats step(const nax::Tensor& ids, const nax::Tensor& targets, double lr);
 
   Model& model() { return model_; }
+  const std::string& sharding() const { return options_.sharding; }
   nax::nn::AdamW& optimizer() { return optimizer_; }
 
  private:

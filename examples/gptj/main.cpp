@@ -70,6 +70,31 @@ double to_double(const std::string& flag, const std::string& v) {
 }
 
 
+// --trace FILE: records the command's timeline and writes it at the end (nax/trace.h; under mpirun
+// one file per process, FILE.rank<r>.json).
+class TraceFile {
+ public:
+  Handler flag() {
+    return [this](const std::string& v) { path_ = v; };
+  }
+  void start() {
+    if (!path_.empty()) nax::trace::start();
+  }
+  ~TraceFile() {
+    if (path_.empty()) return;
+    nax::trace::stop();
+    try {
+      nax::trace::write(path_, "gptj");
+      fmt::print(stderr, "trace: {} spans written to {}\n", nax::trace::event_count(), nax::trace::process_path(path_));
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "error: {}\n", e.what());
+    }
+  }
+
+ private:
+  std::string path_;
+};
+
 // The flags that say what to train on, shared by train, compare and export.
 std::map<std::string, Handler> run_flags(gptj::TrainOptions& o, std::map<std::string, Handler> more) {
   std::map<std::string, Handler> flags{
@@ -124,7 +149,9 @@ void train_help() {
       "  --init-from DIR    fine-tune: start from a Hugging Face GPT-J folder (config.json and\n"
       "                     model.safetensors or shards with model.safetensors.index.json) or a\n"
       "                     nax step folder; its config replaces --config (docs/hf-import.md)\n"
-      "  --quiet            no progress line\n");
+      "  --trace FILE       write a timeline of every device's ops and collectives (Chrome trace JSON,\n"
+      "                     for Perfetto and scripts/trace_breakdown.py; one file per rank under mpirun)\n"
+      "  --quiet            no progress line (on a terminal a live line, else a plain line per second at most)\n");
 }
 
 void sample_help() {
@@ -139,13 +166,16 @@ void sample_help() {
       "  --temperature X    0 picks the most likely token                 (default 0.8)\n"
       "  --top-k K          sample among the K most likely tokens         (default 40)\n"
       "  --seed S           sampling seed                                 (default 0)\n"
-      "  --tokenizer FILE   the tokenizer.json the model was trained with (default: bytes)\n");
+      "  --tokenizer FILE   the tokenizer.json the model was trained with (default: bytes)\n"
+      "  --trace FILE       write a timeline of the devices' ops and collectives (as for gptj train)\n");
 }
 
 int run_train(int argc, char** argv) {
   gptj::TrainOptions o;
+  TraceFile trace;
   parse_flags(argc, argv, 2,
-              run_flags(o, {{"--micro-batches", [&](const std::string& v) { o.micro_batches = to_int("--micro-batches", v); }},
+              run_flags(o, {{"--trace", trace.flag()},
+                            {"--micro-batches", [&](const std::string& v) { o.micro_batches = to_int("--micro-batches", v); }},
                             {"--ckpt-dir", [&](const std::string& v) { o.ckpt_dir = v; }},
                             {"--save-every", [&](const std::string& v) { o.save_every = to_int("--save-every", v); }},
                             {"--keep", [&](const std::string& v) { o.keep = to_int("--keep", v); }},
@@ -162,6 +192,7 @@ int run_train(int argc, char** argv) {
                {"--allow-extend-steps", [&](const std::string&) { o.allow_extend_steps = true; }},
                {"--quiet", [&](const std::string&) { o.quiet = true; }}});
   gptj::check_options(o);  // before the data is read
+  trace.start();
   auto result = gptj::train(o, o.tokenizer.empty() ? gptj::TextData::load(o.data)
                                                    : gptj::TextData::load_tokenized(o.data, o.tokenizer, o.token_cache, o.quiet));
   if (nax::process_index() != 0) return 0;  // under mpirun, process 0 reports
@@ -213,6 +244,8 @@ void compare_help() {
       "  --mfu X            compute efficiency assumed for the projections (default 0.4)\n"
       "  --with-jax         add JAX's jit/NamedSharding baseline (bench/jax_baseline.py) on the same run\n"
       "  --install-jax      with --with-jax: install JAX from PyPI into .venv-jax/ when it is missing\n"
+      "  --trace FILE       write a timeline of both models' steps (as for gptj train; each step slice\n"
+      "                     names its sharding, scripts/trace_breakdown.py puts them side by side)\n"
       "  --quiet            no progress line\n");
 }
 
@@ -220,8 +253,10 @@ int run_compare(int argc, char** argv) {
   gptj::CompareOptions c;
   gptj::TrainOptions& o = c.train;
   o.steps = 20;
+  TraceFile trace;
   parse_flags(argc, argv, 2,
-              run_flags(o, {{"--warmup-steps", [&](const std::string& v) { c.timing_skip = to_int("--warmup-steps", v); }},
+              run_flags(o, {{"--trace", trace.flag()},
+                            {"--warmup-steps", [&](const std::string& v) { c.timing_skip = to_int("--warmup-steps", v); }},
                             {"--json", [&](const std::string& v) { c.json = v; }},
                             {"--cost-model", [&](const std::string& v) { c.cost_model = v; }},
                             {"--mfu", [&](const std::string& v) { c.projected_mfu = to_double("--mfu", v); }},
@@ -233,6 +268,7 @@ int run_compare(int argc, char** argv) {
   gptj::check_options(o);
   if (c.timing_skip < 0 || c.timing_skip >= o.steps) nax::fail("gptj", "--warmup-steps must be at least 0 and below --steps ({})", o.steps);
   if (c.projected_mfu <= 0 || c.projected_mfu > 1) nax::fail("gptj", "--mfu must be in (0, 1]");
+  trace.start();
   const auto rows = gptj::compare(c, gptj::TextData::load(o.data));
   if (nax::process_index() != 0) return 0;
   gptj::print_comparison(rows, c);
@@ -314,8 +350,10 @@ int run_convert(int argc, char** argv) {
 
 int run_sample(int argc, char** argv) {
   gptj::SampleOptions o;
+  TraceFile trace;
   parse_flags(argc, argv, 2,
               {{"--ckpt", [&](const std::string& v) { o.ckpt_dir = v; }},
+               {"--trace", trace.flag()},
                {"--backend", [&](const std::string& v) { o.backend = nax::parse_backend(v); }},
                {"--mesh", [&](const std::string& v) { o.mesh = v; }},
                {"--prompt", [&](const std::string& v) { o.prompt = v; }},
@@ -325,6 +363,7 @@ int run_sample(int argc, char** argv) {
                {"--seed", [&](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }},
                {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }}},
               sample_help);
+  trace.start();
   const std::string text = gptj::sample(o);
   if (nax::process_index() == 0) fmt::print("{}{}\n", o.prompt, text);
   return 0;

@@ -15,6 +15,7 @@
 
 #include "checkpoint.h"
 #include "learner.h"
+#include "progress.h"
 
 namespace gptj {
 
@@ -28,6 +29,8 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // The mesh's f32 GEMM peak in GFLOP/s: one thread's sgemm rate on 1024^3 (a simulated device is
 // one thread) times the devices that can run at once (at most the cores).
 double measure_peak_gflops(int devices) {
+  const bool tracing = trace::enabled();  // a calibration on a runtime of its own: not part of the run's timeline
+  trace::stop();
   Runtime rt = Runtime::local(Mesh::parse("x=1"), {.blas_threads = 1});
   double best = 0;
   rt.run([&](Shard&) {
@@ -38,6 +41,7 @@ double measure_peak_gflops(int devices) {
       best = std::max(best, 2.0 * 1024 * 1024 * 1024 / seconds_since(t) * 1e-9);
     }
   });
+  if (tracing) trace::resume();
   return best * static_cast<double>(std::min<unsigned>(static_cast<unsigned>(devices), std::max(1u, std::thread::hardware_concurrency())));
 }
 
@@ -158,26 +162,6 @@ void check_fresh(const std::string& dir) {
   }
 }
 
-class Progress {
- public:
-  Progress(bool quiet, std::int64_t total) : quiet_(quiet), tty_(::isatty(STDERR_FILENO) != 0), total_(total) {}
-  void update(std::int64_t step, double loss, double tokens_per_s, double mfu, double eta_s) {
-    if (quiet_) return;
-    std::string line = fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | MFU {:.1f}% | ETA {:.0f}s", step + 1, total_, loss,
-                                   tokens_per_s, 100 * mfu, eta_s);
-    if (tty_) fmt::print(stderr, "\r{:<90}", line);
-    else if ((step + 1) % std::max<std::int64_t>(1, total_ / 20) == 0 || step + 1 == total_) fmt::print(stderr, "{}\n", line);
-    std::fflush(stderr);
-  }
-  void message(const std::string& text) {
-    if (quiet_) return;
-    fmt::print(stderr, "{}{}\n", tty_ ? "\r" : "", text);
-  }
-
- private:
-  bool quiet_, tty_;
-  std::int64_t total_;
-};
 
 }  // namespace
 
@@ -292,6 +276,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       const auto t0 = Clock::now();
       const auto comm_before = s.comm_stats();
       const double lr = nn::warmup_cosine(step, o.warmup, o.steps, o.lr);
+      trace::Span step_span("step", "step", [&] { return fmt::format("\"step\": {}, \"sharding\": {}", step, trace::quote(o.sharding)); });
       auto [inputs, targets] = data.batch(TextData::Split::train, step, o.batch, o.seq, o.seed);
       Tensor x = s.shard(inputs, rules), y = s.shard(targets, rules);
       const auto stats = learner.step(x, y, lr);
@@ -300,6 +285,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
         forward.push_back(stats.forward_s), backward.push_back(stats.backward_s), optimizer.push_back(stats.optimizer_s);
       }
       const double step_s = seconds_since(t0);
+      step_span.close();
       nlohmann::json comm_bytes = nlohmann::json::object(), comm_kinds = nlohmann::json::object();
       std::size_t calls = 0;
       for (const auto& [axes, step_stats] : s.comm_stats_since(comm_before)) {
@@ -322,7 +308,8 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       result.collectives_per_step = static_cast<double>(calls);
       for (const auto& [axes, bytes] : comm_bytes.items()) result.bytes_per_step[axes] = bytes.get<double>();
       const double eta = seconds_since(start) / static_cast<double>(step - first + 1) * static_cast<double>(o.steps - step - 1);
-      progress.update(step, loss, tokens_per_s, mfu, eta);
+      progress.update(step, fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | MFU {:.1f}% | ETA {:.0f}s", step + 1, o.steps, loss,
+                                        tokens_per_s, 100 * mfu, eta));
       if (metrics)
         metrics << nlohmann::json{{"step", step}, {"loss", loss}, {"dtype", dtype_name(o.dtype)}, {"lr", lr}, {"grad_norm", stats.grad_norm.item()},
                                   {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"step_s", step_s}, {"comm_bytes", comm_bytes},

@@ -19,6 +19,7 @@
 #include "nax/ops.h"
 #include "nax/runtime.h"
 #include "nax/tensor.h"
+#include "nax/trace.h"
 #include "nax/transformer_ops.h"
 #include "nax/vary_checks.h"
 #include "nax/nn/optim.h"

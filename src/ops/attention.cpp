@@ -41,7 +41,7 @@ void check_not_cut(const Tensor& x, const char* name, const std::string& axis) {
 }
 
 AttentionAxes check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const std::string& seq, const std::string& head_dim) {
-  detail::check_operands(kOp, {&q, &k, &v});
+  const auto op_span = detail::enter_op(kOp, {&q, &k, &v});
   detail::check_same_dtype(kOp, q, k);
   detail::check_same_dtype(kOp, q, v);
   if (!is_floating(q.dtype())) fail(kOp, "needs a floating dtype (f32, f64, bf16): {}", detail::describe({&q, &k, &v}));

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "nax/trace.h"
+
 namespace nax::detail {
 
 void Launch::all_reduce(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
@@ -36,6 +38,8 @@ Tensor Launch::then(std::function<Tensor()> finish) {
 }
 
 Tensor Launch::complete() {
+  // A started collective's slice covers its start; finishing it (Pending::wait) is a slice of its own.
+  const trace::Span span("collective", "complete a started collective");
   std::exchange(request_, nullptr)->wait();
   kept_.clear();
   return std::exchange(finish_, nullptr)();

@@ -20,7 +20,19 @@ struct Context {
   Shard& shard;
   Communicator& comm;
   int n;
+  trace::Span span;  // the collective's slice in the trace, until the collective returns
 };
+
+// The collective's slice: its operand (shape, dtype, vary type), mesh axes, group size and bytes.
+trace::Span collective_span(std::string_view op, const Tensor* x, const Names& mesh_axes) {
+  return trace::Span("collective", op, [&] {
+    std::vector<std::string> axes;
+    for (const auto& m : mesh_axes.list()) axes.push_back(trace::quote(m));
+    return fmt::format("\"mesh_axes\": [{}], \"operand\": {}, \"vary\": {}, \"bytes\": {}", fmt::join(axes, ", "),
+                       x != nullptr ? trace::quote(x->str()) : "null", x != nullptr ? trace::quote(x->vary().str()) : "null",
+                       x != nullptr ? x->nbytes() : 0);
+  });
+}
 
 // The running shard, after checking the operand and the mesh axes.
 Shard& checked_shard(std::string_view op, const Tensor* x, const Names& mesh_axes) {
@@ -58,13 +70,15 @@ class BackwardOf {
 // The checked shard and the communicator of the group, told which named collective calls it and
 // from where: the one place that builds what the group compares.
 Context enter(std::string_view op, const Tensor* x, const Names& mesh_axes, const CallSite& site, std::string_view extra = {}) {
+  trace::Span span = collective_span(op, x, mesh_axes);
   Shard& shard = checked_shard(op, x, mesh_axes);
   Communicator& comm = shard.comm(mesh_axes);
   const std::string call = x != nullptr ? fmt::format("{}({}, {}{})", op, x->str(), mesh_axes.str(), extra)
                                         : fmt::format("{}({}{})", op, mesh_axes.str(), extra);
   comm.set_origin(site.label(call));
   comm.set_call_site(site);
-  return {shard, comm, comm.size()};
+  if (span.active()) span.add_args(fmt::format("\"group_size\": {}", comm.size()));
+  return {shard, comm, comm.size(), std::move(span)};
 }
 
 bool contains(const std::vector<std::string>& list, const std::string& name) {

@@ -18,7 +18,7 @@ namespace {
 
 // targets must have exactly the logits' axes other than `vocab`, of equal sizes (in any order).
 void check_targets(std::string_view op, const Tensor& logits, const Tensor& targets, const std::string& vocab) {
-  detail::check_operands(op, {&logits, &targets});
+  const auto op_span = detail::enter_op(op, {&logits, &targets});
   detail::check_floating(op, logits);
   logits.shape().require(vocab, op);
   const Shape expected = detail::shape_without(logits.shape(), vocab);

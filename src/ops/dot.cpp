@@ -122,7 +122,7 @@ void run_gemms(const Tensor& a, const Tensor& b, Tensor& out, const std::vector<
 }  // namespace
 
 Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract) {
-  detail::check_operands("dot", {&a_in, &b_in});
+  const auto op_span = detail::enter_op("dot", {&a_in, &b_in});
   detail::check_same_dtype("dot", a_in, b_in);
   if (!is_floating(a_in.dtype())) fail("dot", "needs a floating dtype (f32, f64, bf16): {}", detail::describe({&a_in, &b_in}));
   std::set<std::string> k_set;

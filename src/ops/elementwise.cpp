@@ -26,7 +26,7 @@ std::vector<Axis> broadcast_axes(std::string_view op, const Tensor& a, const Ten
 
 Tensor binary_forward(kernels::BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
   const auto name = binary_name(op);
-  detail::check_operands(name, {&a_in, &b_in});
+  const auto op_span = detail::enter_op(name, {&a_in, &b_in});
   detail::check_same_dtype(name, a_in, b_in);
   Shape shape(broadcast_axes(name, a_in, b_in));
   VaryType vary = detail::merge_vary(name, {&a_in, &b_in});
@@ -98,7 +98,7 @@ Tensor unary(kernels::UnaryOp op, std::string_view name, const Tensor& x) {
 }
 
 Tensor unary_forward(kernels::UnaryOp op, std::string_view name, const Tensor& x) {
-  detail::check_operands(name, {&x});
+  const auto op_span = detail::enter_op(name, {&x});
   if (detail::needs_widening(x)) return detail::narrow_to(unary_forward(op, name, detail::widen(x)), DType::bf16);
   if (x.dtype() == DType::i32 && op != kernels::UnaryOp::neg && op != kernels::UnaryOp::abs && op != kernels::UnaryOp::square)
     fail(name, "needs a floating dtype, got {}", x.str());

@@ -19,7 +19,7 @@ Shape vocab_first(const Shape& table, const std::string& vocab) {
 }
 
 void check_embedding(const Tensor& table, const Tensor& ids, const std::string& vocab) {
-  detail::check_operands("embedding", {&table, &ids});
+  const auto op_span = detail::enter_op("embedding", {&table, &ids});
   detail::check_floating("embedding", table);
   table.shape().require(vocab, "embedding");
   for (const auto& a : ids.shape().axes())

@@ -24,7 +24,7 @@ Tensor gelu_backward(const Tensor& g, const Tensor& x) {
 }  // namespace
 
 Tensor gelu(const Tensor& x) {
-  detail::check_operands("gelu", {&x});
+  const auto op_span = detail::enter_op("gelu", {&x});
   detail::check_floating("gelu", x);
   Tensor out = gelu_forward(x);
   if (!autodiff::any_requires_grad({&x})) return out;

@@ -71,7 +71,7 @@ std::optional<TopK> top_k_by_kernel(const Tensor& v, const std::string& axis, st
 }
 
 Tensor arg_extreme(std::string_view op, const Tensor& x, const std::string& axis, bool largest) {
-  detail::check_operands(op, {&x});
+  const auto op_span = detail::enter_op(op, {&x});
   const int i = x.shape().require(axis, op);
   if (x.shape()[i].size == 0) fail(op, "axis '{}' of {} is empty", axis, x.str());
   if (!x.vary().split_mesh_axes(axis).empty()) {
@@ -105,7 +105,7 @@ TopK composed_top_k(const Tensor& x, const std::string& axis, std::int64_t k, co
 std::string names_of(const Shape& shape) { return fmt::format("{}", fmt::join(shape.names(), ", ")); }
 
 void check_scatter(const Tensor& target, const std::string& axis, const Tensor& ids, const Tensor& updates) {
-  detail::check_operands("scatter_add", {&target, &ids, &updates});
+  const auto op_span = detail::enter_op("scatter_add", {&target, &ids, &updates});
   check_ids("scatter_add", ids);
   detail::check_same_dtype("scatter_add", target, updates);
   detail::check_floating("scatter_add", target);
@@ -163,7 +163,7 @@ Tensor added_rows(const Tensor& updates, const Shape& table, const std::string& 
 }  // namespace
 
 Tensor one_hot(const Tensor& ids, const Axis& axis, DType dtype) {
-  detail::check_operands("one_hot", {&ids});
+  const auto op_span = detail::enter_op("one_hot", {&ids});
   check_ids("one_hot", ids);
   if (ids.shape().has(axis.name)) fail("one_hot", "the new axis '{}' is already an axis of the ids {}", axis.name, ids.str());
   const Tensor positions = detail::transfer(arange(axis, DType::i32), ids.device_ptr());
@@ -174,7 +174,7 @@ Tensor argmax(const Tensor& x, const std::string& axis) { return arg_extreme("ar
 Tensor argmin(const Tensor& x, const std::string& axis) { return arg_extreme("argmin", x, axis, false); }
 
 TopK top_k(const Tensor& x, const std::string& axis, std::int64_t k, const std::string& k_axis) {
-  detail::check_operands("top_k", {&x});
+  const auto op_span = detail::enter_op("top_k", {&x});
   x.shape().require(axis, "top_k");
   const std::int64_t n = x.size(axis);
   const auto cuts = x.vary().split_mesh_axes(axis);

@@ -44,6 +44,16 @@ void check_operands(std::string_view op, std::initializer_list<const Tensor*> op
          s->device(), describe(operands));
 }
 
+trace::Span enter_op(std::string_view op, std::initializer_list<const Tensor*> operands) {
+  check_operands(op, operands);
+  return trace::Span("op", op, [&] {
+    std::vector<std::string> shapes;
+    std::size_t bytes = 0;
+    for (const Tensor* t : operands) shapes.push_back(trace::quote(t->str())), bytes += t->nbytes();
+    return fmt::format("\"operands\": [{}], \"bytes_in\": {}", fmt::join(shapes, ", "), bytes);
+  });
+}
+
 void check_same_dtype(std::string_view op, const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype())
     fail(op, "dtype mismatch: {} and {} (cast one of them first)", a.str(), b.str());

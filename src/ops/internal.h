@@ -7,6 +7,7 @@
 #include "nax/kernels/kernels.h"
 #include "nax/ops.h"
 #include "nax/runtime.h"
+#include "nax/trace.h"
 
 namespace nax::detail {
 
@@ -18,6 +19,9 @@ Tensor make_result(const Shape& shape, DType dtype, VaryType vary, const std::sh
 
 // Throws naming `op` when the operands live on different devices or are undefined.
 void check_operands(std::string_view op, std::initializer_list<const Tensor*> operands);
+// check_operands, then the op's slice in the trace (nax/trace.h) until the returned span ends:
+// every op enters through it, so an op holds it for its whole body.
+[[nodiscard]] trace::Span enter_op(std::string_view op, std::initializer_list<const Tensor*> operands);
 void check_same_dtype(std::string_view op, const Tensor& a, const Tensor& b);
 
 // The result vary type of an op over `operands` (DESIGN.md §3): Varying wins; Split(a) and Split(a)

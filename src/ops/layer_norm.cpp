@@ -10,7 +10,7 @@ namespace nax {
 namespace {
 
 void check_layer_norm(const Tensor& x, const std::string& axis, const Tensor& scale, const Tensor& bias) {
-  detail::check_operands("layer_norm", {&x, &scale, &bias});
+  const auto op_span = detail::enter_op("layer_norm", {&x, &scale, &bias});
   detail::check_floating("layer_norm", x);
   detail::check_same_dtype("layer_norm", x, scale);
   detail::check_same_dtype("layer_norm", x, bias);

@@ -12,7 +12,7 @@ namespace nax {
 namespace {
 
 Tensor rename_forward(const Tensor& x, const std::vector<std::pair<std::string, std::string>>& renames) {
-  detail::check_operands("rename", {&x});
+  const auto op_span = detail::enter_op("rename", {&x});
   std::vector<Axis> axes = x.shape().axes();
   VaryType vary = x.vary();
   std::set<std::string> sources;
@@ -36,7 +36,7 @@ Tensor rename_forward(const Tensor& x, const std::vector<std::pair<std::string, 
 }
 
 Tensor transpose_forward(const Tensor& x, const Names& order) {
-  detail::check_operands("transpose", {&x});
+  const auto op_span = detail::enter_op("transpose", {&x});
   const auto& names = order.list();
   std::vector<Axis> axes;
   for (const auto& name : names) axes.push_back(x.shape()[x.shape().require(name, "transpose")]);
@@ -56,14 +56,14 @@ Tensor transpose_forward(const Tensor& x, const Names& order) {
 }
 
 Tensor contiguous_copy_forward(const Tensor& x) {
-  detail::check_operands("contiguous_copy", {&x});
+  const auto op_span = detail::enter_op("contiguous_copy", {&x});
   Tensor out = detail::make_result(x.shape(), x.dtype(), x.vary(), x.device_ptr());
   detail::kernels_of(out).copy_bytes(out.raw_mutable(), x.raw(), x.nbytes());
   return out;
 }
 
 Tensor split_axis_forward(const Tensor& x, const std::string& axis, const std::vector<Axis>& parts) {
-  detail::check_operands("split_axis", {&x});
+  const auto op_span = detail::enter_op("split_axis", {&x});
   int i = x.shape().require(axis, "split_axis");
   std::int64_t product = 1;
   std::vector<std::string> part_names;
@@ -90,7 +90,7 @@ Tensor split_axis_forward(const Tensor& x, const std::string& axis, const std::v
 }
 
 Tensor merge_axes_forward(const Tensor& x, const Names& axes, const std::string& merged) {
-  detail::check_operands("merge_axes", {&x});
+  const auto op_span = detail::enter_op("merge_axes", {&x});
   const auto& names = axes.list();
   if (names.empty()) fail("merge_axes", "no axes to merge in {}", x.str());
   std::set<std::string> distinct(names.begin(), names.end());
@@ -130,7 +130,7 @@ Tensor merge_axes_forward(const Tensor& x, const Names& axes, const std::string&
 }
 
 Tensor slice_forward(const Tensor& x, const std::string& axis, std::int64_t start, std::int64_t stop) {
-  detail::check_operands("slice", {&x});
+  const auto op_span = detail::enter_op("slice", {&x});
   int i = x.shape().require(axis, "slice");
   std::int64_t size = x.shape()[i].size;
   if (start < 0 || stop < start || stop > size)
@@ -155,7 +155,7 @@ Tensor slice_forward(const Tensor& x, const std::string& axis, std::int64_t star
 Tensor concat_forward(const std::vector<Tensor>& xs, const std::string& axis) {
   if (xs.empty()) fail("concat", "no tensors to concatenate along '{}'", axis);
   const Tensor& first = xs[0];
-  detail::check_operands("concat", {&first});
+  const auto op_span = detail::enter_op("concat", {&first});
   int i = first.shape().require(axis, "concat");
   std::vector<Tensor> parts;
   std::int64_t total = 0;
@@ -200,7 +200,7 @@ Tensor concat_forward(const std::vector<Tensor>& xs, const std::string& axis) {
 }
 
 Tensor cast_forward(const Tensor& x, DType dtype) {
-  detail::check_operands("cast", {&x});
+  const auto op_span = detail::enter_op("cast", {&x});
   if (x.dtype() == dtype) return x;
   Tensor out = detail::make_result(x.shape(), dtype, x.vary(), x.device_ptr());
   detail::kernels_of(out).convert(x.dtype(), x.raw(), dtype, out.raw_mutable(), x.numel());

@@ -11,7 +11,7 @@ namespace nax {
 namespace {
 
 Tensor reduce_forward(ReduceOp op, std::string_view name, const Tensor& x_in, const Names& axes) {
-  detail::check_operands(name, {&x_in});
+  const auto op_span = detail::enter_op(name, {&x_in});
   std::set<std::string> reduced;
   for (const auto& a : axes.list()) {
     x_in.shape().require(a, name);

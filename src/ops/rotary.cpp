@@ -20,7 +20,7 @@ struct RotaryArgs {
 };
 
 void check_rotary(const Tensor& x, const RotaryArgs& a) {
-  detail::check_operands(kOp, {&x});
+  const auto op_span = detail::enter_op(kOp, {&x});
   if (!is_floating(x.dtype())) fail(kOp, "needs a floating dtype (f32, f64, bf16): {}", x.str());
   if (a.seq == a.head_dim) fail(kOp, "seq and head_dim are the same axis '{}': {}", a.seq, x.str());
   x.shape().require(a.seq, kOp);

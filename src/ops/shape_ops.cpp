@@ -21,7 +21,7 @@ Shape checked_shape(std::string_view op, std::vector<Axis> axes, const Tensor& x
 }
 
 Tensor expand_dims_forward(const Tensor& x, const std::string& axis, int position) {
-  detail::check_operands("expand_dims", {&x});
+  const auto op_span = detail::enter_op("expand_dims", {&x});
   if (position < 0 || position > x.rank())
     fail("expand_dims", "position {} for axis '{}' is outside [0, {}] (the rank of {})", position, axis, x.rank(), x.str());
   std::vector<Axis> axes = x.shape().axes();
@@ -44,7 +44,7 @@ std::vector<int> squeezed_positions(const Tensor& x, const Names& axes) {
 }
 
 Tensor squeeze_forward(const Tensor& x, const Names& axes) {
-  detail::check_operands("squeeze", {&x});
+  const auto op_span = detail::enter_op("squeeze", {&x});
   const std::vector<int> positions = squeezed_positions(x, axes);
   std::vector<Axis> kept;
   for (int i = 0; i < x.rank(); ++i)
@@ -87,7 +87,7 @@ Tensor stack(const std::vector<Tensor>& xs, const std::string& axis, int positio
 }
 
 Tensor full_like(const Tensor& x, double value, DType dtype) {
-  detail::check_operands("full_like", {&x});
+  const auto op_span = detail::enter_op("full_like", {&x});
   Tensor out = detail::make_result(x.shape(), dtype, x.vary(), x.device_ptr());
   detail::kernels_of(out).fill(dtype, out.raw_mutable(), out.numel(), value);
   return out;

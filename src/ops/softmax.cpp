@@ -35,7 +35,7 @@ Tensor softmax_backward(const Tensor& g, const Tensor& y, const std::string& axi
 
 Tensor softmax_like(const Tensor& x, const std::string& axis, bool log) {
   const std::string_view name = op_name(log);
-  detail::check_operands(name, {&x});
+  const auto op_span = detail::enter_op(name, {&x});
   detail::check_floating(name, x);
   x.shape().require(axis, name);
   detail::check_axis_whole(name, x, axis, kCutAxisHint);

@@ -10,6 +10,7 @@
 #include "comm/mpi/mpi_session.h"
 #include "comm/mpi/mpi_world.h"
 #include "nax/kernels/kernels.h"
+#include "nax/trace.h"
 #include "runtime/components.h"
 #include "runtime/cuda_devices.h"
 #include "runtime/runtime_state.h"
@@ -82,6 +83,7 @@ MpiState::MpiState(const Mesh& mesh, const RuntimeOptions& options)
       world_(std::make_shared<mpi::MpiWorld>(mesh, detail::collective_timeout_s(options), options.check_collectives)) {
   const int d = world_->device();
   devices_ = {d};
+  trace::set_process(d, mesh.size());  // one pid and one trace file per rank
   auto world = world_;
   auto device = options.device_factory
                     ? options.device_factory(d)

@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "nax/kernels/kernels.h"
+#include "nax/trace.h"
 #include "runtime/components.h"
 #include "runtime/cuda_devices.h"
 #include "runtime/runtime_state.h"
@@ -48,7 +49,10 @@ std::string_view transport_name(Transport transport) {
 
 namespace detail {
 
-void set_current_shard(Shard* shard) { g_current_shard = shard; }
+void set_current_shard(Shard* shard) {
+  g_current_shard = shard;
+  trace::set_thread_device(shard != nullptr ? shard->device() : -1);  // the thread's spans go to its device's track
+}
 
 bool launched_by_mpirun() {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"})

@@ -32,8 +32,14 @@ same_as_reference() {
 # After a crash: the newest committed step loads (sample verifies it against its manifest), then
 # the run resumes to the end (or starts afresh when nothing was committed).
 recover() {
-  local run=$1 label=$2
-  if ls "$run" | grep -qE '^step_[0-9]+$'; then
+  local run=$1 label=$2 final
+  final=$(printf "step_%06d" $steps)
+  if [ -d "$run/$final" ]; then
+    # The kill came after the last save was committed: nothing is left to resume.
+    "$gptj" train "${args[@]}" --ckpt-dir "$run" --resume > /dev/null 2> "$work/resume.err" &&
+      fail "resuming a finished run succeeded ($label)"
+    grep -q "nothing left to run" "$work/resume.err" || { cat "$work/resume.err" >&2; fail "resuming a finished run: unexpected error ($label)"; }
+  elif ls "$run" | grep -qE '^step_[0-9]+$'; then
     "$gptj" sample --ckpt "$run" --mesh dp=1,mp=1 --prompt "line" --tokens 2 --temperature 0 > /dev/null ||
       fail "the newest committed checkpoint of $run does not load ($label)"
     "$gptj" train "${args[@]}" --ckpt-dir "$run" --resume > /dev/null 2> "$work/resume.err" ||
@@ -68,12 +74,14 @@ case "$what" in
       "$gptj" train "${args[@]}" --ckpt-dir "$run" > /dev/null 2>&1 &
       pid=$!
       sleep "0.$((RANDOM % 9 + 1))"
-      kill -9 $pid 2> /dev/null && killed=$((killed + 1))
+      kill -9 $pid 2> /dev/null
       wait $pid 2> /dev/null
+      # A run that had already finished (a fast machine) is not counted as killed.
+      [ $? -eq 137 ] && killed=$((killed + 1))
       recover "$run" "random kill $i"
       rm -rf "$run"
     done
-    [ $killed -ge 20 ] || fail "only $killed runs were killed"
+    [ $killed -ge 18 ] || fail "only $killed runs were killed (18 kill points lie inside the saves)"
     echo "kill test: $killed kills, each resumed bit-exactly"
     ;;
   disk_full)

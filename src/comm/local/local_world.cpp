@@ -4,6 +4,8 @@
 
 #include <thread>
 
+#include "nax/trace.h"
+
 namespace nax::local {
 
 using Clock = std::chrono::steady_clock;
@@ -71,6 +73,7 @@ bool LocalGroup::spin_until_changed(const std::atomic<std::uint64_t>& counter, s
 void LocalGroup::arrive(int rank, const Signature& sig, const void* send, void* recv, bool tracked) {
   if (world_.aborted()) throw Aborted(fmt::format("{}: not started, the run is aborting: {}", sig.str(), world_.abort_reason()));
   const int me = members_[static_cast<std::size_t>(rank)];
+  const trace::Span wait("wait", "wait for peers", [&] { return fmt::format("\"group\": {}", trace::quote(label_)); });
   if (tracked) world_.set_waiting(me, this);
   std::unique_lock lock(mutex_);
   Slot& slot = slots_[static_cast<std::size_t>(rank)];
@@ -118,6 +121,7 @@ void LocalGroup::arrive(int rank, const Signature& sig, const void* send, void* 
 }
 
 void LocalGroup::step(int) {
+  const trace::Span wait("wait", "wait for peers (step)", [&] { return fmt::format("\"group\": {}", trace::quote(label_)); });
   const std::uint64_t generation = step_generation_.load(std::memory_order_acquire);
   if (stepped_.fetch_add(1, std::memory_order_acq_rel) + 1 == size()) {
     stepped_.store(0, std::memory_order_relaxed);  // visible to whoever sees the new generation

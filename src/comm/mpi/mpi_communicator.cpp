@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "comm/mpi/mpi_types.h"
+#include "nax/trace.h"
 
 namespace nax::mpi {
 
@@ -52,6 +53,8 @@ void MpiCommunicator::begin(CollectiveKind kind, std::size_t bytes, const Collec
   const std::function<std::string()> describe = [&] { return fmt::format("{} on device {} in {}", sig.str(), world_->device(), label_); };
   world_->check_not_aborting(Pending{key_, members_, total_calls(stats()), describe});
   if (!world_->check_collectives()) return;
+  // The signatures' agreement completes when the last peer arrives: the trace's wait for peers.
+  const trace::Span waiting("wait", "wait for peers", [&] { return fmt::format("\"group\": {}", trace::quote(label_)); });
   // Equal signatures give equal hashes: the group agrees when max(h) == min(h) (the second half
   // carries -h, so one MAX reduction gives both).
   const auto h = static_cast<std::int64_t>(sig.hash() >> 1);
