@@ -18,6 +18,14 @@ namespace {
 Tensor per_device(Shard& s, std::int64_t n = 4) { return pvary(arange({"i", n}) + 10.0 * s.device(), s.mesh().axis_names()); }
 // arange(8) cut along i over mp.
 Tensor split_over_mp(Shard& s) { return s.shard(arange({"i", 8}), {{"i", "mp"}}); }
+// A [i=8, j=2] table cut along i over mp: its sums over i are partial sums over mp.
+Tensor rows_split_over_mp(Shard& s) {
+  return s.shard(split_axis(arange({"n", 16}), "n", {{"i", 8}, {"j", 2}}), {{"i", "mp"}});
+}
+// A [batch=4, j=2] table cut along batch over dp: its means over batch are local means over dp.
+Tensor batch_split_over_dp(Shard& s) {
+  return s.shard(split_axis(arange({"n", 8}), "n", {{"batch", 4}, {"j", 2}}), {{"batch", "dp"}});
+}
 
 struct Mistake {
   const char* what;
@@ -40,6 +48,13 @@ std::vector<Mistake> catalog() {
       {"psum over an unknown mesh axis", "mp=2", [](Shard& s) { psum(per_device(s), "tp"); }, {"psum", "tp"}},
       {"psum over a mesh axis the value is Invariant over (of two)", "dp=2,mp=2",
        [](Shard& s) { psum(pvary(arange({"i", 4}), "mp"), {"dp", "mp"}); }, {"psum", "Invariant", "'dp'"}},
+      {"psum of a local mean (mean over an axis cut over dp)", "dp=2",
+       [](Shard& s) { psum(mean(batch_split_over_dp(s), "batch"), "dp"); }, {"psum", "local mean", "'dp'", "pmean"}},
+      {"psum of a scaled local mean", "dp=2,mp=2",
+       [](Shard& s) { psum(pvary(mean(batch_split_over_dp(s), {"batch", "j"}) * 0.5, "mp"), {"mp", "dp"}); },
+       {"psum", "local mean", "'dp'", "pmean"}},
+      {"psum_scatter of a local mean", "dp=2",
+       [](Shard& s) { psum_scatter(mean(batch_split_over_dp(s), "batch"), "dp", "j"); }, {"psum_scatter", "local mean", "pmean"}},
       {"pmean of an integer tensor", "mp=2", [](Shard&) { pmean(axis_index("mp"), "mp"); }, {"pmean", "floating"}},
       {"pvary of a Varying value", "mp=2", [](Shard& s) { pvary(per_device(s), "mp"); }, {"pvary", "already varies", "'mp'"}},
       {"pvary of a Split value", "mp=2", [](Shard& s) { pvary(split_over_mp(s), "mp"); }, {"pvary", "Split"}},
@@ -65,6 +80,18 @@ std::vector<Mistake> catalog() {
        {"all_gather_stacked", "already has", "'i'"}},
       {"all_gather_stacked of an Invariant value", "mp=2", [](Shard&) { all_gather_stacked(arange({"i", 4}), "mp", "r"); },
        {"all_gather_stacked", "Invariant"}},
+      {"all_gather_invariant of a partial sum (sum over a cut axis)", "mp=2",
+       [](Shard& s) { all_gather_invariant(sum(rows_split_over_mp(s), "i"), "mp", "j"); },
+       {"all_gather_invariant", "partial sum", "'mp'", "psum", "psum_scatter"}},
+      {"all_gather of a partial sum (dot contracting a cut axis)", "mp=2",
+       [](Shard& s) { all_gather(dot(rows_split_over_mp(s), split_over_mp(s), {"i"}), "mp", "j"); },
+       {"all_gather", "partial sum", "'mp'", "psum"}},
+      {"all_gather_invariant of a scaled partial sum", "dp=2,mp=2",
+       [](Shard& s) { all_gather_invariant(sum(rows_split_over_mp(s), "i") * 2.0 + 1.0, "mp", "j"); },
+       {"all_gather_invariant", "partial sum", "'mp'"}},
+      {"all_gather_invariant_stacked of a partial sum", "mp=2",
+       [](Shard& s) { all_gather_invariant_stacked(sum(rows_split_over_mp(s), "i"), "mp", "r"); },
+       {"all_gather_invariant_stacked", "partial sum", "psum"}},
       {"all_gather over an unknown mesh axis", "mp=2", [](Shard& s) { all_gather(per_device(s), "pp", "i"); }, {"all_gather", "pp"}},
       // --- ppermute, all_to_all
       {"ppermute with a pair out of range", "mp=2", [](Shard& s) { ppermute(per_device(s), "mp", Pairs{{0, 5}}); },
@@ -214,6 +241,28 @@ TEST_CASE("the gradient through a slice of a value cut along another axis", "[mi
   for (int b = 0; b < 2; ++b)
     for (int e = 0; e < 6; ++e) want.push_back(e >= 1 && e < 4 ? 1.0 : 0.0);
   for (const auto& g : grads) REQUIRE(g == want);
+}
+
+TEST_CASE("partial sums and local means finish with psum and pmean, then gather", "[mistakes]") {
+  // Knowing why a value varies (a partial sum, a local mean) refuses only the wrong finish.
+  Runtime rt = Runtime::local(Mesh::parse("dp=2,mp=2"));
+  auto results = rt.run([](Shard& s) {
+    // x[b, i] = 4 b + i, batch cut over dp, i over mp.
+    Tensor x = s.shard(split_axis(arange({"n", 16}, DType::f64), "n", {{"batch", 4}, {"i", 4}}), {{"batch", "dp"}, {"i", "mp"}});
+    Tensor row_sums = psum(sum(x, "i"), "mp");
+    Tensor mean_of_rows = pmean(mean(row_sums, "batch"), "dp");
+    Tensor scattered = psum_scatter(sum(x * 2.0, "i"), "mp", "batch");  // a partial sum kept as blocks
+    Tensor mixed = sum(x, "i") + mean(x, "i");  // two reasons mixed: just per-device, gatherable
+    std::vector<double> out{mean_of_rows.item()};
+    for (const Tensor& t : {s.gather(scattered), s.gather(all_gather_invariant_stacked(mixed, "mp", "r"))})
+      for (double v : t.to_vector<double>()) out.push_back(v);
+    return out;
+  });
+  std::vector<double> want{(6.0 + 22.0 + 38.0 + 54.0) / 4};  // the mean over b of 16 b + 6
+  for (int b = 0; b < 4; ++b) want.push_back(32.0 * b + 12);
+  for (int r = 0; r < 2; ++r)  // mp rank r holds i = 2r, 2r+1: their sum plus their mean
+    for (int b = 0; b < 4; ++b) want.push_back(12.0 * b + 6 * r + 1.5);
+  for (const auto& got : results) REQUIRE(got == want);
 }
 
 TEST_CASE("a tensor from another Runtime is reported as such", "[mistakes]") {

@@ -39,6 +39,8 @@ Learner::Learner(Shard& s, const Config& config, const AxisRules& rules, const T
       optimizer_({.weight_decay = options.weight_decay}) {
   check_sharding(options.sharding);
   check_compute_dtype(options.dtype);
+  if (options.remat && options.sharding != "hand") fail("train", "--remat needs --sharding hand (the global view has no checkpointing yet)");
+  model_.set_remat(options.remat);
 }
 
 Tensor Learner::loss(const Tensor& ids, const Tensor& targets) const {

@@ -149,6 +149,8 @@ void train_help() {
       "  --init-from DIR    fine-tune: start from a Hugging Face GPT-J folder (config.json and\n"
       "                     model.safetensors or shards with model.safetensors.index.json) or a\n"
       "                     nax step folder; its config replaces --config (docs/hf-import.md)\n"
+      "  --remat            activation checkpointing per block: keep only each block's input and\n"
+      "                     recompute its forward in backward (less memory, one more forward)\n"
       "  --trace FILE       write a timeline of every device's ops and collectives (Chrome trace JSON,\n"
       "                     for Perfetto and scripts/trace_breakdown.py; one file per rank under mpirun)\n"
       "  --quiet            no progress line (on a terminal a live line, else a plain line per second at most)\n");
@@ -190,6 +192,7 @@ int run_train(int argc, char** argv) {
               train_help,
               {{"--resume", [&](const std::string&) { o.resume = true; }},
                {"--allow-extend-steps", [&](const std::string&) { o.allow_extend_steps = true; }},
+               {"--remat", [&](const std::string&) { o.remat = true; }},
                {"--quiet", [&](const std::string&) { o.quiet = true; }}});
   gptj::check_options(o);  // before the data is read
   trace.start();

@@ -46,6 +46,8 @@ struct TrainOptions {
   std::string token_cache;  // where token files go; empty: beside each data file
   // Time forward, backward and optimizer separately (drains the device queue at each boundary).
   bool time_phases = false;
+  // Activation checkpointing per block (Model::set_remat; the hand sharding only).
+  bool remat = false;
 };
 
 struct TrainResult {

@@ -41,14 +41,21 @@ void VaryType::set_invariant(const std::string& mesh_axis) {
   std::erase_if(entries_, [&](const Entry& e) { return e.mesh_axis == mesh_axis; });
 }
 
-void VaryType::set_varying(const std::string& mesh_axis) {
+void VaryType::set_varying(const std::string& mesh_axis, VaryReason reason) {
   for (auto& e : entries_)
     if (e.mesh_axis == mesh_axis) {
       e.kind = Vary::Varying;
       e.tensor_axis.clear();
+      e.reason = reason;
       return;
     }
-  entries_.push_back({mesh_axis, Vary::Varying, {}});
+  entries_.push_back({mesh_axis, Vary::Varying, {}, reason});
+}
+
+VaryReason VaryType::reason(const std::string& mesh_axis) const {
+  for (const auto& e : entries_)
+    if (e.mesh_axis == mesh_axis && e.kind == Vary::Varying) return e.reason;
+  return VaryReason::per_device;
 }
 
 void VaryType::set_split(const std::string& mesh_axis, const std::string& tensor_axis) {

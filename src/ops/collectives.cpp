@@ -127,6 +127,13 @@ void join_cuts(VaryType& vary, const Tensor& x, const std::string& axis, const s
     if (std::find(group_axes.begin(), group_axes.end(), m) == group_axes.end()) vary.set_varying(m);
 }
 
+// A local mean over m (mean over a tensor axis cut along m) summed over m would be n times too big.
+void refuse_local_mean(std::string_view op, const Tensor& x, const std::string& m) {
+  if (x.vary().reason(m) == VaryReason::local_mean)
+    fail(op, "{} is a local mean over mesh axis '{}' (a mean over a tensor axis cut along it): summing the {} devices' means "
+         "is {} times the mean; use pmean over '{}'", x.str(), m, axis_size(m), axis_size(m), m);
+}
+
 // psum and friends: the value must vary over every reduced mesh axis, and is invariant after.
 Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_in, const Names& mesh_axes, const CallSite& site,
                          detail::Launch& launch) {
@@ -140,6 +147,7 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
     if (x_in.vary().kind(m) == Vary::Split)
       fail(op, "{} is Split along axis '{}' over mesh axis '{}': its blocks are different parts of one tensor, not "
            "partial values (use all_gather or psum_scatter)", x_in.str(), x_in.vary().split_axis(m), m);
+    if (op == "psum") refuse_local_mean(op, x_in, m);
     vary.set_invariant(m);
   }
   if (c.n == 1) return x_in.with_vary(vary);  // a group of one: nothing to reduce, nothing sent
@@ -165,6 +173,11 @@ void check_gatherable(std::string_view op, const Tensor& x, const Names& mesh_ax
     if (x.vary().kind(m) == Vary::Invariant)
       fail(op, "{} is Invariant over mesh axis '{}': every device holds the same value, so the gather would return {} copies "
            "of it (use it as it is; to tile it on purpose, pvary it over '{}' first)", x.str(), m, axis_size(mesh_axes), m);
+  for (const auto& m : mesh_axes.list())
+    if (x.vary().reason(m) == VaryReason::partial_sum)
+      fail(op, "{} is a partial sum over mesh axis '{}' (a sum or dot over a tensor axis cut along it): gathering would "
+           "concatenate the devices' partials, not the sum; finish it with psum over '{}' (or psum_scatter to keep one block each)",
+           x.str(), m, m);
 }
 
 Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant,
@@ -229,6 +242,7 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
     if (x_in.vary().kind(m) == Vary::Split)
       fail("psum_scatter", "{} is Split along axis '{}' over mesh axis '{}', not a partial value (use all_gather or all_to_all)",
            x_in.str(), x_in.vary().split_axis(m), m);
+    refuse_local_mean("psum_scatter", x_in, m);
   }
   for (const auto& m : mesh_axes.list()) vary.set_split(m, axis);  // most minor cuts of `axis`
   if (c.n == 1) return x_in.with_vary(vary);

@@ -59,7 +59,8 @@ void check_same_dtype(std::string_view op, const Tensor& a, const Tensor& b) {
     fail(op, "dtype mismatch: {} and {} (cast one of them first)", a.str(), b.str());
 }
 
-VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& operands, const std::vector<std::string>& reduced) {
+VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& operands, const std::vector<std::string>& reduced,
+                    VaryReason reduced_reason) {
   std::vector<std::string> mesh_axes;  // in order of first appearance
   for (const Tensor* t : operands)
     for (const auto& e : t->vary().entries())
@@ -68,10 +69,15 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
   VaryType result;
   for (const auto& m : mesh_axes) {
     bool varying = false;
+    VaryReason reason = VaryReason::per_device;
     const Tensor* splitter = nullptr;
     for (const Tensor* t : operands) {
       Vary k = t->vary().kind(m);
-      if (k == Vary::Varying) varying = true;
+      if (k == Vary::Varying) {
+        const VaryReason p = t->vary().reason(m);
+        reason = !varying || p == reason ? p : VaryReason::per_device;  // mixed reasons: just per-device
+        varying = true;
+      }
       if (k != Vary::Split) continue;
       if (splitter != nullptr && splitter->vary().split_axis(m) != t->vary().split_axis(m))
         fail(op, "two tensor axes, '{}' and '{}', are cut over mesh axis '{}' in one result: {}", splitter->vary().split_axis(m),
@@ -83,7 +89,7 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
       splitter = t;
     }
     if (varying) {
-      result.set_varying(m);
+      result.set_varying(m, reason);
       continue;
     }
     if (splitter == nullptr) continue;
@@ -92,7 +98,7 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
       if (t->vary().kind(m) == Vary::Invariant && t->shape().has(a))
         fail(op, "axis '{}' is cut over mesh axis '{}' in one operand but whole in another: {} (shard both alike, or all_gather first)",
              a, m, describe(operands));
-    if (std::find(reduced.begin(), reduced.end(), a) != reduced.end()) result.set_varying(m);
+    if (std::find(reduced.begin(), reduced.end(), a) != reduced.end()) result.set_varying(m, reduced_reason);
     else result.set_split(m, a);
   }
   return result;

@@ -26,9 +26,10 @@ void check_same_dtype(std::string_view op, const Tensor& a, const Tensor& b);
 
 // The result vary type of an op over `operands` (DESIGN.md §3): Varying wins; Split(a) and Split(a)
 // agree; Split(a) meeting a whole `a` or two axes cut over one mesh axis is an error; a Split axis
-// in `reduced` becomes Varying (a partial result).
+// in `reduced` becomes Varying, for `reduced_reason` (a partial sum unless told). A Varying
+// result keeps its Varying operands' reason when they agree, else is per_device.
 VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& operands,
-                    const std::vector<std::string>& reduced = {});
+                    const std::vector<std::string>& reduced = {}, VaryReason reduced_reason = VaryReason::partial_sum);
 
 // Strides of `x`'s axes in the order of `axes` (0 for axes x lacks): for broadcasting.
 kernels::Dims strides_in_order(const Shape& x, const std::vector<Axis>& axes);

@@ -1,4 +1,5 @@
-// Reductions over named axes. Reducing over a Split axis gives a Varying partial result.
+// Reductions over named axes. Reducing over a Split axis gives a Varying partial result: a partial
+// sum (sum), a local mean (mean), or per-device extremes (max, min).
 #include <set>
 
 #include <fmt/format.h>
@@ -9,6 +10,11 @@
 namespace nax {
 
 namespace {
+
+VaryReason partial_reason(ReduceOp op, std::string_view name) {
+  if (op != ReduceOp::sum) return VaryReason::per_device;
+  return name == "mean" ? VaryReason::local_mean : VaryReason::partial_sum;
+}
 
 Tensor reduce_forward(ReduceOp op, std::string_view name, const Tensor& x_in, const Names& axes) {
   const auto op_span = detail::enter_op(name, {&x_in});
@@ -26,7 +32,8 @@ Tensor reduce_forward(ReduceOp op, std::string_view name, const Tensor& x_in, co
     if (reduced.count(axis.name) && axis.size == 0 && op != ReduceOp::sum)
       fail(name, "cannot reduce over the empty axis '{}' of {}", axis.name, x_in.str());
   Shape shape(kept);
-  Tensor out = detail::make_result(shape, x_in.dtype(), detail::merge_vary(name, {&x_in}, axes.list()), x_in.device_ptr());
+  Tensor out = detail::make_result(shape, x_in.dtype(), detail::merge_vary(name, {&x_in}, axes.list(), partial_reason(op, name)),
+                                  x_in.device_ptr());
 
   kernels::Layout<2> layout;
   layout.rank = x_in.rank();
