@@ -151,6 +151,8 @@ void train_help() {
       "                     nax step folder; its config replaces --config (docs/hf-import.md)\n"
       "  --remat            activation checkpointing per block: keep only each block's input and\n"
       "                     recompute its forward in backward (less memory, one more forward)\n"
+      "  --zero             ZeRO-1: each dp rank keeps and updates 1/dp of the AdamW moments, then\n"
+      "                     all-gathers the parameters (same steps; checkpoints as without)\n"
       "  --trace FILE       write a timeline of every device's ops and collectives (Chrome trace JSON,\n"
       "                     for Perfetto and scripts/trace_breakdown.py; one file per rank under mpirun)\n"
       "  --quiet            no progress line (on a terminal a live line, else a plain line per second at most)\n");
@@ -193,6 +195,7 @@ int run_train(int argc, char** argv) {
               {{"--resume", [&](const std::string&) { o.resume = true; }},
                {"--allow-extend-steps", [&](const std::string&) { o.allow_extend_steps = true; }},
                {"--remat", [&](const std::string&) { o.remat = true; }},
+               {"--zero", [&](const std::string&) { o.zero = true; }},
                {"--quiet", [&](const std::string&) { o.quiet = true; }}});
   gptj::check_options(o);  // before the data is read
   trace.start();

@@ -48,6 +48,8 @@ struct TrainOptions {
   bool time_phases = false;
   // Activation checkpointing per block (Model::set_remat; the hand sharding only).
   bool remat = false;
+  // ZeRO-1: AdamW's moments cut over dp (nn::AdamWConfig::shard_state_over).
+  bool zero = false;
 };
 
 struct TrainResult {
