@@ -5,6 +5,7 @@
 //   gptj export --config tiny --mesh dp=1,mp=2 --data FILE... --steps K --out DIR [...]
 //   gptj tokenize --tokenizer tokenizer.json --text TEXT
 //   gptj plan --config 6b --mesh dp=1,mp=8 --batch B --seq 2048 [--remat] [--dtype bf16] [--zero]
+//   gptj convert --ckpt DIR --out HF_DIR [--dtype f16] [--max-file-mb N]
 #include <fmt/format.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 
 #include "compare.h"
 #include "export.h"
+#include "hf_export.h"
 #include "learner.h"
 #include "plan.h"
 #include "tokenize.h"
@@ -146,6 +148,9 @@ void train_help() {
       "  --tokenizer FILE   a Hugging Face tokenizer.json (byte-level BPE) instead of bytes; the text\n"
       "                     is tokenized once into FILE.tokens (docs/tokenizer.md)\n"
       "  --token-cache DIR  where those token files go                  (default: beside the data)\n"
+      "  --init-from DIR    fine-tune: start from a Hugging Face GPT-J folder (config.json and\n"
+      "                     model.safetensors or shards with model.safetensors.index.json) or a\n"
+      "                     nax step folder; its config replaces --config (docs/hf-import.md)\n"
       "  --remat            activation checkpointing per block: keep only each block's input and\n"
       "                     recompute its forward in backward (less memory, one more forward)\n"
       "  --zero             ZeRO-1: each dp rank keeps and updates 1/dp of the AdamW moments, then\n"
@@ -186,6 +191,7 @@ int run_train(int argc, char** argv) {
                             {"--sharding", [&](const std::string& v) { o.sharding = v; }},
                             {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }},
                             {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }},
+                            {"--init-from", [&](const std::string& v) { o.init_from = v; }},
                             {"--token-cache", [&](const std::string& v) { o.token_cache = v; }}}),
               train_help,
               {{"--resume", [&](const std::string&) { o.resume = true; }},
@@ -198,6 +204,7 @@ int run_train(int argc, char** argv) {
   auto result = gptj::train(o, o.tokenizer.empty() ? gptj::TextData::load(o.data)
                                                    : gptj::TextData::load_tokenized(o.data, o.tokenizer, o.token_cache, o.quiet));
   if (nax::process_index() != 0) return 0;  // under mpirun, process 0 reports
+  if (!o.init_from.empty() && !o.resume) fmt::print("pretrained model's held-out loss: {:.4f}\n", result.initial_heldout_loss);
   fmt::print("final: train loss {:.4f}, held-out loss {:.4f}, {:.0f} tokens/s, MFU {:.1f}% of {:.0f} GFLOP/s, {} compute\n",
              result.losses.empty() ? 0.0 : result.losses.back(), result.heldout_loss, result.tokens_per_s, 100 * result.mfu,
              result.peak_gflops, nax::dtype_name(o.dtype));
@@ -324,6 +331,31 @@ int run_tokenize(int argc, char** argv) {
   return 0;
 }
 
+int run_convert(int argc, char** argv) {
+  gptj::ConvertOptions o;
+  parse_flags(argc, argv, 2,
+              {{"--ckpt", [&](const std::string& v) { o.from = v; }},
+               {"--out", [&](const std::string& v) { o.out = v; }},
+               {"--dtype", [&](const std::string& v) { o.dtype = v; }},
+               {"--max-file-mb",
+                [&](const std::string& v) {
+                  const double mb = to_double("--max-file-mb", v);
+                  if (mb <= 0 || mb > 1e7) nax::fail("gptj", "--max-file-mb must be in (0, 1e7], got {}", v);
+                  o.max_file_bytes = static_cast<std::uint64_t>(mb * 1e6);
+                }}},
+              [] {
+                fmt::print("usage: gptj convert --ckpt DIR --out HF_DIR [--dtype f32|bf16|f16] [--max-file-mb N]\n"
+                           "Writes a model (a run folder's newest step, a step folder or a Hugging Face folder) as a Hugging Face\n"
+                           "GPT-J folder: config.json and model.safetensors, or above N MB (default 10000) shards\n"
+                           "model-0000k-of-0000n.safetensors with model.safetensors.index.json, in the dtype (default f32).\n");
+              });
+  if (o.from.empty()) nax::fail("gptj", "convert needs --ckpt DIR");
+  if (o.out.empty()) nax::fail("gptj", "convert needs --out DIR");
+  const auto files = gptj::convert(o);
+  fmt::print("wrote {} to {}\n", fmt::join(files, ", "), o.out);
+  return 0;
+}
+
 int run_sample(int argc, char** argv) {
   gptj::SampleOptions o;
   TraceFile trace;
@@ -385,12 +417,13 @@ int main(int argc, char** argv) {
     if (command == "export") return run_export(argc, argv);
     if (command == "compare") return run_compare(argc, argv);
     if (command == "tokenize") return run_tokenize(argc, argv);
+    if (command == "convert") return run_convert(argc, argv);
     if (command == "plan") return run_plan(argc, argv);
     if (command == "--help" || command == "-h" || command == "help") {
-      fmt::print("usage: gptj <train|sample|logits|compare|export|tokenize|plan> [flags]   (gptj <command> --help for the flags)\n");
+      fmt::print("usage: gptj <train|sample|logits|compare|export|tokenize|convert|plan> [flags]   (gptj <command> --help for the flags)\n");
       return argc > 1 ? 0 : 2;
     }
-    nax::fail("gptj", "unknown command '{}' (expected train, sample, logits, compare, export, tokenize or plan)", command);
+    nax::fail("gptj", "unknown command '{}' (expected train, sample, logits, compare, export, tokenize, convert or plan)", command);
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;
