@@ -1,5 +1,5 @@
 // The GPT-J trainer's memory options: activation checkpointing per block (--remat) gives the same
-// losses and gradient norms as without, step by step, on meshes 1x1, 1x2 and 2x2; AdamW with its
+// losses and gradient norms as without, step by step, on meshes 1x1, 1x2 and 2x2 (f32 and bf16); AdamW with its
 // state cut over dp (ZeRO-1, --zero) takes the same steps as without, holds 1/dp of the moments,
 // and its checkpoints are the same files (resumed with or without it, on other meshes).
 #include <unistd.h>
@@ -23,12 +23,15 @@ void require_same_steps(const nax::testing::StepValues& got, const nax::testing:
 
 TEST_CASE("training with remat per block (--remat) gives the same losses and gradient norms as without", "[gptj][remat][mesh]") {
   for (const std::string mesh : {"dp=1,mp=1", "dp=1,mp=2", "dp=2,mp=2"}) {
-    INFO("mesh " << mesh);
-    gptj::TrainOptions o = nax::testing::tiny(mesh, 3);
-    const auto plain = nax::testing::learner_steps(Runtime::local(Mesh::parse(mesh)), o, 3);
-    o.remat = true;
-    const auto checkpointed = nax::testing::learner_steps(Runtime::local(Mesh::parse(mesh)), o, 3);
-    require_same_steps(checkpointed, plain, 1e-5);
+    for (DType dtype : {DType::f32, DType::bf16}) {  // bf16: the casts of the parameters run inside the checkpointed blocks
+      INFO("mesh " << mesh << " compute " << dtype_name(dtype));
+      gptj::TrainOptions o = nax::testing::tiny(mesh, 3);
+      o.dtype = dtype;
+      const auto plain = nax::testing::learner_steps(Runtime::local(Mesh::parse(mesh)), o, 3);
+      o.remat = true;
+      const auto checkpointed = nax::testing::learner_steps(Runtime::local(Mesh::parse(mesh)), o, 3);
+      require_same_steps(checkpointed, plain, 1e-5);
+    }
   }
 }
 
