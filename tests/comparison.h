@@ -83,4 +83,47 @@ inline void require_close(const std::vector<double>& got, const std::vector<doub
   require_close<double, double>(got, want, tol);
 }
 
+// For results of long sums (GEMM, attention) whose elements may lie near zero: each element's
+// error relative to the larger of |want| and the reference's root mean square, so an element that
+// cancels to near zero is not held to a bound its rounding cannot meet, while a wrong element (a
+// bad tile, a NaN, an unwritten output) still fails. Only the positions in `where` when given.
+template <typename G>
+Mismatch worst_element_scaled(const std::vector<G>& got, const std::vector<double>& want, const std::vector<std::int64_t>* where = nullptr) {
+  Mismatch worst;
+  if (got.size() != want.size()) {
+    worst.error = std::numeric_limits<double>::infinity();
+    return worst;
+  }
+  const std::size_t count = where != nullptr ? where->size() : want.size();
+  auto position = [&](std::size_t n) { return where != nullptr ? static_cast<std::size_t>((*where)[n]) : n; };
+  double squares = 0;
+  for (std::size_t n = 0; n < count; ++n) squares += want[position(n)] * want[position(n)];
+  const double rms = count == 0 ? 0.0 : std::sqrt(squares / static_cast<double>(count));
+  for (std::size_t n = 0; n < count; ++n) {
+    const std::size_t i = position(n);
+    const double g = static_cast<double>(got[i]), w = want[i];
+    double e = element_error(g, w);
+    if (std::isfinite(e)) e = std::abs(g - w) / std::max({std::abs(w), rms, std::numeric_limits<double>::min()});
+    if (e > worst.error || (n == 0 && e == worst.error)) worst = {e, i, g, w};
+  }
+  return worst;
+}
+
+// The tolerance for a kernel that accumulates `reduction_length` terms in f32 (f64 for f64) and
+// rounds its result to `dtype` once: the accumulation's bound plus the final rounding's.
+inline double accumulated_tolerance(DType dtype, std::int64_t reduction_length) {
+  if (dtype == DType::f64) return tolerance_for(DType::f64, reduction_length);
+  return tolerance_for(DType::f32, reduction_length) + (dtype == DType::f32 ? 0.0 : tolerance_for(dtype));
+}
+
+// CHECKs (not REQUIREs: a kernel test goes on to its other outputs) every element within tol.
+template <typename G>
+void check_close_scaled(const std::vector<G>& got, const std::vector<double>& want, double tol, const std::string& what,
+                        const std::vector<std::int64_t>* where = nullptr) {
+  const Mismatch worst = worst_element_scaled(got, want, where);
+  INFO(what << ": worst element " << worst.index << " of " << want.size() << ": got " << worst.got << ", want " << worst.want
+            << ", error " << worst.error << " (tolerance " << tol << ")");
+  CHECK(worst.error <= tol);
+}
+
 }  // namespace nax::testing

@@ -60,3 +60,21 @@ TEST_CASE("require_close fails on a NaN in a tensor", "[unit][comparison][!shoul
   const nax::Tensor t = nax::from_vector(nax::Shape{{"i", 2}}, std::vector<double>{1.0, kNaN});
   nax::testing::require_close(t, std::vector<double>{1.0, 2.0}, 1e300);
 }
+
+TEST_CASE("the scaled comparison of long sums: near-zero elements against the RMS, NaNs and bad tiles fail", "[unit][comparison]") {
+  using nax::testing::worst_element_scaled;
+  const std::vector<double> want{100.0, -100.0, 1e-9, 100.0};
+  std::vector<double> got = want;
+  got[2] = 1e-6;  // a cancelled element off by 1e-6: tiny against the RMS (about 87)
+  CHECK(worst_element_scaled(got, want).error < 1e-7);
+  got[3] = 0.0;  // an unwritten element
+  CHECK(worst_element_scaled(got, want).error == Approx(1.0));
+  CHECK(worst_element_scaled(got, want).index == 3);
+  got[3] = kNaN;
+  CHECK(worst_element_scaled(got, want).error == kInf);
+  const std::vector<std::int64_t> where{0, 1, 2};  // positions outside `where` are not compared
+  CHECK(worst_element_scaled(got, want, &where).error < 1e-7);
+  CHECK(worst_element_scaled(std::vector<double>{1.0}, want).error == kInf);
+  CHECK(nax::testing::accumulated_tolerance(nax::DType::bf16, 64) > nax::testing::tolerance_for(nax::DType::bf16));
+  CHECK(nax::testing::accumulated_tolerance(nax::DType::f32, 64) == nax::testing::tolerance_for(nax::DType::f32, 64));
+}

@@ -4,6 +4,8 @@
 //   gptj sample --ckpt DIR --prompt TEXT --tokens N [...]
 //   gptj export --config tiny --mesh dp=1,mp=2 --data FILE... --steps K --out DIR [...]
 //   gptj tokenize --tokenizer tokenizer.json --text TEXT
+//   gptj plan --config 6b --mesh dp=1,mp=8 --batch B --seq 2048 [--remat] [--dtype bf16] [--zero]
+//   gptj convert --ckpt DIR --out HF_DIR [--dtype f16] [--max-file-mb N]
 #include <fmt/format.h>
 
 #include <cmath>
@@ -14,7 +16,9 @@
 
 #include "compare.h"
 #include "export.h"
+#include "hf_export.h"
 #include "learner.h"
+#include "plan.h"
 #include "tokenize.h"
 #include "train.h"
 
@@ -144,6 +148,13 @@ void train_help() {
       "  --tokenizer FILE   a Hugging Face tokenizer.json (byte-level BPE) instead of bytes; the text\n"
       "                     is tokenized once into FILE.tokens (docs/tokenizer.md)\n"
       "  --token-cache DIR  where those token files go                  (default: beside the data)\n"
+      "  --init-from DIR    fine-tune: start from a Hugging Face GPT-J folder (config.json and\n"
+      "                     model.safetensors or shards with model.safetensors.index.json) or a\n"
+      "                     nax step folder; its config replaces --config (docs/hf-import.md)\n"
+      "  --remat            activation checkpointing per block: keep only each block's input and\n"
+      "                     recompute its forward in backward (less memory, one more forward)\n"
+      "  --zero             ZeRO-1: each dp rank keeps and updates 1/dp of the AdamW moments, then\n"
+      "                     all-gathers the parameters (same steps; checkpoints as without)\n"
       "  --trace FILE       write a timeline of every device's ops and collectives (Chrome trace JSON,\n"
       "                     for Perfetto and scripts/trace_breakdown.py; one file per rank under mpirun)\n"
       "  --quiet            no progress line (on a terminal a live line, else a plain line per second at most)\n");
@@ -180,16 +191,20 @@ int run_train(int argc, char** argv) {
                             {"--sharding", [&](const std::string& v) { o.sharding = v; }},
                             {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }},
                             {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }},
+                            {"--init-from", [&](const std::string& v) { o.init_from = v; }},
                             {"--token-cache", [&](const std::string& v) { o.token_cache = v; }}}),
               train_help,
               {{"--resume", [&](const std::string&) { o.resume = true; }},
                {"--allow-extend-steps", [&](const std::string&) { o.allow_extend_steps = true; }},
+               {"--remat", [&](const std::string&) { o.remat = true; }},
+               {"--zero", [&](const std::string&) { o.zero = true; }},
                {"--quiet", [&](const std::string&) { o.quiet = true; }}});
   gptj::check_options(o);  // before the data is read
   trace.start();
   auto result = gptj::train(o, o.tokenizer.empty() ? gptj::TextData::load(o.data)
                                                    : gptj::TextData::load_tokenized(o.data, o.tokenizer, o.token_cache, o.quiet));
   if (nax::process_index() != 0) return 0;  // under mpirun, process 0 reports
+  if (!o.init_from.empty() && !o.resume) fmt::print("pretrained model's held-out loss: {:.4f}\n", result.initial_heldout_loss);
   fmt::print("final: train loss {:.4f}, held-out loss {:.4f}, {:.0f} tokens/s, MFU {:.1f}% of {:.0f} GFLOP/s, {} compute\n",
              result.losses.empty() ? 0.0 : result.losses.back(), result.heldout_loss, result.tokens_per_s, 100 * result.mfu,
              result.peak_gflops, nax::dtype_name(o.dtype));
@@ -316,6 +331,31 @@ int run_tokenize(int argc, char** argv) {
   return 0;
 }
 
+int run_convert(int argc, char** argv) {
+  gptj::ConvertOptions o;
+  parse_flags(argc, argv, 2,
+              {{"--ckpt", [&](const std::string& v) { o.from = v; }},
+               {"--out", [&](const std::string& v) { o.out = v; }},
+               {"--dtype", [&](const std::string& v) { o.dtype = v; }},
+               {"--max-file-mb",
+                [&](const std::string& v) {
+                  const double mb = to_double("--max-file-mb", v);
+                  if (mb <= 0 || mb > 1e7) nax::fail("gptj", "--max-file-mb must be in (0, 1e7], got {}", v);
+                  o.max_file_bytes = static_cast<std::uint64_t>(mb * 1e6);
+                }}},
+              [] {
+                fmt::print("usage: gptj convert --ckpt DIR --out HF_DIR [--dtype f32|bf16|f16] [--max-file-mb N]\n"
+                           "Writes a model (a run folder's newest step, a step folder or a Hugging Face folder) as a Hugging Face\n"
+                           "GPT-J folder: config.json and model.safetensors, or above N MB (default 10000) shards\n"
+                           "model-0000k-of-0000n.safetensors with model.safetensors.index.json, in the dtype (default f32).\n");
+              });
+  if (o.from.empty()) nax::fail("gptj", "convert needs --ckpt DIR");
+  if (o.out.empty()) nax::fail("gptj", "convert needs --out DIR");
+  const auto files = gptj::convert(o);
+  fmt::print("wrote {} to {}\n", fmt::join(files, ", "), o.out);
+  return 0;
+}
+
 int run_sample(int argc, char** argv) {
   gptj::SampleOptions o;
   TraceFile trace;
@@ -337,6 +377,34 @@ int run_sample(int argc, char** argv) {
   return 0;
 }
 
+int run_plan(int argc, char** argv) {
+  gptj::PlanOptions o;
+  parse_flags(argc, argv, 2,
+              {{"--config", [&](const std::string& v) { o.config = v; }},
+               {"--mesh", [&](const std::string& v) { o.mesh = v; }},
+               {"--batch", [&](const std::string& v) { o.batch = to_int("--batch", v); }},
+               {"--seq", [&](const std::string& v) { o.seq = to_int("--seq", v); }},
+               {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }},
+               {"--device-memory", [&](const std::string& v) { o.device_memory = gptj::parse_bytes(v); }}},
+              [] {
+                fmt::print(
+                    "usage: gptj plan [flags]\n"
+                    "Prints the bytes per device that gptj train needs: parameters, gradients, optimizer state,\n"
+                    "activations and the peak, and whether the peak fits the device (docs/memory.md).\n\n"
+                    "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
+                    "  --mesh SPEC        dp and mp, e.g. dp=1,mp=8                     (default dp=1,mp=1)\n"
+                    "  --batch B          global batch, cut over dp                     (default 8)\n"
+                    "  --seq T            tokens per sequence                           (default 128)\n"
+                    "  --dtype D          f32 or bf16, as for gptj train                (default f32)\n"
+                    "  --remat            activation checkpointing per block, as for gptj train\n"
+                    "  --zero             AdamW's moments cut over dp, as for gptj train\n"
+                    "  --device-memory M  e.g. 141GB, 80GiB                             (default 141GB, an H200)\n");
+              },
+              {{"--remat", [&](const std::string&) { o.remat = true; }}, {"--zero", [&](const std::string&) { o.zero = true; }}});
+  fmt::print("{}", gptj::format_plan(o, gptj::plan_memory(o)));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -349,11 +417,13 @@ int main(int argc, char** argv) {
     if (command == "export") return run_export(argc, argv);
     if (command == "compare") return run_compare(argc, argv);
     if (command == "tokenize") return run_tokenize(argc, argv);
+    if (command == "convert") return run_convert(argc, argv);
+    if (command == "plan") return run_plan(argc, argv);
     if (command == "--help" || command == "-h" || command == "help") {
-      fmt::print("usage: gptj <train|sample|logits|compare|export|tokenize> [flags]   (gptj <command> --help for the flags)\n");
+      fmt::print("usage: gptj <train|sample|logits|compare|export|tokenize|convert|plan> [flags]   (gptj <command> --help for the flags)\n");
       return argc > 1 ? 0 : 2;
     }
-    nax::fail("gptj", "unknown command '{}' (expected train, sample, logits, compare, export or tokenize)", command);
+    nax::fail("gptj", "unknown command '{}' (expected train, sample, logits, compare, export, tokenize, convert or plan)", command);
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;

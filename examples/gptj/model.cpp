@@ -37,20 +37,40 @@ BlockConfig block_config(const Config& c) {
   return BlockConfig{.d_model = c.d_model, .n_heads = c.n_heads, .head_dim = c.head_dim, .d_ff = c.d_ff, .rotary_dims = c.rotary_dims, .layer_norm_eps = c.layer_norm_eps};
 }
 
-BlockParams Model::layer(std::int64_t i) const {
+namespace {
+
+// Block i's parameters as the model holds them (the f32 master weights under bf16 compute).
+std::vector<Tensor> stored_block_params(const nn::Parameters& params, std::int64_t i) {
   const std::size_t first = 1 + static_cast<std::size_t>(i) * 10;
+  return {params.values().begin() + static_cast<std::ptrdiff_t>(first), params.values().begin() + static_cast<std::ptrdiff_t>(first + 10)};
+}
+
+BlockParams in_compute_dtype(const std::vector<Tensor>& stored, DType compute) {
   std::vector<Tensor> block;
-  for (std::size_t j = first; j < first + 10; ++j) block.push_back(for_compute(params_[j], compute_));
+  for (const auto& p : stored) block.push_back(for_compute(p, compute));
   return BlockParams::from(block);
+}
+
+}  // namespace
+
+BlockParams Model::layer(std::int64_t i) const { return in_compute_dtype(stored_block_params(params_, i), compute_); }
+
+// Under remat the casts to the compute dtype run inside the checkpointed function, so that their
+// bf16 copies are not kept from forward to backward either.
+Tensor Model::block_forward(std::int64_t i, const Tensor& x, KVCache* cache) const {
+  const BlockConfig bc = block_config(config_);
+  if (!remat_ || cache != nullptr) return block(layer(i), x, bc, cache);
+  return nax::remat([stored = stored_block_params(params_, i), compute = compute_, bc](const Tensor& h) {
+    return block(in_compute_dtype(stored, compute), h, bc);
+  }, x);
 }
 
 Tensor Model::logits(const Tensor& ids, std::vector<KVCache>* caches) const {
   if (caches != nullptr && caches->size() != static_cast<std::size_t>(config_.n_layers))
     caches->resize(static_cast<std::size_t>(config_.n_layers));
   Tensor x = psum(embedding(param("transformer.wte.weight"), ids, "vocab"), "mp");
-  const BlockConfig bc = block_config(config_);
   for (std::int64_t i = 0; i < config_.n_layers; ++i)
-    x = block(layer(i), x, bc, caches != nullptr ? &(*caches)[static_cast<std::size_t>(i)] : nullptr);
+    x = block_forward(i, x, caches != nullptr ? &(*caches)[static_cast<std::size_t>(i)] : nullptr);
   Tensor h = layer_norm(x, "embed", param("transformer.ln_f.weight"), param("transformer.ln_f.bias"), config_.layer_norm_eps);
   return dot(h, param("lm_head.weight"), "embed") + param("lm_head.bias");
 }

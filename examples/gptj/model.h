@@ -30,17 +30,24 @@ class Model {
   // Mean next-token cross-entropy over the global batch: Invariant on every device.
   nax::Tensor loss(const nax::Tensor& ids, const nax::Tensor& targets) const;
 
+  // Activation checkpointing per block (nax::remat): each block keeps only its input for backward,
+  // which runs the block's forward again. Training only: generation with a KV cache ignores it.
+  void set_remat(bool on) { remat_ = on; }
+  bool remat() const { return remat_; }
+
   const Config& config() const { return config_; }
   nax::nn::Parameters& params() { return params_; }
   const nax::nn::Parameters& params() const { return params_; }
 
  private:
   BlockParams layer(std::int64_t i) const;
+  nax::Tensor block_forward(std::int64_t i, const nax::Tensor& x, KVCache* cache) const;
   nax::Tensor param(const std::string& name) const { return for_compute(params_[name], compute_); }
 
   Config config_;
   nax::nn::Parameters params_;
   nax::DType compute_;
+  bool remat_ = false;
 };
 
 }  // namespace gptj

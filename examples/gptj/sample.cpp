@@ -55,7 +55,7 @@ Loaded load_for_inference(const SampleOptions& o) {
 }
 
 Model model_on(Shard& s, const Loaded& m) {
-  return Model(m.files.config, nn::Parameters::from_values(m.specs, checkpoint::load_sharded(s, m.files.weights, model_reads(m.specs), m.rules)));
+  return Model(m.files.config, nn::Parameters::from_values(m.specs, checkpoint::load_sharded(s, m.files.weights, model_reads(m.specs), m.rules, DType::f32)));
 }
 
 std::vector<std::int32_t> prompt_tokens(const SampleOptions& o, const Loaded& m, std::int64_t generated) {

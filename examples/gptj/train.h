@@ -40,14 +40,22 @@ struct TrainOptions {
   // weights, optimizer state and loss); f32: everything f32.
   nax::DType dtype = nax::DType::f32;
   std::string tokenizer;    // a Hugging Face tokenizer.json; empty: bytes (vocab 256)
+  // A model folder to fine-tune (Hugging Face's GPT-J, or a nax step folder): its config.json
+  // replaces --config and its weights the initialisation (docs/hf-import.md).
+  std::string init_from;
   std::string token_cache;  // where token files go; empty: beside each data file
   // Time forward, backward and optimizer separately (drains the device queue at each boundary).
   bool time_phases = false;
+  // Activation checkpointing per block (Model::set_remat; the hand sharding only).
+  bool remat = false;
+  // ZeRO-1: AdamW's moments cut over dp (nn::AdamWConfig::shard_state_over).
+  bool zero = false;
 };
 
 struct TrainResult {
   std::vector<double> losses;  // one per step run
   double heldout_loss = 0;
+  double initial_heldout_loss = 0;  // with init_from: the pretrained model's, before any step
   double tokens_per_s = 0;     // median over steps after the first
   double mfu = 0;
   double peak_gflops = 0;

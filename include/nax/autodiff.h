@@ -28,6 +28,17 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params, 
 std::pair<Tensor, std::vector<Tensor>> value_and_grad(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
                                                       const std::vector<Tensor>& params, GradOptions options = {});
 
+// Activation checkpointing, as jax.checkpoint: y = fn(inputs), recording nothing inside fn. Only
+// the values fn reads that need a gradient (its inputs and any tensors it captures, parameters
+// included) are kept; grad() runs fn again, recording, and backpropagates through that recompute.
+// A block's activations thus live only while its backward runs, for one more forward per block.
+// fn must compute the same thing when called again (no RNG; collectives inside are fine, their
+// transposes run in the recompute's backward) and whatever it captures must still be alive when
+// grad() runs: capture by value. Nests (a remat inside fn is recomputed in turn) and composes with
+// any op; under NoGrad it is fn(inputs).
+Tensor remat(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs);
+Tensor remat(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x);
+
 // The same value, cut from the graph: no gradient flows through it.
 Tensor stop_gradient(const Tensor& x);
 

@@ -7,7 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "ops/node.h"
+#include "autodiff/backward.h"
 #include "nax/collectives.h"
 #include "ops/internal.h"
 
@@ -16,15 +16,6 @@ namespace nax {
 namespace autodiff {
 
 namespace {
-
-// A value's gradient while the contributions of its consumers come in: their sums so far, kept
-// apart by the mesh axes over which a contribution varies while the value is Invariant (those
-// still need a psum; a contribution that is already whole must not be summed again), and the
-// value (shape, dtype, vary type) it is the gradient of.
-struct Pending {
-  std::map<std::vector<std::string>, Tensor> sums;  // by the mesh axes still to psum over
-  Tensor like;
-};
 
 // A contribution in the value's axis order and dtype, with the value's vary type except over the
 // mesh axes where the value is Invariant and the contribution varies (returned, to psum later).
@@ -49,6 +40,8 @@ std::pair<Tensor, std::vector<std::string>> align(const Tensor& g_in, const Tens
   std::sort(pending_axes.begin(), pending_axes.end());
   return {g.with_vary(vary), pending_axes};
 }
+
+}  // namespace
 
 void accumulate(Pending& p, const Tensor& g_in, const std::string& op) {
   auto [g, axes] = align(g_in, p.like, op);
@@ -108,14 +101,16 @@ std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings)
   return out;
 }
 
-// One value's finished gradient.
 Tensor finish(const Pending& p) { return finish_bucketed({&p})[0]; }
 
-// Nodes reachable from `root`, each after every node that consumes it: latest made first (see
-// Node::sequence). The list owns them: the walk frees each node's inputs, which may be the last
-// other reference to a node still to come.
-std::vector<std::shared_ptr<Node>> reverse_topological(const std::shared_ptr<Node>& root) {
+namespace {
+
+// Nodes reachable from `root` and made at or after `floor`, each after every node that consumes
+// it: latest made first (see Node::sequence). The list owns them: the walk frees each node's
+// inputs, which may be the last other reference to a node still to come.
+std::vector<std::shared_ptr<Node>> reverse_topological(const std::shared_ptr<Node>& root, std::uint64_t floor) {
   std::vector<std::shared_ptr<Node>> post_order;
+  if (root->sequence < floor) return post_order;
   std::unordered_set<Node*> visited;
   std::vector<std::pair<std::shared_ptr<Node>, std::size_t>> stack{{root, 0}};
   visited.insert(root.get());
@@ -126,7 +121,7 @@ std::vector<std::shared_ptr<Node>> reverse_topological(const std::shared_ptr<Nod
       const Tensor& input = node->inputs[next++];
       if (!input.defined()) continue;
       const auto& child = input.grad_node();
-      if (child != nullptr && visited.insert(child.get()).second) stack.push_back({child, 0});
+      if (child != nullptr && child->sequence >= floor && visited.insert(child.get()).second) stack.push_back({child, 0});
       continue;
     }
     post_order.push_back(node);
@@ -137,6 +132,45 @@ std::vector<std::shared_ptr<Node>> reverse_topological(const std::shared_ptr<Nod
 }
 
 }  // namespace
+
+Grads backpropagate(const Tensor& root, const Tensor& seed, const std::unordered_set<Node*>& wanted, std::uint64_t floor) {
+  Grads grads;
+  const auto order = reverse_topological(root.grad_node(), floor);
+  grads[root.grad_node().get()] = {{{{}, seed}}, root};
+
+  auto propagate = [&](Node* node, const Tensor& g) {
+    std::vector<Tensor> input_grads = node->backward(g);
+    if (input_grads.size() != node->inputs.size())
+      fail("grad", "backward of {} gave {} gradients for {} inputs", node->op, input_grads.size(), node->inputs.size());
+    for (std::size_t i = 0; i < node->inputs.size(); ++i) {
+      const Tensor& input = node->inputs[i];
+      if (!input.defined() || !input_grads[i].defined()) continue;
+      auto& pending = grads[input.grad_node().get()];
+      if (!pending.like.defined()) pending.like = input;
+      accumulate(pending, input_grads[i], node->op);
+    }
+  };
+  for (const auto& owned : order) {
+    Node* node = owned.get();
+    auto it = grads.find(node);
+    if (node->leaf || it == grads.end()) continue;
+    if (node->passes_partial_sums && !wanted.count(node)) {
+      const Pending pending = std::move(it->second);
+      grads.erase(it);
+      for (const auto& [axes, sum] : pending.sums) propagate(node, axes.empty() ? sum.with_vary(pending.like.vary()) : sum);
+    } else {
+      const Tensor g = finish(it->second);
+      if (wanted.count(node)) it->second.sums = {{{}, g}};
+      else grads.erase(it);
+      propagate(node, g);
+    }
+    node->backward = nullptr;  // free what the op saved
+    node->inputs.clear();
+    node->released = true;
+  }
+  return grads;
+}
+
 }  // namespace autodiff
 
 std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params, GradOptions options) {
@@ -158,40 +192,7 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params, 
   NoGrad no_grad;  // backward computations are not recorded
   if (loss.device().index() >= 0 && Shard::current() == nullptr)
     fail("grad", "the loss lives on {}: call grad inside Runtime::run", loss.device().str());
-  std::unordered_map<autodiff::Node*, autodiff::Pending> grads;
-  const auto order = autodiff::reverse_topological(loss.grad_node());
-  grads[loss.grad_node().get()] = {{{{}, full(Shape{}, 1.0, loss.dtype()).with_vary(loss.vary())}}, loss};
-
-  auto propagate = [&](autodiff::Node* node, const Tensor& g) {
-    std::vector<Tensor> input_grads = node->backward(g);
-    if (input_grads.size() != node->inputs.size())
-      fail("grad", "backward of {} gave {} gradients for {} inputs", node->op, input_grads.size(), node->inputs.size());
-    for (std::size_t i = 0; i < node->inputs.size(); ++i) {
-      const Tensor& input = node->inputs[i];
-      if (!input.defined() || !input_grads[i].defined()) continue;
-      auto& pending = grads[input.grad_node().get()];
-      if (!pending.like.defined()) pending.like = input;
-      autodiff::accumulate(pending, input_grads[i], node->op);
-    }
-  };
-  for (const auto& owned : order) {
-    autodiff::Node* node = owned.get();
-    auto it = grads.find(node);
-    if (node->leaf || it == grads.end()) continue;
-    if (node->passes_partial_sums && !wanted.count(node)) {
-      const autodiff::Pending pending = std::move(it->second);
-      grads.erase(it);
-      for (const auto& [axes, sum] : pending.sums) propagate(node, axes.empty() ? sum.with_vary(pending.like.vary()) : sum);
-    } else {
-      const Tensor g = autodiff::finish(it->second);
-      if (wanted.count(node)) it->second.sums = {{{}, g}};
-      else grads.erase(it);
-      propagate(node, g);
-    }
-    node->backward = nullptr;  // free what the op saved
-    node->inputs.clear();
-    node->released = true;
-  }
+  auto grads = autodiff::backpropagate(loss, full(Shape{}, 1.0, loss.dtype()).with_vary(loss.vary()), wanted, 0);
 
   std::vector<const autodiff::Pending*> pendings;
   for (const auto& p : params) {

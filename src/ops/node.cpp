@@ -10,6 +10,7 @@ namespace nax {
 
 namespace {
 thread_local bool g_grad_enabled = true;
+thread_local autodiff::CaptureInputs* g_capture = nullptr;
 }  // namespace
 
 bool grad_enabled() { return g_grad_enabled; }
@@ -33,7 +34,33 @@ std::uint64_t Node::next_sequence() {
   return counter.fetch_add(1, std::memory_order_relaxed);
 }
 
+CaptureInputs::CaptureInputs() : previous_grad_(g_grad_enabled), previous_(g_capture) {
+  g_grad_enabled = false;
+  g_capture = this;
+}
+
+CaptureInputs::~CaptureInputs() {
+  g_grad_enabled = previous_grad_;
+  g_capture = previous_;
+}
+
+void CaptureInputs::see(const Tensor& t) {
+  if (t.defined() && t.requires_grad() && seen_.insert(t.grad_node().get()).second) inputs_.push_back(t);
+}
+
+EnableGrad::EnableGrad() : previous_(g_grad_enabled), previous_capture_(g_capture) {
+  g_grad_enabled = true;
+  g_capture = nullptr;
+}
+
+EnableGrad::~EnableGrad() {
+  g_grad_enabled = previous_;
+  g_capture = previous_capture_;
+}
+
 bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
+  if (g_capture != nullptr)
+    for (const Tensor* t : inputs) g_capture->see(*t);
   if (!g_grad_enabled) return false;
   for (const Tensor* t : inputs)
     if (t->defined() && t->requires_grad()) return true;
@@ -41,6 +68,8 @@ bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
 }
 
 Tensor record(std::string op, const Tensor& out, std::vector<Tensor> inputs, BackwardFn backward) {
+  if (g_capture != nullptr)
+    for (const auto& t : inputs) g_capture->see(t);
   if (!g_grad_enabled) return out;
   bool needed = false;
   for (auto& t : inputs) {

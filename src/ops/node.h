@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "nax/autodiff.h"
@@ -39,5 +40,39 @@ Tensor record(std::string op, const Tensor& out, std::vector<Tensor> inputs, Bac
 
 // Whether any of `inputs` needs a gradient (and grad mode is on): ops skip saving otherwise.
 bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
+
+// While alive, ops on this thread record nothing, as under NoGrad, but every input they are given
+// that needs a gradient is collected, once per node: since nothing inside records, these are the
+// values from outside that the ops read (arguments and captured tensors alike). remat's forward
+// keeps them, and only them, for its backward. Nests: an inner capture sees its own inputs only.
+class CaptureInputs {
+ public:
+  CaptureInputs();
+  ~CaptureInputs();
+  CaptureInputs(const CaptureInputs&) = delete;
+  CaptureInputs& operator=(const CaptureInputs&) = delete;
+
+  void see(const Tensor& t);
+  const std::vector<Tensor>& inputs() const { return inputs_; }
+
+ private:
+  bool previous_grad_;
+  CaptureInputs* previous_;
+  std::vector<Tensor> inputs_;
+  std::unordered_set<const Node*> seen_;
+};
+
+// While alive, ops on this thread record (remat's recompute, run inside grad's NoGrad).
+class EnableGrad {
+ public:
+  EnableGrad();
+  ~EnableGrad();
+  EnableGrad(const EnableGrad&) = delete;
+  EnableGrad& operator=(const EnableGrad&) = delete;
+
+ private:
+  bool previous_;
+  CaptureInputs* previous_capture_;
+};
 
 }  // namespace nax::autodiff
