@@ -1,5 +1,5 @@
 // The GPT-J trainer's memory options: activation checkpointing per block (--remat) gives the same
-// losses and gradient norms as without, step by step, on meshes 1x1, 1x2 and 2x2; AdamW with its
+// losses and gradient norms as without, step by step, on meshes 1x1, 1x2 and 2x2 (f32 and bf16); AdamW with its
 // state cut over dp (ZeRO-1, --zero) takes the same steps as without, holds 1/dp of the moments,
 // and its checkpoints are the same files (resumed with or without it, on other meshes).
 #include <unistd.h>
@@ -8,6 +8,7 @@
 
 #include "gptj_helpers.h"
 #include "helpers.h"
+#include "plan.h"
 
 using namespace nax;
 
@@ -22,12 +23,15 @@ void require_same_steps(const nax::testing::StepValues& got, const nax::testing:
 
 TEST_CASE("training with remat per block (--remat) gives the same losses and gradient norms as without", "[gptj][remat][mesh]") {
   for (const std::string mesh : {"dp=1,mp=1", "dp=1,mp=2", "dp=2,mp=2"}) {
-    INFO("mesh " << mesh);
-    gptj::TrainOptions o = nax::testing::tiny(mesh, 3);
-    const auto plain = nax::testing::learner_steps(Runtime::local(Mesh::parse(mesh)), o, 3);
-    o.remat = true;
-    const auto checkpointed = nax::testing::learner_steps(Runtime::local(Mesh::parse(mesh)), o, 3);
-    require_same_steps(checkpointed, plain, 1e-5);
+    for (DType dtype : {DType::f32, DType::bf16}) {  // bf16: the casts of the parameters run inside the checkpointed blocks
+      INFO("mesh " << mesh << " compute " << dtype_name(dtype));
+      gptj::TrainOptions o = nax::testing::tiny(mesh, 3);
+      o.dtype = dtype;
+      const auto plain = nax::testing::learner_steps(Runtime::local(Mesh::parse(mesh)), o, 3);
+      o.remat = true;
+      const auto checkpointed = nax::testing::learner_steps(Runtime::local(Mesh::parse(mesh)), o, 3);
+      require_same_steps(checkpointed, plain, 1e-5);
+    }
   }
 }
 
@@ -103,4 +107,40 @@ TEST_CASE("checkpoints saved with --zero resume without it and the other way, on
     nax::testing::require_close(gptj::train(resumed, nax::testing::corpus()).losses, tail, 1e-5);
     std::filesystem::remove_all(dir);
   }
+}
+
+TEST_CASE("gptj plan's peak is within 10% of the measured peak on config small", "[gptj][plan][memory]") {
+  struct Case {
+    std::string mesh;
+    bool remat, zero;
+    DType dtype;
+  };
+  for (const Case& c : {Case{"dp=1,mp=1", false, false, DType::f32}, Case{"dp=2,mp=1", false, true, DType::f32},
+                        Case{"dp=1,mp=2", true, false, DType::f32}, Case{"dp=2,mp=2", true, true, DType::bf16}}) {
+    gptj::TrainOptions o = nax::testing::tiny(c.mesh, 2);
+    o.config = "small", o.batch = 8, o.seq = 64, o.remat = c.remat, o.zero = c.zero, o.dtype = c.dtype;
+    const double measured = static_cast<double>(gptj::train(o, nax::testing::corpus()).peak_bytes);
+    gptj::PlanOptions p;
+    p.config = o.config, p.mesh = o.mesh, p.batch = o.batch, p.seq = o.seq, p.remat = c.remat, p.zero = c.zero, p.dtype = c.dtype;
+    const gptj::MemoryPlan plan = gptj::plan_memory(p);
+    INFO("mesh " << c.mesh << (c.remat ? " --remat" : "") << (c.zero ? " --zero" : "") << " " << dtype_name(c.dtype) << ": planned "
+                 << plan.peak << " bytes, measured " << measured);
+    REQUIRE(std::abs(plan.peak - measured) <= 0.1 * measured);
+  }
+}
+
+TEST_CASE("gptj plan: remat and zero lower the plan; bad sizes are errors naming the flag", "[gptj][plan][errors]") {
+  gptj::PlanOptions p;
+  p.config = "6b", p.mesh = "dp=1,mp=8", p.batch = 8, p.seq = 2048, p.dtype = DType::bf16;
+  const auto plain = gptj::plan_memory(p);
+  p.remat = true;
+  const auto remat = gptj::plan_memory(p);
+  REQUIRE(remat.activations < plain.activations / 4);
+  p.mesh = "dp=2,mp=4", p.zero = true;
+  REQUIRE(gptj::plan_memory(p).optimizer < remat.optimizer);
+  REQUIRE(gptj::parse_bytes("141GB") == 141e9);
+  REQUIRE(gptj::parse_bytes("80GiB") == 80.0 * 1024 * 1024 * 1024);
+  REQUIRE_THROWS_WITH(gptj::parse_bytes("lots"), Catch::Matchers::Contains("--device-memory"));
+  p.seq = 4096;
+  REQUIRE_THROWS_WITH(gptj::plan_memory(p), Catch::Matchers::Contains("--seq"));
 }

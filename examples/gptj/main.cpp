@@ -4,6 +4,7 @@
 //   gptj sample --ckpt DIR --prompt TEXT --tokens N [...]
 //   gptj export --config tiny --mesh dp=1,mp=2 --data FILE... --steps K --out DIR [...]
 //   gptj tokenize --tokenizer tokenizer.json --text TEXT
+//   gptj plan --config 6b --mesh dp=1,mp=8 --batch B --seq 2048 [--remat] [--dtype bf16] [--zero]
 //   gptj convert --ckpt DIR --out HF_DIR [--dtype f16] [--max-file-mb N]
 #include <fmt/format.h>
 
@@ -18,6 +19,7 @@
 #include "export.h"
 #include "hf_export.h"
 #include "learner.h"
+#include "plan.h"
 #include "tokenize.h"
 #include "train.h"
 
@@ -394,6 +396,34 @@ int run_sample(int argc, char** argv) {
   return 0;
 }
 
+int run_plan(int argc, char** argv) {
+  gptj::PlanOptions o;
+  parse_flags(argc, argv, 2,
+              {{"--config", [&](const std::string& v) { o.config = v; }},
+               {"--mesh", [&](const std::string& v) { o.mesh = v; }},
+               {"--batch", [&](const std::string& v) { o.batch = to_int("--batch", v); }},
+               {"--seq", [&](const std::string& v) { o.seq = to_int("--seq", v); }},
+               {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }},
+               {"--device-memory", [&](const std::string& v) { o.device_memory = gptj::parse_bytes(v); }}},
+              [] {
+                fmt::print(
+                    "usage: gptj plan [flags]\n"
+                    "Prints the bytes per device that gptj train needs: parameters, gradients, optimizer state,\n"
+                    "activations and the peak, and whether the peak fits the device (docs/memory.md).\n\n"
+                    "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
+                    "  --mesh SPEC        dp and mp, e.g. dp=1,mp=8                     (default dp=1,mp=1)\n"
+                    "  --batch B          global batch, cut over dp                     (default 8)\n"
+                    "  --seq T            tokens per sequence                           (default 128)\n"
+                    "  --dtype D          f32 or bf16, as for gptj train                (default f32)\n"
+                    "  --remat            activation checkpointing per block, as for gptj train\n"
+                    "  --zero             AdamW's moments cut over dp, as for gptj train\n"
+                    "  --device-memory M  e.g. 141GB, 80GiB                             (default 141GB, an H200)\n");
+              },
+              {{"--remat", [&](const std::string&) { o.remat = true; }}, {"--zero", [&](const std::string&) { o.zero = true; }}});
+  fmt::print("{}", gptj::format_plan(o, gptj::plan_memory(o)));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -407,11 +437,12 @@ int main(int argc, char** argv) {
     if (command == "compare") return run_compare(argc, argv);
     if (command == "tokenize") return run_tokenize(argc, argv);
     if (command == "convert") return run_convert(argc, argv);
+    if (command == "plan") return run_plan(argc, argv);
     if (command == "--help" || command == "-h" || command == "help") {
-      fmt::print("usage: gptj <train|sample|logits|compare|export|tokenize|convert> [flags]   (gptj <command> --help for the flags)\n");
+      fmt::print("usage: gptj <train|sample|logits|compare|export|tokenize|convert|plan> [flags]   (gptj <command> --help for the flags)\n");
       return argc > 1 ? 0 : 2;
     }
-    nax::fail("gptj", "unknown command '{}' (expected train, sample, logits, compare, export, tokenize or convert)", command);
+    nax::fail("gptj", "unknown command '{}' (expected train, sample, logits, compare, export, tokenize, convert or plan)", command);
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;

@@ -183,6 +183,7 @@ void check_options(const TrainOptions& o) {
   if (!std::isfinite(o.lr) || o.lr <= 0 || o.lr > 10) fail("gptj", "--lr must be a finite number in (0, 10], got {}", o.lr);
   if (o.resume && o.ckpt_dir.empty()) fail("train", "--resume needs --ckpt-dir");
   if (o.allow_extend_steps && !o.resume) fail("train", "--allow-extend-steps goes with --resume");
+  if (o.remat && o.sharding != "hand") fail("train", "--remat needs --sharding hand (the global view has no checkpointing yet)");
 }
 
 void check_memory(const Config& config, std::int64_t batch, std::int64_t seq) {
