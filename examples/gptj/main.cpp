@@ -8,6 +8,7 @@
 //   gptj convert --ckpt DIR --out HF_DIR [--dtype f16] [--max-file-mb N]
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -206,6 +207,8 @@ int run_train(int argc, char** argv) {
                {"--remat", [&](const std::string&) { o.remat = true; }},
                {"--zero", [&](const std::string&) { o.zero = true; }},
                {"--quiet", [&](const std::string&) { o.quiet = true; }}});
+  if (!o.init_from.empty() && std::any_of(argv + 2, argv + argc, [](const char* a) { return std::string_view(a) == "--config"; }))
+    nax::fail("gptj", "--config and --init-from: the config comes from '{}/config.json', give one of them", o.init_from);
   gptj::check_options(o);  // before the data is read
   trace.start();
   auto result = gptj::train(o, o.tokenizer.empty() ? gptj::TextData::load(o.data)
