@@ -311,3 +311,63 @@ TEST_CASE("Fine-tuning the Hugging Face fixture for a few steps lowers the held-
   REQUIRE((saved.config.d_model == 32 && saved.config.rotary_dims == 6 && saved.config.vocab == 1024 && saved.config.layer_norm_eps == 1e-4));
   fs::remove_all(dir);
 }
+
+TEST_CASE("Sampling a Hugging Face folder: top-p, stop at end-of-text, a batch of prompts, never a padding row", "[hf]") {
+  gptj::SampleOptions o;
+  o.ckpt_dir = kFixture, o.tokenizer = kTokenizer, o.tokens = 8, o.temperature = 0;
+  o.prompts = {"The quick brown fox", "It's"};
+  const auto greedy = gptj::sample_batch(o);
+  REQUIRE(greedy.size() == 2);
+  for (std::size_t k = 0; k < 2; ++k) {  // a batch gives each prompt's own continuation
+    gptj::SampleOptions one = o;
+    one.prompts.clear(), one.prompt = o.prompts[k];
+    REQUIRE(gptj::sample(one) == greedy[k]);
+  }
+  // Top-p that keeps only the most likely token is greedy, whatever the temperature.
+  gptj::SampleOptions nucleus = o;
+  nucleus.temperature = 1.5, nucleus.top_k = 0, nucleus.top_p = 1e-9, nucleus.seed = 5;
+  REQUIRE(gptj::sample_batch(nucleus) == greedy);
+  nucleus.top_p = 1;  // while the whole distribution draws something else
+  REQUIRE(gptj::sample_batch(nucleus) != greedy);
+  for (double bad : {0.0, -0.5, 1.01, static_cast<double>(NAN)}) {
+    nucleus.top_p = bad;
+    REQUIRE_THROWS_WITH(gptj::sample_batch(nucleus), Contains("--top-p must be a number in (0, 1]"));
+  }
+
+  // End-of-text: with eos_token_id set to the greedy first token, the continuation is empty.
+  gptj::SampleOptions first = o;
+  first.prompts.clear(), first.prompt = o.prompts[0];
+  const auto rows = gptj::prompt_logits(first);
+  const auto& last = rows.back();
+  const auto best = std::max_element(last.begin(), last.begin() + 1001) - last.begin();
+  const std::string eos_dir = fixture_copy("eos");
+  auto config = nlohmann::json::parse(text_of(eos_dir + "/config.json"));
+  config["eos_token_id"] = best;
+  write_text(eos_dir + "/config.json", config.dump());
+  first.ckpt_dir = eos_dir;
+  REQUIRE(gptj::sample(first).empty());
+  first.stop_at_eos = false;
+  REQUIRE(gptj::sample(first) == greedy[0]);
+  fs::remove_all(eos_dir);
+
+  // Rows past the tokenizer's 1001 ids are padding: made the most likely, they are still never drawn.
+  const std::string padded = scratch("padding");
+  fs::create_directories(padded);
+  fs::copy_file(kFixture + "/config.json", padded + "/config.json");
+  const checkpoint::SafetensorsFolder weights(kFixture, checkpoint::ChecksumPolicy::if_present);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& t : weights.tensors()) {
+    Tensor value = weights.file_of(t.name).read(t.name);
+    if (t.name == "lm_head.bias") {
+      auto bias = value.to_vector<float>();
+      for (std::size_t i = 1001; i < bias.size(); ++i) bias[i] = 100;
+      value = from_vector(value.shape(), bias);
+    }
+    tensors.push_back({t.name, value});
+  }
+  checkpoint::save_safetensors(padded + "/model.safetensors", tensors);
+  gptj::SampleOptions pad = o;
+  pad.ckpt_dir = padded;
+  REQUIRE(gptj::sample_batch(pad) == greedy);
+  fs::remove_all(padded);
+}

@@ -8,11 +8,13 @@
 //   gptj convert --ckpt DIR --out HF_DIR [--dtype f16] [--max-file-mb N]
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "compare.h"
 #include "export.h"
@@ -164,13 +166,19 @@ void sample_help() {
   fmt::print(
       "usage: gptj sample --ckpt DIR [flags]\n"
       "Generates text from a checkpoint, on any mesh, with a KV cache.\n\n"
-      "  --ckpt DIR         a run folder of gptj train (its newest checkpoint) or a step folder\n"
+      "  --ckpt DIR         a run folder of gptj train (its newest checkpoint), a step folder or a\n"
+      "                     Hugging Face GPT-J folder (docs/hf-import.md)\n"
       "  --mesh SPEC        e.g. dp=1,mp=2                                (default dp=1,mp=1)\n"
       "  --backend B        cpu or cuda, as for gptj train                (default cpu)\n"
-      "  --prompt TEXT      the text to continue\n"
+      "  --prompt TEXT      the text to continue; repeat for a batch of prompts (then one JSON\n"
+      "                     line {{\"prompt\", \"text\"}} per prompt)\n"
+      "  --prompts FILE     a batch of prompts, one per line (empty lines skipped)\n"
       "  --tokens N         tokens to generate                            (default 100)\n"
       "  --temperature X    0 picks the most likely token                 (default 0.8)\n"
       "  --top-k K          sample among the K most likely tokens         (default 40)\n"
+      "  --top-p P          then among the most likely tokens holding P of the probability,\n"
+      "                     in (0, 1]                                     (default 1)\n"
+      "  --ignore-eos       with --tokenizer: do not stop at the config's eos_token_id\n"
       "  --seed S           sampling seed                                 (default 0)\n"
       "  --tokenizer FILE   the tokenizer.json the model was trained with (default: bytes)\n"
       "  --trace FILE       write a timeline of the devices' ops and collectives (as for gptj train)\n");
@@ -199,6 +207,8 @@ int run_train(int argc, char** argv) {
                {"--remat", [&](const std::string&) { o.remat = true; }},
                {"--zero", [&](const std::string&) { o.zero = true; }},
                {"--quiet", [&](const std::string&) { o.quiet = true; }}});
+  if (!o.init_from.empty() && std::any_of(argv + 2, argv + argc, [](const char* a) { return std::string_view(a) == "--config"; }))
+    nax::fail("gptj", "--config and --init-from: the config comes from '{}/config.json', give one of them", o.init_from);
   gptj::check_options(o);  // before the data is read
   trace.start();
   auto result = gptj::train(o, o.tokenizer.empty() ? gptj::TextData::load(o.data)
@@ -364,16 +374,28 @@ int run_sample(int argc, char** argv) {
                {"--trace", trace.flag()},
                {"--backend", [&](const std::string& v) { o.backend = nax::parse_backend(v); }},
                {"--mesh", [&](const std::string& v) { o.mesh = v; }},
-               {"--prompt", [&](const std::string& v) { o.prompt = v; }},
+               {"--prompt", [&](const std::string& v) { o.prompts.push_back(v); }},
+               {"--prompts",
+                [&](const std::string& v) {
+                  for (auto& p : gptj::read_prompts(v)) o.prompts.push_back(std::move(p));
+                }},
                {"--tokens", [&](const std::string& v) { o.tokens = to_int("--tokens", v); }},
                {"--temperature", [&](const std::string& v) { o.temperature = to_double("--temperature", v); }},
                {"--top-k", [&](const std::string& v) { o.top_k = to_int("--top-k", v); }},
+               {"--top-p", [&](const std::string& v) { o.top_p = to_double("--top-p", v); }},
                {"--seed", [&](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }},
                {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }}},
-              sample_help);
+              sample_help, {{"--ignore-eos", [&](const std::string&) { o.stop_at_eos = false; }}});
   trace.start();
-  const std::string text = gptj::sample(o);
-  if (nax::process_index() == 0) fmt::print("{}{}\n", o.prompt, text);
+  if (o.prompts.empty()) o.prompts.push_back("");
+  const auto texts = gptj::sample_batch(o);
+  if (nax::process_index() != 0) return 0;
+  if (texts.size() == 1) {
+    fmt::print("{}{}\n", o.prompts[0], texts[0]);
+    return 0;
+  }
+  for (std::size_t k = 0; k < texts.size(); ++k)  // one JSON object a line; bytes that are not UTF-8 become U+FFFD
+    fmt::print("{}\n", nlohmann::json{{"prompt", o.prompts[k]}, {"text", texts[k]}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   return 0;
 }
 
