@@ -6,7 +6,7 @@
 // peak (989 TFLOP/s dense bf16 on H100/H200; goal for 1.3b at seq 2048 in bf16: >= 40%).
 //
 //   build/bin/bench_train [--config small] [--meshes dp=1,mp=1;dp=1,mp=2;...] [--steps N] [--json FILE]
-//                         [--backend cpu|cuda] [--dtype f32|bf16] [--batch B] [--seq T] [--trace FILE] [--remat]
+//                         [--backend cpu|cuda] [--dtype f32|bf16] [--batch B] [--seq T] [--trace FILE] [--remat] [--zero]
 // --trace FILE writes each mesh's timeline (nax/trace.h): FILE itself for one mesh, else FILE with
 // the mesh before the extension (run.json -> run.dp=1_mp=2.json).
 #include <fmt/format.h>
@@ -25,12 +25,12 @@ int main(int argc, char** argv) {
     std::int64_t steps = 8, batch = 8, seq = 128;
     nax::Backend backend = nax::Backend::cpu;
     nax::DType dtype = nax::DType::f32;
-    bool remat = false;
+    bool remat = false, zero = false;
     for (int i = 1; i < argc; ++i) {
       std::string arg = argv[i];
       if (arg == "--help" || arg == "-h") {
         fmt::print("usage: bench_train [--config small] [--meshes 'dp=1,mp=1;dp=2,mp=2'] [--steps N] [--batch B] [--seq T] [--json FILE]\n"
-                   "                   [--backend cpu|cuda] [--dtype f32|bf16] [--trace FILE] [--remat]\n");
+                   "                   [--backend cpu|cuda] [--dtype f32|bf16] [--trace FILE] [--remat] [--zero]\n");
         return 0;
       }
       if (arg == "--config") config = bench::flag_value(argc, argv, i);
@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
       else if (arg == "--backend") backend = nax::parse_backend(bench::flag_value(argc, argv, i));
       else if (arg == "--dtype") dtype = gptj::parse_compute_dtype(bench::flag_value(argc, argv, i));
       else if (arg == "--remat") remat = true;
+      else if (arg == "--zero") zero = true;
       else nax::fail("bench_train", "unknown argument '{}' (try --help)", arg);
     }
     std::string text;
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
       gptj::TrainOptions o;
       o.config = config, o.mesh = mesh, o.steps = steps, o.batch = batch, o.seq = seq, o.eval_every = 0, o.eval_batches = 1, o.quiet = true;
       o.backend = backend, o.dtype = dtype, o.warmup = std::min<std::int64_t>(o.warmup, steps);
-      o.remat = remat;
+      o.remat = remat, o.zero = zero;
       std::string mesh_trace = trace_path;
       if (!trace_path.empty() && meshes.size() > 1) {
         std::string tag = mesh;
@@ -84,6 +85,7 @@ int main(int argc, char** argv) {
                          .add("backend", std::string(nax::backend_name(backend)))
                          .add("dtype", std::string(nax::dtype_name(dtype)))
                          .add("remat", remat)
+                         .add("zero", zero)
                          .add("batch", static_cast<double>(batch))
                          .add("seq", static_cast<double>(seq))
                          .add("tokens_per_s", r.tokens_per_s)

@@ -118,7 +118,7 @@ TEST_CASE("checkpoint: malformed headers are refused naming the file and the fie
       {"short of the end", sealed(header_with(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})"), data16), "cover 8 bytes"},
       {"dtype x shape", sealed(header_with(R"("a":{"dtype":"F64","shape":[4],"data_offsets":[0,16]})"), data16), "32 bytes by its dtype and shape"},
       {"duplicate", sealed(header_with(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]})"), data16), "lists 'a' twice"},
-      {"dtype", sealed(header_with(R"("a":{"dtype":"F16","shape":[8],"data_offsets":[0,16]})"), data16), "dtype 'F16'"},
+      {"dtype", sealed(header_with(R"("a":{"dtype":"F8_E4M3","shape":[16],"data_offsets":[0,16]})"), data16), "dtype 'F8_E4M3' (nax reads F32, F64, F16, BF16 and I32)"},
       {"negative dim", sealed(header_with(R"("a":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]})"), data16), "not a non-negative integer"},
       {"fraction", sealed(header_with(R"("a":{"dtype":"F32","shape":[4.0],"data_offsets":[0,16]})"), data16), "not a non-negative integer"},
       {"huge dims", sealed(header_with(R"("a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]})"), data16), "more than 2^64"},

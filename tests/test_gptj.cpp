@@ -177,7 +177,7 @@ TEST_CASE("gptj export writes the trainer's initial parameters, batches and sett
   double first_loss = 0;
   Runtime rt = Runtime::local(mesh);
   rt.run([&](Shard& s) {
-    std::vector<Tensor> values = checkpoint::load_sharded(s, files.weights, gptj::model_reads(specs), rules);
+    std::vector<Tensor> values = checkpoint::load_sharded(s, files.weights, gptj::model_reads(specs), rules, DType::f32);
     const gptj::Model model(config, nn::Parameters::from_values(specs, values));
     NoGrad no_grad;
     const double loss = model.loss(s.shard(batches.at("ids.0").with_shape(Shape{{"batch", 4}, {"seq", 16}}), rules),

@@ -58,16 +58,43 @@ std::string hf_config_json(const Config& c) {
             {"activation_function", "gelu_new"},
             {"layer_norm_epsilon", c.layer_norm_eps},
             {"tie_word_embeddings", false},
-            {"bos_token_id", 0},
-            {"eos_token_id", 0},
+            {"bos_token_id", c.bos_token_id},
+            {"eos_token_id", c.eos_token_id},
             {"torch_dtype", "float32"},
             {"nax_config", c.name}};
   return j.dump(2) + "\n";
 }
 
+namespace {
+
+// Fields of Hugging Face's GPTJConfig that do not change what the model computes (training
+// hyperparameters of other tools, generation and output switches, the files' bookkeeping).
+bool inert_field(const std::string& key) {
+  static const std::set<std::string> inert{"_name_or_path", "architectures", "initializer_range", "use_cache", "torch_dtype", "dtype",
+                                           "transformers_version", "gradient_checkpointing", "tokenizer_class", "task_specific_params",
+                                           "pad_token_id", "id2label", "label2id", "problem_type", "output_attentions",
+                                           "output_hidden_states", "return_dict", "is_encoder_decoder", "chunk_size_feed_forward",
+                                           "nax_config", "model_type"};
+  return inert.contains(key) || key.starts_with("summary_");
+}
+
+// The fields whose values nax honours (read below) or checks against the only value it computes.
+const std::set<std::string>& honoured_fields() {
+  static const std::set<std::string> honoured{"vocab_size", "n_positions", "n_ctx", "n_embd", "n_layer", "n_head", "n_inner",
+                                              "rotary_dim", "activation_function", "layer_norm_epsilon", "tie_word_embeddings",
+                                              "bos_token_id", "eos_token_id", "attn_pdrop", "embd_pdrop", "resid_pdrop", "rotary",
+                                              "scale_attn_weights"};
+  return honoured;
+}
+
+}  // namespace
+
 Config config_from_json(const std::string& text, const std::string& path) {
   const json j = json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) nax::fail("checkpoint", "'{}' is not a JSON object", path);
+  for (const auto& [key, value] : j.items())
+    if (!inert_field(key) && !honoured_fields().contains(key))
+      nax::fail("checkpoint", "'{}': field '{}' is not one nax's GPT-J knows (docs/hf-import.md lists them): refused rather than ignored", path, key);
   if (!absent(j, "model_type") && j["model_type"] != "gptj")
     nax::fail("checkpoint", "'{}': field 'model_type' is {}, not \"gptj\"", path, j["model_type"].dump());
   if (!absent(j, "activation_function") && j["activation_function"] != "gelu_new")
@@ -75,10 +102,18 @@ Config config_from_json(const std::string& text, const std::string& path) {
               j["activation_function"].dump());
   if (!absent(j, "tie_word_embeddings") && j["tie_word_embeddings"] != false)
     nax::fail("checkpoint", "'{}': field 'tie_word_embeddings' is {}: nax's GPT-J has an untied lm_head", path, j["tie_word_embeddings"].dump());
+  for (const char* dropout : {"attn_pdrop", "embd_pdrop", "resid_pdrop"})
+    if (!absent(j, dropout) && (!j[dropout].is_number() || j[dropout].get<double>() != 0.0))
+      nax::fail("checkpoint", "'{}': field '{}' is {}: nax's GPT-J has no dropout (0 only)", path, dropout, j[dropout].dump());
+  for (const char* flag : {"rotary", "scale_attn_weights"})
+    if (!absent(j, flag) && j[flag] != true)
+      nax::fail("checkpoint", "'{}': field '{}' is {}: nax's GPT-J computes it as true only", path, flag, j[flag].dump());
   Config c;
   c.name = j.contains("nax_config") && j["nax_config"].is_string() ? j["nax_config"].get<std::string>() : "custom";
   c.vocab = int_field(j, "vocab_size", 1, 1 << 24, path);
   c.max_seq = int_field(j, "n_positions", 1, 1 << 20, path);
+  if (!absent(j, "n_ctx") && int_field(j, "n_ctx", 1, 1 << 20, path) != c.max_seq)
+    nax::fail("checkpoint", "'{}': field 'n_ctx' is {}, differing from n_positions = {}", path, j["n_ctx"].dump(), c.max_seq);
   c.d_model = int_field(j, "n_embd", 1, 1 << 16, path);
   c.n_layers = int_field(j, "n_layer", 1, 1024, path);
   c.n_heads = int_field(j, "n_head", 1, c.d_model, path);
@@ -94,6 +129,8 @@ Config config_from_json(const std::string& text, const std::string& path) {
       nax::fail("checkpoint", "'{}': field 'layer_norm_epsilon' is {}, not a number in (0, 1]", path, eps.dump());
     c.layer_norm_eps = eps.get<double>();
   }
+  c.bos_token_id = absent(j, "bos_token_id") ? 0 : int_field(j, "bos_token_id", 0, c.vocab - 1, path);
+  c.eos_token_id = absent(j, "eos_token_id") ? 0 : int_field(j, "eos_token_id", 0, c.vocab - 1, path);
   // A nax config by name: its dimensions are known, so a config.json edited apart from its
   // weights (the heads or rotary dims, which the tensors' shapes cannot show) is caught.
   const auto names = config_names();
@@ -160,12 +197,26 @@ void expect_exactly(const ckpt::SafetensorsReader& file, const std::vector<ckpt:
   }
 }
 
+void expect_model_tensors(const ckpt::SafetensorsFolder& weights, const std::vector<ckpt::ShardedRead>& reads) {
+  ckpt::expect_tensors(weights, reads);
+  std::set<std::string> names;
+  for (const auto& r : reads) names.insert(r.name);
+  for (const auto& t : weights.tensors()) {
+    // Older transformers saved the attention's causal mask and masking value as buffers.
+    const bool mask_buffer = t.name.starts_with("transformer.h.") && (t.name.ends_with(".attn.bias") || t.name.ends_with(".attn.masked_bias"));
+    if (!names.contains(t.name) && !mask_buffer)
+      nax::fail("checkpoint", "'{}' holds tensor '{}', which the model does not have", weights.file_of(t.name).path(), t.name);
+  }
+}
+
 ModelFiles open_model(const std::string& dir) {
   const std::string folder = model_folder(dir);
   const std::string config_path = folder + "/config.json";
   Config config = config_from_json(read_file(config_path), config_path);
-  ModelFiles m{folder, config, ckpt::SafetensorsReader(folder + "/model.safetensors")};
-  expect_exactly(m.weights, model_reads(parameter_specs(config)));
+  // nax's step folders carry checksums; a Hugging Face folder's files are checked without one.
+  const bool nax_step = std::filesystem::exists(folder + "/manifest.json");
+  ModelFiles m{folder, config, ckpt::SafetensorsFolder(folder, nax_step ? ckpt::ChecksumPolicy::required : ckpt::ChecksumPolicy::if_present)};
+  expect_model_tensors(m.weights, model_reads(parameter_specs(config)));
   return m;
 }
 

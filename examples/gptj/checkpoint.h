@@ -53,11 +53,17 @@ void expect_exactly(const nax::checkpoint::SafetensorsReader& file, const std::v
 // with a manifest is verified against it.
 std::string model_folder(const std::string& dir);
 
-// A model folder opened for inference: its config (checked against the tensors) and weights.
+// Checks that `weights` holds exactly `reads` (names, stored dims, any floating dtype; the
+// attention mask buffers older transformers saved are allowed), naming the file and tensor.
+void expect_model_tensors(const nax::checkpoint::SafetensorsFolder& weights, const std::vector<nax::checkpoint::ShardedRead>& reads);
+
+// A model folder opened for inference or fine-tuning: its config (checked against the tensors)
+// and weights, either a nax step folder or a Hugging Face folder (model.safetensors, or shards
+// and model.safetensors.index.json; F32, F16 or BF16, read as f32; docs/hf-import.md).
 struct ModelFiles {
   std::string folder;
   Config config;
-  nax::checkpoint::SafetensorsReader weights;
+  nax::checkpoint::SafetensorsFolder weights;
 };
 ModelFiles open_model(const std::string& dir);
 

@@ -39,8 +39,7 @@ double median(std::vector<double> v) {
 std::size_t resident_bytes(Learner& l) {
   std::size_t bytes = 0;
   for (const auto& p : l.model().params().values()) bytes += p.nbytes();
-  for (const auto& m : l.optimizer().state()) bytes += m.nbytes();
-  return bytes;
+  return bytes + l.optimizer().state_bytes();
 }
 
 // What one learner saw: its losses, step times, last step's communication and its peak memory.

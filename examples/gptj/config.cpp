@@ -6,7 +6,7 @@ namespace gptj {
 
 namespace {
 Config make(std::string name, std::int64_t vocab, std::int64_t d_model, std::int64_t layers, std::int64_t heads, std::int64_t rotary) {
-  return Config{std::move(name), vocab, d_model, layers, heads, d_model / heads, 4 * d_model, rotary, 2048, 1e-5};
+  return Config{std::move(name), vocab, d_model, layers, heads, d_model / heads, 4 * d_model, rotary, 2048, 1e-5, 0, 0};
 }
 }  // namespace
 

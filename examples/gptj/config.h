@@ -19,6 +19,9 @@ struct Config {
   std::int64_t rotary_dims = 8;
   std::int64_t max_seq = 2048;
   double layer_norm_eps = 1e-5;  // Hugging Face's layer_norm_epsilon
+  // Hugging Face's bos_token_id and eos_token_id (sampling stops at eos); GPT-J's <|endoftext|>
+  // is 50256, the byte vocabulary has none (0, as nax has always written).
+  std::int64_t bos_token_id = 0, eos_token_id = 0;
 };
 
 // tiny, small, 125m, 350m, 1.3b, 6b; throws naming the known ones otherwise.

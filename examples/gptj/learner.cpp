@@ -36,7 +36,7 @@ Learner::Learner(Shard& s, const Config& config, const AxisRules& rules, const T
       options_(options),
       model_(config, nn::Parameters::init(s, parameter_specs(config), rules, options.seed), options.dtype),
       global_(config, model_.params(), options.dtype),
-      optimizer_({.weight_decay = options.weight_decay}) {
+      optimizer_({.weight_decay = options.weight_decay, .shard_state_over = options.zero ? "dp" : ""}) {
   check_sharding(options.sharding);
   check_compute_dtype(options.dtype);
   if (options.remat && options.sharding != "hand") fail("train", "--remat needs --sharding hand (the global view has no checkpointing yet)");

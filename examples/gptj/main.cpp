@@ -4,17 +4,23 @@
 //   gptj sample --ckpt DIR --prompt TEXT --tokens N [...]
 //   gptj export --config tiny --mesh dp=1,mp=2 --data FILE... --steps K --out DIR [...]
 //   gptj tokenize --tokenizer tokenizer.json --text TEXT
+//   gptj plan --config 6b --mesh dp=1,mp=8 --batch B --seq 2048 [--remat] [--dtype bf16] [--zero]
+//   gptj convert --ckpt DIR --out HF_DIR [--dtype f16] [--max-file-mb N]
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "compare.h"
 #include "export.h"
+#include "hf_export.h"
 #include "learner.h"
+#include "plan.h"
 #include "tokenize.h"
 #include "train.h"
 
@@ -144,8 +150,13 @@ void train_help() {
       "  --tokenizer FILE   a Hugging Face tokenizer.json (byte-level BPE) instead of bytes; the text\n"
       "                     is tokenized once into FILE.tokens (docs/tokenizer.md)\n"
       "  --token-cache DIR  where those token files go                  (default: beside the data)\n"
+      "  --init-from DIR    fine-tune: start from a Hugging Face GPT-J folder (config.json and\n"
+      "                     model.safetensors or shards with model.safetensors.index.json) or a\n"
+      "                     nax step folder; its config replaces --config (docs/hf-import.md)\n"
       "  --remat            activation checkpointing per block: keep only each block's input and\n"
       "                     recompute its forward in backward (less memory, one more forward)\n"
+      "  --zero             ZeRO-1: each dp rank keeps and updates 1/dp of the AdamW moments, then\n"
+      "                     all-gathers the parameters (same steps; checkpoints as without)\n"
       "  --trace FILE       write a timeline of every device's ops and collectives (Chrome trace JSON,\n"
       "                     for Perfetto and scripts/trace_breakdown.py; one file per rank under mpirun)\n"
       "  --quiet            no progress line (on a terminal a live line, else a plain line per second at most)\n");
@@ -155,13 +166,19 @@ void sample_help() {
   fmt::print(
       "usage: gptj sample --ckpt DIR [flags]\n"
       "Generates text from a checkpoint, on any mesh, with a KV cache.\n\n"
-      "  --ckpt DIR         a run folder of gptj train (its newest checkpoint) or a step folder\n"
+      "  --ckpt DIR         a run folder of gptj train (its newest checkpoint), a step folder or a\n"
+      "                     Hugging Face GPT-J folder (docs/hf-import.md)\n"
       "  --mesh SPEC        e.g. dp=1,mp=2                                (default dp=1,mp=1)\n"
       "  --backend B        cpu or cuda, as for gptj train                (default cpu)\n"
-      "  --prompt TEXT      the text to continue\n"
+      "  --prompt TEXT      the text to continue; repeat for a batch of prompts (then one JSON\n"
+      "                     line {{\"prompt\", \"text\"}} per prompt)\n"
+      "  --prompts FILE     a batch of prompts, one per line (empty lines skipped)\n"
       "  --tokens N         tokens to generate                            (default 100)\n"
       "  --temperature X    0 picks the most likely token                 (default 0.8)\n"
       "  --top-k K          sample among the K most likely tokens         (default 40)\n"
+      "  --top-p P          then among the most likely tokens holding P of the probability,\n"
+      "                     in (0, 1]                                     (default 1)\n"
+      "  --ignore-eos       with --tokenizer: do not stop at the config's eos_token_id\n"
       "  --seed S           sampling seed                                 (default 0)\n"
       "  --tokenizer FILE   the tokenizer.json the model was trained with (default: bytes)\n"
       "  --trace FILE       write a timeline of the devices' ops and collectives (as for gptj train)\n");
@@ -182,17 +199,22 @@ int run_train(int argc, char** argv) {
                             {"--sharding", [&](const std::string& v) { o.sharding = v; }},
                             {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }},
                             {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }},
+                            {"--init-from", [&](const std::string& v) { o.init_from = v; }},
                             {"--token-cache", [&](const std::string& v) { o.token_cache = v; }}}),
               train_help,
               {{"--resume", [&](const std::string&) { o.resume = true; }},
                {"--allow-extend-steps", [&](const std::string&) { o.allow_extend_steps = true; }},
                {"--remat", [&](const std::string&) { o.remat = true; }},
+               {"--zero", [&](const std::string&) { o.zero = true; }},
                {"--quiet", [&](const std::string&) { o.quiet = true; }}});
+  if (!o.init_from.empty() && std::any_of(argv + 2, argv + argc, [](const char* a) { return std::string_view(a) == "--config"; }))
+    nax::fail("gptj", "--config and --init-from: the config comes from '{}/config.json', give one of them", o.init_from);
   gptj::check_options(o);  // before the data is read
   trace.start();
   auto result = gptj::train(o, o.tokenizer.empty() ? gptj::TextData::load(o.data)
                                                    : gptj::TextData::load_tokenized(o.data, o.tokenizer, o.token_cache, o.quiet));
   if (nax::process_index() != 0) return 0;  // under mpirun, process 0 reports
+  if (!o.init_from.empty() && !o.resume) fmt::print("pretrained model's held-out loss: {:.4f}\n", result.initial_heldout_loss);
   fmt::print("final: train loss {:.4f}, held-out loss {:.4f}, {:.0f} tokens/s, MFU {:.1f}% of {:.0f} GFLOP/s, {} compute\n",
              result.losses.empty() ? 0.0 : result.losses.back(), result.heldout_loss, result.tokens_per_s, 100 * result.mfu,
              result.peak_gflops, nax::dtype_name(o.dtype));
@@ -319,6 +341,31 @@ int run_tokenize(int argc, char** argv) {
   return 0;
 }
 
+int run_convert(int argc, char** argv) {
+  gptj::ConvertOptions o;
+  parse_flags(argc, argv, 2,
+              {{"--ckpt", [&](const std::string& v) { o.from = v; }},
+               {"--out", [&](const std::string& v) { o.out = v; }},
+               {"--dtype", [&](const std::string& v) { o.dtype = v; }},
+               {"--max-file-mb",
+                [&](const std::string& v) {
+                  const double mb = to_double("--max-file-mb", v);
+                  if (mb <= 0 || mb > 1e7) nax::fail("gptj", "--max-file-mb must be in (0, 1e7], got {}", v);
+                  o.max_file_bytes = static_cast<std::uint64_t>(mb * 1e6);
+                }}},
+              [] {
+                fmt::print("usage: gptj convert --ckpt DIR --out HF_DIR [--dtype f32|bf16|f16] [--max-file-mb N]\n"
+                           "Writes a model (a run folder's newest step, a step folder or a Hugging Face folder) as a Hugging Face\n"
+                           "GPT-J folder: config.json and model.safetensors, or above N MB (default 10000) shards\n"
+                           "model-0000k-of-0000n.safetensors with model.safetensors.index.json, in the dtype (default f32).\n");
+              });
+  if (o.from.empty()) nax::fail("gptj", "convert needs --ckpt DIR");
+  if (o.out.empty()) nax::fail("gptj", "convert needs --out DIR");
+  const auto files = gptj::convert(o);
+  fmt::print("wrote {} to {}\n", fmt::join(files, ", "), o.out);
+  return 0;
+}
+
 int run_sample(int argc, char** argv) {
   gptj::SampleOptions o;
   TraceFile trace;
@@ -327,16 +374,56 @@ int run_sample(int argc, char** argv) {
                {"--trace", trace.flag()},
                {"--backend", [&](const std::string& v) { o.backend = nax::parse_backend(v); }},
                {"--mesh", [&](const std::string& v) { o.mesh = v; }},
-               {"--prompt", [&](const std::string& v) { o.prompt = v; }},
+               {"--prompt", [&](const std::string& v) { o.prompts.push_back(v); }},
+               {"--prompts",
+                [&](const std::string& v) {
+                  for (auto& p : gptj::read_prompts(v)) o.prompts.push_back(std::move(p));
+                }},
                {"--tokens", [&](const std::string& v) { o.tokens = to_int("--tokens", v); }},
                {"--temperature", [&](const std::string& v) { o.temperature = to_double("--temperature", v); }},
                {"--top-k", [&](const std::string& v) { o.top_k = to_int("--top-k", v); }},
+               {"--top-p", [&](const std::string& v) { o.top_p = to_double("--top-p", v); }},
                {"--seed", [&](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }},
                {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }}},
-              sample_help);
+              sample_help, {{"--ignore-eos", [&](const std::string&) { o.stop_at_eos = false; }}});
   trace.start();
-  const std::string text = gptj::sample(o);
-  if (nax::process_index() == 0) fmt::print("{}{}\n", o.prompt, text);
+  if (o.prompts.empty()) o.prompts.push_back("");
+  const auto texts = gptj::sample_batch(o);
+  if (nax::process_index() != 0) return 0;
+  if (texts.size() == 1) {
+    fmt::print("{}{}\n", o.prompts[0], texts[0]);
+    return 0;
+  }
+  for (std::size_t k = 0; k < texts.size(); ++k)  // one JSON object a line; bytes that are not UTF-8 become U+FFFD
+    fmt::print("{}\n", nlohmann::json{{"prompt", o.prompts[k]}, {"text", texts[k]}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  return 0;
+}
+
+int run_plan(int argc, char** argv) {
+  gptj::PlanOptions o;
+  parse_flags(argc, argv, 2,
+              {{"--config", [&](const std::string& v) { o.config = v; }},
+               {"--mesh", [&](const std::string& v) { o.mesh = v; }},
+               {"--batch", [&](const std::string& v) { o.batch = to_int("--batch", v); }},
+               {"--seq", [&](const std::string& v) { o.seq = to_int("--seq", v); }},
+               {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }},
+               {"--device-memory", [&](const std::string& v) { o.device_memory = gptj::parse_bytes(v); }}},
+              [] {
+                fmt::print(
+                    "usage: gptj plan [flags]\n"
+                    "Prints the bytes per device that gptj train needs: parameters, gradients, optimizer state,\n"
+                    "activations and the peak, and whether the peak fits the device (docs/memory.md).\n\n"
+                    "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
+                    "  --mesh SPEC        dp and mp, e.g. dp=1,mp=8                     (default dp=1,mp=1)\n"
+                    "  --batch B          global batch, cut over dp                     (default 8)\n"
+                    "  --seq T            tokens per sequence                           (default 128)\n"
+                    "  --dtype D          f32 or bf16, as for gptj train                (default f32)\n"
+                    "  --remat            activation checkpointing per block, as for gptj train\n"
+                    "  --zero             AdamW's moments cut over dp, as for gptj train\n"
+                    "  --device-memory M  e.g. 141GB, 80GiB                             (default 141GB, an H200)\n");
+              },
+              {{"--remat", [&](const std::string&) { o.remat = true; }}, {"--zero", [&](const std::string&) { o.zero = true; }}});
+  fmt::print("{}", gptj::format_plan(o, gptj::plan_memory(o)));
   return 0;
 }
 
@@ -352,11 +439,13 @@ int main(int argc, char** argv) {
     if (command == "export") return run_export(argc, argv);
     if (command == "compare") return run_compare(argc, argv);
     if (command == "tokenize") return run_tokenize(argc, argv);
+    if (command == "convert") return run_convert(argc, argv);
+    if (command == "plan") return run_plan(argc, argv);
     if (command == "--help" || command == "-h" || command == "help") {
-      fmt::print("usage: gptj <train|sample|logits|compare|export|tokenize> [flags]   (gptj <command> --help for the flags)\n");
+      fmt::print("usage: gptj <train|sample|logits|compare|export|tokenize|convert|plan> [flags]   (gptj <command> --help for the flags)\n");
       return argc > 1 ? 0 : 2;
     }
-    nax::fail("gptj", "unknown command '{}' (expected train, sample, logits, compare, export or tokenize)", command);
+    nax::fail("gptj", "unknown command '{}' (expected train, sample, logits, compare, export, tokenize, convert or plan)", command);
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;

@@ -58,7 +58,8 @@ namespace ckpt = nax::checkpoint;
 // What defines a run's trajectory, stored in every checkpoint and compared on --resume. The mesh
 // and the sharding are not in it: a checkpoint resumes on any mesh.
 nlohmann::json run_record(const TrainOptions& o) {
-  const Config c = config_by_name(o.config);  // unpadded: the padding follows the mesh
+  // unpadded: the padding follows the mesh
+  const Config c = o.init_from.empty() ? config_by_name(o.config) : open_model(o.init_from).config;
   nlohmann::json data = nlohmann::json::array();
   for (const auto& path : o.data) {
     std::error_code ec;
@@ -182,6 +183,7 @@ void check_options(const TrainOptions& o) {
   if (!std::isfinite(o.lr) || o.lr <= 0 || o.lr > 10) fail("gptj", "--lr must be a finite number in (0, 10], got {}", o.lr);
   if (o.resume && o.ckpt_dir.empty()) fail("train", "--resume needs --ckpt-dir");
   if (o.allow_extend_steps && !o.resume) fail("train", "--allow-extend-steps goes with --resume");
+  if (o.remat && o.sharding != "hand") fail("train", "--remat needs --sharding hand (the global view has no checkpointing yet)");
 }
 
 void check_memory(const Config& config, std::int64_t batch, std::int64_t seq) {
@@ -202,7 +204,13 @@ RuntimeOptions runtime_options(Backend backend) {
 TrainResult train(const TrainOptions& o, const TextData& data) {
   check_options(o);
   const Mesh mesh = Mesh::parse(o.mesh);
-  const Config config = with_vocab_at_least(padded_for(config_by_name(o.config), mesh), data.vocab_size(), mesh);
+  std::optional<ModelFiles> pretrained;  // --init-from: its config and weights
+  if (!o.init_from.empty()) pretrained.emplace(open_model(o.init_from));
+  if (pretrained && data.vocab_size() > pretrained->config.vocab)
+    fail("train", "--init-from '{}': the data's tokenizer has {} ids, more than the model's vocab_size {}", o.init_from, data.vocab_size(),
+         pretrained->config.vocab);
+  const Config config =
+      pretrained ? pretrained->config : with_vocab_at_least(padded_for(config_by_name(o.config), mesh), data.vocab_size(), mesh);
   check_fits(config, mesh, o.batch);
   check_memory(config, o.batch, o.seq);
   check_sharding(o.sharding);
@@ -248,6 +256,8 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       model.params().assign(ckpt::load_sharded(s, *resume.model, model_reads(specs), rules));
       opt.load_state(ckpt::load_sharded(s, *resume.optimizer, optimizer_reads(specs), rules), resume.trainer.adam_steps);
       first = resume.trainer.step;
+    } else if (pretrained) {
+      model.params().assign(ckpt::load_sharded(s, pretrained->weights, model_reads(specs), rules, DType::f32));
     }
     auto heldout_loss = [&] {
       NoGrad no_grad;
@@ -258,6 +268,8 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       }
       return total / static_cast<double>(o.eval_batches);
     };
+    const double initial_heldout = pretrained && !o.resume ? heldout_loss() : 0.0;
+    if (lead) result.initial_heldout_loss = initial_heldout;
     std::vector<double> rates, forward, backward, optimizer;
     const auto start = Clock::now();
     const std::int64_t last = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;

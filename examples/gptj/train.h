@@ -40,16 +40,22 @@ struct TrainOptions {
   // weights, optimizer state and loss); f32: everything f32.
   nax::DType dtype = nax::DType::f32;
   std::string tokenizer;    // a Hugging Face tokenizer.json; empty: bytes (vocab 256)
+  // A model folder to fine-tune (Hugging Face's GPT-J, or a nax step folder): its config.json
+  // replaces --config and its weights the initialisation (docs/hf-import.md).
+  std::string init_from;
   std::string token_cache;  // where token files go; empty: beside each data file
   // Time forward, backward and optimizer separately (drains the device queue at each boundary).
   bool time_phases = false;
   // Activation checkpointing per block (Model::set_remat; the hand sharding only).
   bool remat = false;
+  // ZeRO-1: AdamW's moments cut over dp (nn::AdamWConfig::shard_state_over).
+  bool zero = false;
 };
 
 struct TrainResult {
   std::vector<double> losses;  // one per step run
   double heldout_loss = 0;
+  double initial_heldout_loss = 0;  // with init_from: the pretrained model's, before any step
   double tokens_per_s = 0;     // median over steps after the first
   double mfu = 0;
   double peak_gflops = 0;
@@ -78,18 +84,33 @@ struct SampleOptions {
   std::string ckpt_dir;
   std::string mesh = "dp=1,mp=1";
   std::string prompt;
+  // A batch of prompts for sample_batch, each continued on its own (empty: {prompt}).
+  std::vector<std::string> prompts;
   std::int64_t tokens = 100;
   double temperature = 0.8;
   std::int64_t top_k = 40;
+  // Nucleus sampling: among the most likely tokens whose probabilities (after temperature and
+  // top-k) add up to top_p; 1 keeps them all.
+  double top_p = 1.0;
+  // With a tokenizer: a continuation ends at the config's eos_token_id (not included).
+  bool stop_at_eos = true;
   std::uint64_t seed = 0;
   std::string tokenizer;  // the tokenizer.json the model was trained with; empty: bytes
 };
 
-// Checks --tokens, --temperature and --top-k.
+// Checks --tokens, --temperature, --top-k and --top-p.
 void check_options(const SampleOptions& options);
 
 // The prompt's continuation (without the prompt).
 std::string sample(const SampleOptions& options);
+
+// Each prompt's continuation, in order: the model loaded once, the prompts generated one after
+// another (each with its own KV cache and its own draws: prompt k uses seed stream "sample.k").
+std::vector<std::string> sample_batch(const SampleOptions& options);
+
+// The prompts of a prompts file: one per line, empty lines skipped (an error names the file if
+// it is not a regular file or holds none).
+std::vector<std::string> read_prompts(const std::string& path);
 
 // The model's logits for every position of the prompt, [seq][vocab] (for comparisons with other
 // implementations, e.g. Hugging Face's GPTJForCausalLM).

@@ -4,4 +4,5 @@
 #include "nax/checkpoint/files.h"
 #include "nax/checkpoint/run_folder.h"
 #include "nax/checkpoint/safetensors.h"
+#include "nax/checkpoint/safetensors_folder.h"
 #include "nax/checkpoint/sharded.h"

@@ -89,8 +89,15 @@ class Shard {
   // op has finished when it returns). Reading values (item, to_vector, gather) waits by itself.
   void synchronize() const;
 
+  // Checking mode (NAX_CHECK=1, nax/vary_checks.h): a value that run returns, typed Invariant over
+  // some mesh axes, is compared across their devices. Nothing otherwise.
+  virtual void check_returned(const Tensor& value) = 0;
+
   // The shard the calling thread is running, or nullptr outside Runtime::run.
   static Shard* current();
+
+  // The axis rules this run applied and the axes they met (the runtime checks them when the run ends).
+  RulesUse& rules_use() { return rules_use_; }
 
   // An error found where it cannot be thrown (a destructor: a started collective never waited
   // for): the runtime raises it when the program returns. take_deferred_error() hands it over.
@@ -99,6 +106,7 @@ class Shard {
 
  private:
   std::string deferred_error_;
+  RulesUse rules_use_;
 };
 
 class Runtime {
@@ -134,13 +142,19 @@ class Runtime {
   // cannot cancel them); a new runtime works.
   void run(const std::function<void(Shard&)>& fn);
 
-  // The same, collecting each device's return value (indexed by device). Under MPI only this
+  // The same, collecting each device's return value (indexed by device). Returned tensors are
+  // checked under NAX_CHECK=1 (Shard::check_returned). Under MPI only this
   // process's slot (local_devices()) is filled; the others hold default values.
   template <typename F, typename R = std::invoke_result_t<F, Shard&>>
     requires(!std::is_void_v<R>)
   std::vector<R> run(F&& fn) {
     std::vector<R> results(static_cast<std::size_t>(size()));
-    run(std::function<void(Shard&)>([&](Shard& s) { results[static_cast<std::size_t>(s.device())] = fn(s); }));
+    run(std::function<void(Shard&)>([&](Shard& s) {
+      R& result = results[static_cast<std::size_t>(s.device())] = fn(s);
+      if constexpr (std::is_same_v<R, Tensor>) s.check_returned(result);
+      if constexpr (std::is_same_v<R, std::vector<Tensor>>)
+        for (const Tensor& t : result) s.check_returned(t);
+    }));
     return results;
   }
 

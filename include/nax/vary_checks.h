@@ -3,8 +3,9 @@
 // DESIGN.md §2-§3; docs/collectives.md.
 //
 // Checking mode (NAX_CHECK=1 in the environment): values typed Invariant are compared across the
-// devices of their Invariant mesh axes by expect_vary and by Shard::gather, so a per-device value
-// that was never marked Varying (e.g. full(shape, s.device())) is an error, not device 0's copy.
+// devices of their Invariant mesh axes by expect_vary, by Shard::gather and, when the run ends, for
+// the tensors Runtime::run returns, so a per-device value that was never marked Varying (e.g.
+// full(shape, s.device())) is an error naming the devices that differ, not device 0's copy.
 #include <source_location>
 #include <string>
 #include <string_view>

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -25,10 +26,51 @@ constexpr int kMaxRank = 16;
 constexpr std::size_t kMaxJsonDepth = 8;
 const std::string kZeroChecksum(16, '0');
 
+constexpr const char* kHalf = "F16";
+
 DType dtype_from(const std::string& s, const std::string& path, const std::string& name) {
   for (auto d : {DType::f32, DType::f64, DType::bf16, DType::i32})
     if (safetensors_dtype(d) == s) return d;
-  fail("safetensors", "'{}': tensor '{}' has dtype '{}' (nax reads F32, F64, BF16 and I32)", path, name, s);
+  if (s == kHalf) return DType::f32;  // read converted
+  fail("safetensors", "'{}': tensor '{}' has dtype '{}' (nax reads F32, F64, F16, BF16 and I32)", path, name, s);
+}
+
+std::uint64_t stored_element_size(const TensorInfo& t) { return t.f16 ? 2 : dtype_size(t.dtype); }
+
+float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  std::uint32_t u = 0;
+  if (exponent == 0) {  // zero or subnormal: mantissa x 2^-24, exact in f32
+    const float f = std::ldexp(static_cast<float>(mantissa), -24);
+    std::memcpy(&u, &f, sizeof u);
+    u |= sign;
+  } else if (exponent == 31) {
+    u = sign | 0x7f800000u | (mantissa << 13);  // infinity or NaN
+  } else {
+    u = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  }
+  float f = 0;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Rounded to nearest even; beyond the largest half (65504, up to the rounding midpoint) infinity.
+std::uint16_t float_to_half(float f) {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof u);
+  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const std::uint32_t magnitude = u & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+  if (magnitude >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds past 65504
+  if (magnitude < 0x38800000u) {  // below 2^-14: a subnormal half, in units of 2^-24
+    float a = 0;
+    std::memcpy(&a, &magnitude, sizeof a);
+    return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(std::nearbyint(a * 16777216.0f)));
+  }
+  std::uint32_t h = (((magnitude >> 23) - 112) << 10) | ((magnitude & 0x7fffffu) >> 13);
+  const std::uint32_t rest = magnitude & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent is right
+  return static_cast<std::uint16_t>(sign | h);
 }
 
 std::string little_endian(std::uint64_t n) {
@@ -99,6 +141,7 @@ TensorInfo entry_from(const std::string& name, const json& entry, const std::str
     if (!entry.contains(field)) fail("safetensors", "'{}': tensor '{}' has no '{}'", path, name, field);
   if (!entry["dtype"].is_string()) fail("safetensors", "'{}': tensor '{}' has a dtype that is not a string", path, name);
   TensorInfo info{name, dtype_from(entry["dtype"].get<std::string>(), path, name), {}, 0, 0};
+  info.f16 = entry["dtype"] == kHalf;
   const json& shape = entry["shape"];
   if (!shape.is_array() || shape.size() > kMaxRank)
     fail("safetensors", "'{}': tensor '{}' has a shape that is not a list of at most {} sizes", path, name, kMaxRank);
@@ -108,7 +151,7 @@ TensorInfo entry_from(const std::string& name, const json& entry, const std::str
   info.begin = offset_from(offsets[0], path, name), info.end = offset_from(offsets[1], path, name);
   if (info.end < info.begin) fail("safetensors", "'{}': tensor '{}' has data_offsets [{}, {}) that end before they begin", path, name, info.begin, info.end);
   std::uint64_t bytes = 0;
-  if (__builtin_mul_overflow(element_count(info.dims, path, name), dtype_size(info.dtype), &bytes) || bytes != info.nbytes())
+  if (__builtin_mul_overflow(element_count(info.dims, path, name), stored_element_size(info), &bytes) || bytes != info.nbytes())
     fail("safetensors", "'{}': tensor '{}' is {} [{}] ({} bytes by its dtype and shape) but data_offsets [{}, {}) hold {} bytes", path, name,
          entry["dtype"].get<std::string>(), fmt::join(info.dims, ", "), bytes, info.begin, info.end, info.nbytes());
   return info;
@@ -146,6 +189,8 @@ std::string safetensors_dtype(DType d) {
   return "?";
 }
 
+std::string safetensors_dtype(const TensorInfo& info) { return info.f16 ? kHalf : safetensors_dtype(info.dtype); }
+
 // --- writer ---
 
 struct SafetensorsWriter::State {
@@ -164,9 +209,10 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorInfo> t
   for (auto& t : tensors) {
     if (t.name == "__metadata__" || !names.insert(t.name).second)
       fail("save_safetensors", "'{}': tensor name '{}' is reserved or repeated", path, t.name);
-    std::uint64_t bytes = element_count(t.dims, path, t.name) * dtype_size(t.dtype);
+    if (t.f16 && t.dtype != DType::f32) fail("save_safetensors", "'{}': tensor '{}' is stored as F16 from f32 tensors only", path, t.name);
+    std::uint64_t bytes = element_count(t.dims, path, t.name) * stored_element_size(t);
     t.begin = offset, t.end = offset + bytes, offset = t.end;
-    header[t.name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.dims}, {"data_offsets", {t.begin, t.end}}};
+    header[t.name] = {{"dtype", safetensors_dtype(t)}, {"shape", t.dims}, {"data_offsets", {t.begin, t.end}}};
   }
   json meta = json::object();
   for (const auto& [k, v] : metadata) meta[k] = v;
@@ -190,11 +236,19 @@ void SafetensorsWriter::write(const Tensor& t) {
   const TensorInfo& info = s.tensors[s.next];
   if (!t.device().is_host() && !t.device().host_accessible())
     fail("save_safetensors", "'{}': tensor '{}' is {} on {}: gather it to the host first", s.file.path(), info.name, t.str(), t.device().str());
-  if (t.dtype() != info.dtype || t.nbytes() != info.nbytes())
+  if (t.dtype() != info.dtype || static_cast<std::uint64_t>(t.numel()) * stored_element_size(info) != info.nbytes())
     fail("save_safetensors", "'{}': tensor '{}' is {}, announced as {} of {} bytes", s.file.path(), info.name, t.str(),
-         safetensors_dtype(info.dtype), info.nbytes());
-  s.file.write(t.raw(), t.nbytes());
-  s.sum.update(t.raw(), t.nbytes());
+         safetensors_dtype(info), info.nbytes());
+  if (info.f16) {
+    std::vector<std::uint16_t> halves(static_cast<std::size_t>(t.numel()));
+    const auto* values = static_cast<const float*>(t.raw());
+    for (std::size_t i = 0; i < halves.size(); ++i) halves[i] = float_to_half(values[i]);
+    s.file.write(halves.data(), info.nbytes());
+    s.sum.update(halves.data(), info.nbytes());
+  } else {
+    s.file.write(t.raw(), t.nbytes());
+    s.sum.update(t.raw(), t.nbytes());
+  }
   ++s.next;
   kill_point();
 }
@@ -219,7 +273,7 @@ struct SafetensorsReader::State {
   Metadata metadata;
 };
 
-SafetensorsReader::SafetensorsReader(const std::string& path) {
+SafetensorsReader::SafetensorsReader(const std::string& path, ChecksumPolicy policy) {
   auto st = std::make_shared<State>();
   st->path = path;
   st->fd = std::make_shared<Fd>(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
@@ -270,6 +324,10 @@ SafetensorsReader::SafetensorsReader(const std::string& path) {
   for (std::size_t i = 0; i < st->tensors.size(); ++i) st->index[st->tensors[i].name] = i;
 
   auto checksum = st->metadata.find(kChecksumKey);
+  if (checksum == st->metadata.end() && policy == ChecksumPolicy::if_present) {
+    state_ = std::move(st);
+    return;
+  }
   if (checksum == st->metadata.end()) fail("safetensors", "'{}' has no {} in its metadata (not written by nax?)", path, kChecksumKey);
   const std::string want = checksum->second;
   const auto at = want.size() == 16 ? checksum_position(text, want) : std::string::npos;
@@ -311,7 +369,7 @@ const TensorInfo& SafetensorsReader::expect(const std::string& name, const std::
 const TensorInfo& SafetensorsReader::expect(const std::string& name, const std::vector<std::int64_t>& dims, DType dtype) const {
   const TensorInfo& t = expect(name, dims);
   if (t.dtype != dtype)
-    fail("safetensors", "'{}': tensor '{}' is {}, expected {}", path(), name, safetensors_dtype(t.dtype), safetensors_dtype(dtype));
+    fail("safetensors", "'{}': tensor '{}' is {}, expected {}", path(), name, safetensors_dtype(t), safetensors_dtype(dtype));
   return t;
 }
 
@@ -326,10 +384,17 @@ Tensor SafetensorsReader::read(const std::string& name) const {
 Tensor SafetensorsReader::read(const std::string& name, const Shape& shape) const {
   const TensorInfo* t = find(name);
   if (t == nullptr) fail("safetensors", "'{}' has no tensor '{}'", path(), name);
-  if (static_cast<std::uint64_t>(shape.numel()) * dtype_size(t->dtype) != t->nbytes())
+  if (static_cast<std::uint64_t>(shape.numel()) * stored_element_size(*t) != t->nbytes())
     fail("safetensors", "'{}': tensor '{}' of {} bytes read as {}", path(), name, t->nbytes(), shape.str());
   Tensor out = Tensor::empty(shape, t->dtype, Device::host());
-  pread_all(state_->fd->fd, out.raw_mutable(), t->nbytes(), state_->data_start + t->begin, path());
+  if (!t->f16) {
+    pread_all(state_->fd->fd, out.raw_mutable(), t->nbytes(), state_->data_start + t->begin, path());
+    return out;
+  }
+  std::vector<std::uint16_t> halves(static_cast<std::size_t>(shape.numel()));
+  pread_all(state_->fd->fd, halves.data(), t->nbytes(), state_->data_start + t->begin, path());
+  auto* values = static_cast<float*>(out.raw_mutable());
+  for (std::size_t i = 0; i < halves.size(); ++i) values[i] = half_to_float(halves[i]);
   return out;
 }
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 
 #include "nax/core/error.h"
@@ -76,6 +77,50 @@ void AxisRules::check(const Mesh& mesh, const Shape& global, std::string_view op
     if (size % parts != 0)
       fail(op, "axis '{}' of size {} in {} is not divisible by mesh axes {} of size {}", tensor_axis, size,
            global.str(), fmt::join(mesh_axes, "+"), parts);
+  }
+}
+
+namespace {
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The seen axis closest to `name` within a third of its letters (at least one; none for names of one
+// or two letters, where every short name is close), or "".
+std::string near_name(const std::string& name, const std::set<std::string>& seen) {
+  if (name.size() < 3) return "";
+  std::string best;
+  std::size_t best_distance = std::max<std::size_t>(1, name.size() / 3) + 1;
+  for (const auto& s : seen)
+    if (const std::size_t d = edit_distance(name, s); d < best_distance) best = s, best_distance = d;
+  return best;
+}
+
+}  // namespace
+
+void RulesUse::note(const AxisRules& rules, const Shape& global) {
+  for (const auto& [tensor_axis, mesh_axes] : rules.rules()) rules_[tensor_axis] = fmt::format("{}={}", tensor_axis, fmt::join(mesh_axes, "+"));
+  for (const auto& name : global.names()) seen_.insert(name);
+}
+
+void RulesUse::check_all_used() const {
+  for (const auto& [tensor_axis, rule] : rules_) {
+    if (seen_.contains(tensor_axis)) continue;
+    if (const std::string near = near_name(tensor_axis, seen_); !near.empty())
+      fail("AxisRules", "the rule {} cut nothing in this run: no tensor cut with axis rules carries an axis '{}' (their axes: "
+           "{}); did you mean '{}'?", rule, tensor_axis, fmt::join(seen_, ", "), near);
   }
 }
 

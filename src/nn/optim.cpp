@@ -10,6 +10,7 @@
 #include "nax/index_ops.h"
 #include "nax/nn/optim.h"
 #include "nax/ops.h"
+#include "nn/zero_layout.h"
 
 namespace nax::nn {
 
@@ -36,10 +37,46 @@ Tensor op_by_op_step(const Tensor& p, const Tensor& g, Tensor& m, Tensor& v, con
   return (p - direction * step.lr).with_vary(p.vary());
 }
 
+Tensor one_step(const Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const kernels::AdamWStep& step) {
+  const bool fused = p.dtype() == DType::f32 && g.dtype() == DType::f32 && m.dtype() == DType::f32;
+  return fused ? fused_step(p, g, m, v, step) : op_by_op_step(p, g, m, v, step);
+}
+
+kernels::AdamWStep step_settings(const AdamWConfig& c, std::int64_t steps, double lr, const Shape& param) {
+  const double decay = param.rank() >= 2 ? c.weight_decay : 0.0;
+  return {lr, c.beta1, c.beta2, c.eps, decay, 1 - std::pow(c.beta1, static_cast<double>(steps)), 1 - std::pow(c.beta2, static_cast<double>(steps))};
+}
+
 }  // namespace
+
+// Each segment of this device's chunk is updated as the whole parameter would be, element by
+// element (the same kernel on the same values), then the chunks are all-gathered.
+std::vector<Tensor> AdamW::sharded_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr) {
+  NoGrad no_grad;
+  if (zero_ == nullptr) {
+    zero_ = std::make_shared<detail::ZeroLayout>(params, config_.shard_state_over);
+    for (const auto& seg : zero_->segments()) {
+      m_.push_back(zeros(Shape{{"zero", seg.length}}, params[seg.param].dtype()));
+      v_.push_back(m_.back());
+    }
+  }
+  zero_->check_matches(params, "AdamW::step");
+  ++steps_;
+  std::vector<Tensor> updated;
+  for (std::size_t k = 0; k < zero_->segments().size(); ++k) {
+    const detail::Segment& seg = zero_->segments()[k];
+    const Tensor p = zero_->cut(stop_gradient(params[seg.param]), seg), g = zero_->cut(grads[seg.param], seg);
+    updated.push_back(one_step(p, g, m_[k], v_[k], step_settings(config_, steps_, lr, params[seg.param].shape())));
+  }
+  return zero_->gather(updated);
+}
 
 std::vector<Tensor> AdamW::step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr) {
   if (params.size() != grads.size()) fail("AdamW::step", "{} parameters but {} gradients", params.size(), grads.size());
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (grads[i].shape() != params[i].shape())
+      fail("AdamW::step", "gradient {} does not match parameter {}", grads[i].str(), params[i].str());
+  if (!config_.shard_state_over.empty()) return sharded_step(params, grads, lr);
   NoGrad no_grad;
   if (m_.empty()) {
     for (const auto& p : params) {
@@ -49,23 +86,19 @@ std::vector<Tensor> AdamW::step(const std::vector<Tensor>& params, const std::ve
   }
   if (m_.size() != params.size()) fail("AdamW::step", "state for {} parameters, got {}", m_.size(), params.size());
   ++steps_;
-  const double b1 = config_.beta1, b2 = config_.beta2;
-  const double correction1 = 1 - std::pow(b1, static_cast<double>(steps_));
-  const double correction2 = 1 - std::pow(b2, static_cast<double>(steps_));
   std::vector<Tensor> updated;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const Tensor p = stop_gradient(params[i]);
-    if (grads[i].shape() != p.shape())
-      fail("AdamW::step", "gradient {} does not match parameter {}", grads[i].str(), p.str());
-    const double decay = p.rank() >= 2 ? config_.weight_decay : 0.0;
-    const kernels::AdamWStep step{lr, b1, b2, config_.eps, decay, correction1, correction2};
-    const bool fused = p.dtype() == DType::f32 && grads[i].dtype() == DType::f32 && m_[i].dtype() == DType::f32;
-    updated.push_back(fused ? fused_step(p, grads[i], m_[i], v_[i], step) : op_by_op_step(p, grads[i], m_[i], v_[i], step));
-  }
+  for (std::size_t i = 0; i < params.size(); ++i)
+    updated.push_back(one_step(stop_gradient(params[i]), grads[i], m_[i], v_[i], step_settings(config_, steps_, lr, params[i].shape())));
   return updated;
 }
 
 std::vector<Tensor> AdamW::state() const {
+  if (zero_ != nullptr) {
+    NoGrad no_grad;
+    std::vector<Tensor> out = zero_->gather(m_);
+    for (auto& v : zero_->gather(v_)) out.push_back(v);
+    return out;
+  }
   std::vector<Tensor> out = m_;
   out.insert(out.end(), v_.begin(), v_.end());
   return out;
@@ -77,6 +110,24 @@ void AdamW::load_state(std::vector<Tensor> state, std::int64_t steps) {
   m_.assign(state.begin(), state.begin() + half);
   v_.assign(state.begin() + half, state.end());
   steps_ = steps;
+  zero_ = nullptr;
+  if (config_.shard_state_over.empty() || m_.empty()) return;
+  NoGrad no_grad;
+  auto layout = std::make_shared<detail::ZeroLayout>(m_, config_.shard_state_over);
+  layout->check_matches(v_, "AdamW::load_state");
+  std::vector<Tensor> m, v;
+  for (const auto& seg : layout->segments()) {
+    m.push_back(layout->cut(m_[seg.param], seg));
+    v.push_back(layout->cut(v_[seg.param], seg));
+  }
+  m_ = std::move(m), v_ = std::move(v), zero_ = std::move(layout);
+}
+
+std::size_t AdamW::state_bytes() const {
+  std::size_t bytes = 0;
+  for (const auto* moments : {&m_, &v_})
+    for (const auto& t : *moments) bytes += t.nbytes();
+  return bytes;
 }
 
 // Each gradient's sum of squares, added up locally per set of mesh axes it is cut over, then one

@@ -53,6 +53,10 @@ void DeviceShard::check_same_tensor(const Tensor& global, const VaryType& cuts) 
          fmt::join(cutting, ", "), global.str());
 }
 
+void DeviceShard::check_returned(const Tensor& value) {
+  if (value.defined() && checking_enabled()) check_invariant(value, "a value Runtime::run returns");
+}
+
 Tensor DeviceShard::gather(const Tensor& t) {
   check_operands("gather", {&t});
   for (const auto& e : t.vary().entries())

@@ -124,11 +124,16 @@ void check_invariant(const Tensor& x, std::string_view what) {
     h = (h ^ bits) * kPrime;
   }
   const auto h48 = static_cast<double>(h >> 16);  // exact in an f64
-  const Tensor mine = detail::transfer(from_vector(Shape{{"h", 2}}, std::vector<double>{h48, -h48}, DType::f64), s.device_ptr());
-  const auto extremes = pmax(pvary(mine, invariant), invariant).to_vector<double>();
-  if (extremes[0] != h48 || extremes[1] != -h48)
-    fail("NAX_CHECK", "{} is typed Invariant over mesh axes ({}) but its values differ across those devices ({}): a per-device "
-         "value needs pvary (or comes from a collective)", x.str(), fmt::join(invariant, ", "), what);
+  const Tensor mine = detail::transfer(from_vector(Shape{{"device", 1}}, std::vector<double>{h48}, DType::f64), s.device_ptr());
+  const auto hashes = all_gather_invariant(pvary(mine, invariant), invariant, "device").to_vector<double>();
+  const std::vector<int> devices = s.mesh().group(s.device(), invariant);  // in group rank order, as gathered
+  std::vector<int> differ;
+  for (std::size_t r = 1; r < hashes.size(); ++r)
+    if (hashes[r] != hashes[0]) differ.push_back(devices[r]);
+  if (!differ.empty())
+    fail("NAX_CHECK", "{} is typed Invariant over mesh axes ({}) but its values differ across those devices ({}): device {} "
+         "holds other values than device{} {}; a per-device value needs pvary (or comes from a collective)", x.str(),
+         fmt::join(invariant, ", "), what, devices[0], differ.size() > 1 ? "s" : "", fmt::join(differ, ", "));
 }
 
 }  // namespace nax

@@ -7,8 +7,9 @@
 
 namespace nax::detail {
 
-DeviceShard::Block DeviceShard::block_of(const Shape& global, const AxisRules& rules, std::string_view op) const {
+DeviceShard::Block DeviceShard::block_of(const Shape& global, const AxisRules& rules, std::string_view op) {
   rules.check(mesh_, global, op);
+  rules_use().note(rules, global);
   Block b;
   std::vector<Axis> axes = global.axes();
   b.offsets.assign(axes.size(), 0);

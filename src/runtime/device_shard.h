@@ -22,6 +22,7 @@ class DeviceShard final : public Shard {
   // Devices cutting one host tensor must all pass the same one (a hash compared over the cuts).
   void check_same_tensor(const Tensor& global, const VaryType& cuts);
   Tensor gather(const Tensor& t) override;
+  void check_returned(const Tensor& value) override;
   Tensor random_normal(const Shape& global, const AxisRules& rules, std::uint64_t seed, std::string_view name,
                        double stddev, DType dtype) override;
   Tensor random_uniform(const Shape& global, const AxisRules& rules, std::uint64_t seed, std::string_view name,
@@ -40,7 +41,7 @@ class DeviceShard final : public Shard {
     std::vector<std::int64_t> offsets;
     VaryType vary;
   };
-  Block block_of(const Shape& global, const AxisRules& rules, std::string_view op) const;
+  Block block_of(const Shape& global, const AxisRules& rules, std::string_view op);
 
   int device_;
   const Mesh& mesh_;

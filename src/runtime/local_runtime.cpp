@@ -161,8 +161,10 @@ void LocalState::work(int device) {
     try {
       if (!bound) shard.device_ptr()->kernels().bind_thread(), bound = true;
       shard.take_deferred_error();  // a failed run's leftovers
+      shard.rules_use() = {};
       (*fn)(shard);
       if (std::string deferred = shard.take_deferred_error(); !deferred.empty()) throw Error(deferred);
+      shard.rules_use().check_all_used();
     } catch (const local::Aborted&) {
       record_failure(device, std::current_exception(), true);
     } catch (...) {

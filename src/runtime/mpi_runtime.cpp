@@ -123,8 +123,10 @@ mpi::RunEnd MpiState::run_here(const std::function<void(Shard&)>& fn, std::excep
   mpi::RunEnd end = mpi::RunEnd::ok;
   try {
     shard_->take_deferred_error();  // a failed run's leftovers
+    shard_->rules_use() = {};
     fn(*shard_);
     if (std::string deferred = shard_->take_deferred_error(); !deferred.empty()) throw Error(deferred);
+    shard_->rules_use().check_all_used();
   } catch (const mpi::Aborted&) {
     error = std::current_exception();
     end = mpi::RunEnd::released;

@@ -21,11 +21,19 @@ struct TensorInfo {
   DType dtype = DType::f32;
   std::vector<std::int64_t> dims;
   std::uint64_t begin = 0, end = 0;  // byte offsets in the data region (filled in by the writer)
+  // Stored as IEEE half (safetensors "F16", as Hugging Face models often are), a type nax has no
+  // tensors of: `dtype` is then f32, what the reader converts it to and the writer converts from.
+  bool f16 = false;
   std::uint64_t nbytes() const { return end - begin; }
 };
 
-// The safetensors name of a dtype ("F32", "F64", "BF16", "I32").
+// The safetensors name of a dtype ("F32", "F64", "BF16", "I32"), and of a stored tensor ("F16" too).
 std::string safetensors_dtype(DType dtype);
+std::string safetensors_dtype(const TensorInfo& info);
+
+// Whether a file must carry nax's checksum: nax's own checkpoints must (a missing one is refused);
+// a file nax did not write (a Hugging Face model's) is read without one, every other check kept.
+enum class ChecksumPolicy { required, if_present };
 
 // Writes the header at once (every tensor's name, dtype and dims, in the order write() will be
 // called), then each tensor's bytes as it comes: memory stays one tensor, whatever the file.
@@ -49,7 +57,7 @@ class SafetensorsWriter {
 // refusal is a nax::Error naming the file and the field. Reads tensors on demand (thread-safe).
 class SafetensorsReader {
  public:
-  explicit SafetensorsReader(const std::string& path);
+  explicit SafetensorsReader(const std::string& path, ChecksumPolicy checksum = ChecksumPolicy::required);
 
   const std::string& path() const;
   const std::vector<TensorInfo>& tensors() const;  // in file order
@@ -59,7 +67,8 @@ class SafetensorsReader {
   // naming the file and the tensor.
   const TensorInfo& expect(const std::string& name, const std::vector<std::int64_t>& dims) const;
   const TensorInfo& expect(const std::string& name, const std::vector<std::int64_t>& dims, DType dtype) const;
-  // Tensor `name` on the host, with axes d0, d1, ... or, given, `shape` (same element count).
+  // Tensor `name` on the host, with axes d0, d1, ... or, given, `shape` (same element count);
+  // an F16 tensor is converted to f32.
   Tensor read(const std::string& name) const;
   Tensor read(const std::string& name, const Shape& shape) const;
 

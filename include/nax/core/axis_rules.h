@@ -4,6 +4,7 @@
 // AxisRules{{"batch", {"dp", "mp"}}}.
 #include <initializer_list>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,22 @@ class AxisRules {
 
  private:
   std::map<std::string, std::vector<std::string>> rules_;
+};
+
+// The axis rules applied during one run and the tensor axes of the global tensors they cut. A rule
+// whose tensor axis none of them carried, while they carry a name a letter or two away from it, is
+// a misspelling ("heads" for "head") that leaves tensors silently whole. Rules with no such near
+// name are left alone: a model's rules also name the axes of tensors other runs make ("batch" in
+// a run that only makes parameters).
+class RulesUse {
+ public:
+  void note(const AxisRules& rules, const Shape& global);
+  // Throws naming a misspelled rule, the axes the tensors carried and the closest of them.
+  void check_all_used() const;
+
+ private:
+  std::map<std::string, std::string> rules_;  // tensor axis -> "heads=mp"
+  std::set<std::string> seen_;
 };
 
 }  // namespace nax

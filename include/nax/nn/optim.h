@@ -2,6 +2,8 @@
 // Training utilities: AdamW with decoupled weight decay, global-norm clipping over a mesh,
 // warmup + cosine learning-rate schedule, gradient accumulation.
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "nax/nn/parameters.h"
@@ -13,7 +15,16 @@ struct AdamWConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;  // decoupled, on parameters of rank >= 2 only (not biases or norms)
+  // ZeRO-1: the mesh axis (e.g. "dp") over which the parameters are replicated and the moments
+  // cut. Each device keeps the moments of 1/n of the parameters' elements (laid end to end), updates
+  // those elements and all-gathers the updated parameters over the axis: the same step, 2/n of the
+  // state. Empty: every device keeps every moment.
+  std::string shard_state_over;
 };
+
+namespace detail {
+class ZeroLayout;
+}
 
 class AdamW {
  public:
@@ -21,14 +32,22 @@ class AdamW {
   // One step: returns the new parameter values (same shapes, dtypes and vary types).
   std::vector<Tensor> step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr);
   std::int64_t steps() const { return steps_; }
-  // Moment estimates, in parameter order: first moments, then second moments.
+  // Moment estimates, in parameter order: first moments, then second moments, each shaped and cut
+  // as its parameter whether or not the state is sharded (checkpoints do not depend on it). With
+  // shard_state_over, state() all-gathers over that axis (call it on every device) and
+  // load_state keeps this device's part.
   std::vector<Tensor> state() const;
   void load_state(std::vector<Tensor> state, std::int64_t steps);
+  // Bytes of moment estimates this device holds.
+  std::size_t state_bytes() const;
 
  private:
+  std::vector<Tensor> sharded_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr);
+
   AdamWConfig config_;
   std::int64_t steps_ = 0;
-  std::vector<Tensor> m_, v_;
+  std::vector<Tensor> m_, v_;  // per parameter; with shard_state_over, per segment of zero_
+  std::shared_ptr<const detail::ZeroLayout> zero_;
 };
 
 // The global L2 norm of `grads`: each gradient's squares are summed over the mesh axes its value

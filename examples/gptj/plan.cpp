@@ -1,0 +1,153 @@
+#include "plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include "model.h"
+
+namespace gptj {
+
+using namespace nax;
+
+namespace {
+
+// One device's sizes: its parameters (those cut over mp divided by mp) and its tokens.
+struct DeviceSizes {
+  double params = 0, block_params = 0, head_params = 0;  // elements
+  double largest = 0;                                    // the largest parameter's elements
+  double tokens = 0;                                    // batch / dp x seq
+  double d = 0, attn = 0, ff = 0, heads = 0, vocab = 0;  // per device: d_model, heads x head_dim / mp, d_ff / mp, heads / mp, vocab / mp
+  double layers = 0;
+  double dp = 1;
+};
+
+DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o) {
+  const double mp = mesh.has("mp") ? mesh.axis_size("mp") : 1;
+  DeviceSizes s;
+  s.dp = mesh.has("dp") ? mesh.axis_size("dp") : 1;
+  for (const auto& spec : parameter_specs(c)) {
+    const bool cut = spec.global.has("vocab") || spec.global.has("heads") || spec.global.has("mlp");
+    const double n = static_cast<double>(spec.global.numel()) / (cut ? mp : 1.0);
+    s.params += n;
+    s.largest = std::max(s.largest, n);
+    (spec.name.starts_with("transformer.h.") ? s.block_params : s.head_params) += n;
+  }
+  s.block_params /= static_cast<double>(c.n_layers);
+  s.tokens = static_cast<double>(o.batch) / s.dp * static_cast<double>(o.seq);
+  s.d = static_cast<double>(c.d_model);
+  s.attn = static_cast<double>(c.n_heads * c.head_dim) / mp;
+  s.ff = static_cast<double>(c.d_ff) / mp;
+  s.heads = static_cast<double>(c.n_heads) / mp;
+  s.vocab = static_cast<double>(c.vocab) / mp;
+  s.layers = static_cast<double>(c.n_layers);
+  return s;
+}
+
+// What one block's backward reads, saved by its forward (block.h): in the compute dtype its input,
+// the LayerNorm's output, the attention and MLP outputs before and after the bias, the residual
+// sums and the psum (7 x d_model), q, k, v and the attention output (4 x heads x head_dim / mp),
+// the MLP's hidden values before and after the bias and after gelu (3 x d_ff / mp); in f32 the
+// LayerNorm's mean and rstd and the attention's log-sum-exp per head. Under bf16 also the bf16
+// copies of the block's parameters.
+double block_saved(const DeviceSizes& s, double e, bool bf16) {
+  return s.tokens * (e * (7 * s.d + 4 * s.attn + 3 * s.ff) + 4 * (2 + s.heads)) + (bf16 ? 2 * s.block_params : 0.0);
+}
+
+// The gradients alive inside one block's backward besides the parameters': d_ff-wide ones of the
+// MLP and d_model-wide ones of the residual stream.
+double block_transient(const DeviceSizes& s, double e) { return s.tokens * e * (2 * s.ff + 2 * s.d); }
+
+// The head: the final LayerNorm's output and statistics, the logits before and after the bias (and
+// their f32 copy under bf16), the cross-entropy's shifted logits and their exponentials (f32); the
+// bf16 copies of the embedding and output matrices.
+double head_saved(const DeviceSizes& s, double e, bool bf16) {
+  const double logits = s.tokens * s.vocab;
+  return s.tokens * (e * s.d + 8) + e * 2 * logits + (bf16 ? 4 * logits : 0.0) + 4 * 2 * logits + (bf16 ? 2 * s.head_params : 0.0);
+}
+
+// The loss's gradient with respect to the logits and the shifted logits (f32), alive together at
+// the start of the backward.
+double head_transient(const DeviceSizes& s) { return 4 * 2 * s.tokens * s.vocab; }
+
+}  // namespace
+
+MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) {
+  if (o.dtype != DType::f32 && o.dtype != DType::bf16) fail("plan", "--dtype expects bf16 or f32, got '{}'", dtype_name(o.dtype));
+  if (o.batch < 1) fail("plan", "--batch must be at least 1, got {}", o.batch);
+  check_fits(c, mesh, o.batch);
+  if (o.seq < 1 || o.seq > c.max_seq) fail("plan", "--seq must be in 1..{} for config {}, got {}", c.max_seq, c.name, o.seq);
+  if (!(o.device_memory > 0)) fail("plan", "--device-memory must be positive");
+  const DeviceSizes s = sizes_of(c, mesh, o);
+  const bool bf16 = o.dtype == DType::bf16;
+  const double e = static_cast<double>(dtype_size(o.dtype));
+  MemoryPlan p;
+  p.parameters = 4 * s.params;  // f32 master weights whatever the compute dtype
+  p.gradients = 4 * s.params;
+  p.optimizer = 8 * (o.zero ? std::ceil(s.params / s.dp) : s.params);
+  const double one_block = block_saved(s, e, bf16);
+  const double kept_per_block = o.remat ? e * s.tokens * s.d : one_block;  // remat keeps each block's input only
+  const double recompute = o.remat ? one_block : 0.0;                       // and rebuilds one block at a time
+  const double head = head_saved(s, e, bf16);
+  p.activations = s.layers * kept_per_block + head + recompute;
+  const double state = p.parameters + p.optimizer;
+  // The backward's memory falls as it frees activations and rises as gradients arrive: its peak is
+  // at the head (everything saved, the logits' gradients), at the last block (the head freed), at
+  // the first block (every gradient made) or after it, where the gradients' sum over dp goes as one
+  // bucket (autodiff.cpp): the partial sums, the bucket, its all-reduced copy and the pieces cut
+  // from it, four copies of the gradients.
+  const double at_head = s.layers * kept_per_block + head + head_transient(s);
+  const double at_last_block = s.layers * kept_per_block + recompute + block_transient(s, e) + 4 * s.head_params;
+  const double at_first_block = kept_per_block + recompute + block_transient(s, e) + p.gradients;
+  const double at_dp_sum = (s.dp > 1 ? 4 : 1) * p.gradients;
+  p.backward_peak = state + std::max({at_head, at_last_block, at_first_block, at_dp_sum});
+  // The step: the accumulated gradients and their clipped copy, the old parameters and the new, and
+  // while the largest parameter is updated its new moments beside the old (with --zero: every
+  // updated part, and the largest parameter's part and gathered copy).
+  const double step_transient = o.zero ? 4 * (std::ceil(s.params / s.dp) + s.largest * (1 + 1 / s.dp)) : 8 * s.largest;
+  p.optimizer_peak = 2 * p.parameters + p.optimizer + 2 * p.gradients + step_transient;
+  p.peak = std::max(p.backward_peak, p.optimizer_peak);
+  p.fits = p.peak <= o.device_memory;
+  return p;
+}
+
+MemoryPlan plan_memory(const PlanOptions& o) {
+  const Mesh mesh = Mesh::parse(o.mesh);
+  return plan_memory(padded_for(config_by_name(o.config), mesh), mesh, o);
+}
+
+double parse_bytes(const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char ch) { return static_cast<char>(std::toupper(ch)); });
+  const std::pair<const char*, double> units[] = {{"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+                                                  {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
+  for (const auto& [name, scale] : units)
+    if (used > 0 && unit == name && value > 0 && std::isfinite(value)) return value * scale;
+  fail("plan", "--device-memory expects a size such as 141GB, 80GiB or 512MB, got '{}'", text);
+}
+
+std::string format_plan(const PlanOptions& o, const MemoryPlan& p) {
+  auto gb = [](double bytes) { return fmt::format("{:10.3f} GB", bytes * 1e-9); };
+  std::string out = fmt::format("memory plan: config {}, mesh {}, batch {} x seq {}, {} compute{}{}; per device:\n", o.config, o.mesh, o.batch,
+                                o.seq, dtype_name(o.dtype), o.remat ? ", --remat" : "", o.zero ? ", --zero" : "");
+  out += fmt::format("  parameters (f32)       {}\n", gb(p.parameters));
+  out += fmt::format("  gradients (f32)        {}\n", gb(p.gradients));
+  out += fmt::format("  optimizer state        {}   AdamW m and v, f32{}\n", gb(p.optimizer), o.zero ? ", cut over dp" : "");
+  out += fmt::format("  activations            {}   {}\n", gb(p.activations),
+                     o.remat ? "each block's input, one block recomputed, the head" : "what the backward reads");
+  out += fmt::format("  peak in backward       {}\n", gb(p.backward_peak));
+  out += fmt::format("  peak in optimizer step {}\n", gb(p.optimizer_peak));
+  out += fmt::format("  peak                   {}   of {:.2f} GB: {}\n", gb(p.peak), o.device_memory * 1e-9, p.fits ? "fits" : "does NOT fit");
+  return out;
+}
+
+}  // namespace gptj
