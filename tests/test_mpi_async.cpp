@@ -4,6 +4,9 @@
 // goes on. Expectations run inside the run (one failing device fails it on every process).
 #include <fmt/format.h>
 
+#include <chrono>
+#include <thread>
+
 #include "helpers.h"
 
 using namespace nax;
@@ -93,6 +96,24 @@ TEST_CASE("mpi: a mismatched start or an unwaited Pending is an error on every p
                           Contains("all_reduce(sum, f32 x 5)"));
   REQUIRE_THROWS_WITH(rt.run([](Shard&) { Pending<Tensor> p = start_ppermute(pvary(ones(Shape{{"i", 4}}), "mp"), "mp", ring(axis_size("mp"))); }),
                       Contains("destroyed without wait()") && Contains("test_mpi_async.cpp"));
+  auto sums = rt.run([](Shard&) { return start_psum(pvary(ones(Shape{{"i", 2}}), "mp"), "mp").wait().to_vector<float>(); });
+  REQUIRE(sums[static_cast<std::size_t>(process_index())] == std::vector<float>(2, static_cast<float>(world_size())));
+}
+
+// An unwaited start found after the program returned must not abort the others while they still
+// wait for the same collective (MPI cannot cancel what they would leave pending): they finish,
+// then fail with its reason, and the runtime stays usable. The others are slowed down so that the
+// failing device ends first, which used to release their waits and leave the runtime unusable.
+TEST_CASE("mpi: a device failing after its program returned lets the others finish, then fails them", "[mpi][async][errors]") {
+  Runtime rt = Runtime::mpi(Mesh::parse(meshes().front()));
+  REQUIRE_THROWS_WITH(rt.run([](Shard& s) {
+                        // Large enough for MPI's rendezvous: a send completes only with its receiver.
+                        Pending<Tensor> p = start_ppermute(pvary(ones(Shape{{"i", 1 << 22}}), "mp"), "mp", ring(axis_size("mp")));
+                        if (s.device() == 0) return;
+                        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                        static_cast<void>(p.wait());
+                      }),
+                      Contains("destroyed without wait()") && (process_index() == 0 ? Contains("") : Contains("device 0 failed")));
   auto sums = rt.run([](Shard&) { return start_psum(pvary(ones(Shape{{"i", 2}}), "mp"), "mp").wait().to_vector<float>(); });
   REQUIRE(sums[static_cast<std::size_t>(process_index())] == std::vector<float>(2, static_cast<float>(world_size())));
 }

@@ -42,7 +42,7 @@ class MpiState final : public Runtime::State {
   // Runs fn here; on failure tells the other processes at once. How this device ended.
   mpi::RunEnd run_here(const std::function<void(Shard&)>& fn, std::exception_ptr& error);
   // Tells the others how this device ended and waits until every one has told the same.
-  void end_run(mpi::RunEnd end);
+  void end_run(mpi::RunEnd end, const std::string& reason);
   std::map<std::string, std::size_t> calls_per_group() const;
 
   Mesh mesh_;
@@ -121,10 +121,12 @@ std::map<std::string, std::size_t> MpiState::calls_per_group() const {
 mpi::RunEnd MpiState::run_here(const std::function<void(Shard&)>& fn, std::exception_ptr& error) {
   detail::set_current_shard(shard_.get());
   mpi::RunEnd end = mpi::RunEnd::ok;
+  bool returned = false;
   try {
     shard_->take_deferred_error();  // a failed run's leftovers
     shard_->rules_use() = {};
     fn(*shard_);
+    returned = true;
     if (std::string deferred = shard_->take_deferred_error(); !deferred.empty()) throw Error(deferred);
     shard_->rules_use().check_all_used();
   } catch (const mpi::Aborted&) {
@@ -132,16 +134,16 @@ mpi::RunEnd MpiState::run_here(const std::function<void(Shard&)>& fn, std::excep
     end = mpi::RunEnd::released;
   } catch (...) {
     error = std::current_exception();
-    end = mpi::RunEnd::failed;
+    end = returned ? mpi::RunEnd::failed_late : mpi::RunEnd::failed;
   }
   detail::set_current_shard(nullptr);
   if (end == mpi::RunEnd::failed) world_->control().send_abort(fmt::format("device {} failed: {}", devices_[0], what_of(error)));
   return end;
 }
 
-void MpiState::end_run(mpi::RunEnd end) {
+void MpiState::end_run(mpi::RunEnd end, const std::string& reason) {
   mpi::Control& control = world_->control();
-  control.send_ended({end, world_->left_pending(), calls_per_group()});
+  control.send_ended({end, world_->left_pending(), calls_per_group(), reason});
   // No timeout here, as in the local runtime: a device still computing will end its run, or
   // fail in its next collective (released by the abort) and then end it.
   for (int sleep_us = 1;; sleep_us = std::min(2 * sleep_us, 1000)) {
@@ -161,9 +163,11 @@ void MpiState::run(const std::function<void(Shard&)>& fn) {
   world_->control().begin_run(world_->control().epoch() + 1);
   std::exception_ptr error;
   const mpi::RunEnd end = run_here(fn, error);
-  end_run(end);
+  end_run(end, end == mpi::RunEnd::failed_late ? fmt::format("device {} failed: {}", devices_[0], what_of(error)) : std::string());
   if (error) std::rethrow_exception(error);
   if (world_->control().aborting()) throw Error(world_->control().abort_reason());
+  for (const auto& [device, ended] : world_->control().ended())
+    if (ended.end == mpi::RunEnd::failed_late) throw Error(ended.reason);
 }
 
 std::unique_ptr<Runtime::State> make_mpi_runtime(const Mesh& mesh, const RuntimeOptions& options) {

@@ -57,6 +57,7 @@ void Control::send_abort(const std::string& reason) { send(fmt::format("{}{}\n{}
 void Control::send_ended(const Ended& ended) {
   std::string text = fmt::format("{}{}\n{}\n{}\n", kEnded, epoch_, static_cast<int>(ended.end), ended.left_pending ? 1 : 0);
   for (const auto& [key, calls] : ended.calls) text += fmt::format("{}={}\n", key, calls);
+  if (!ended.reason.empty()) text += "!" + ended.reason;  // last: it may hold newlines
   send(std::move(text));
 }
 
@@ -95,6 +96,11 @@ void Control::receive(const std::string& message, int source) {
   Ended e{static_cast<RunEnd>(end), pending != 0, {}};
   std::string line;
   while (std::getline(in, line)) {
+    if (line.starts_with('!')) {
+      e.reason = line.substr(1);
+      for (std::string more; std::getline(in, more);) e.reason += "\n" + more;
+      break;
+    }
     const auto eq = line.rfind('=');
     if (eq != std::string::npos) e.calls[line.substr(0, eq)] = std::stoull(line.substr(eq + 1));
   }

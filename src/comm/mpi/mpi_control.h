@@ -2,9 +2,10 @@
 // The MPI runtime's control channel: small messages between the processes about runs, on a
 // communicator of its own so that they never mix with collectives. Two kinds:
 //   abort: a device failed; the others stop waiting in their collectives and fail too;
-//   ended: a device ended run `epoch` (how, whether it left an MPI operation pending, and how many
-//          collectives it called per group), so that a peer still waiting for it in a collective
-//          can tell that it never will, and every process knows how the run ended everywhere.
+//   ended: a device ended run `epoch` (how, whether it left an MPI operation pending, how many
+//          collectives it called per group, and why it failed after its program returned), so that
+//          a peer still waiting for it in a collective can tell that it never will, and every
+//          process knows how the run ended everywhere.
 // Messages are sent without blocking and received by poll(). Each names its run (epoch): a peer
 // that has heard everyone end run N may already be in run N+1 while this process still finishes
 // run N, so messages of a later run wait until this process gets there.
@@ -21,12 +22,17 @@
 
 namespace nax::mpi {
 
-enum class RunEnd { ok, failed, released };
+// failed: raised while the program ran (the others are aborted); failed_late: raised after it
+// returned (an unwaited start, an unused axis rule), when this device's collectives are complete,
+// so that the others finish theirs and report the reason at the end of the run, leaving nothing
+// pending; released: stopped by another device's abort.
+enum class RunEnd { ok, failed, released, failed_late };
 
 struct Ended {
   RunEnd end = RunEnd::ok;
   bool left_pending = false;
   std::map<std::string, std::size_t> calls;  // per group of mesh axes ("dp,mp")
+  std::string reason;                          // for failed_late: the error
 };
 
 class Control {
