@@ -134,6 +134,18 @@ void refuse_local_mean(std::string_view op, const Tensor& x, const std::string& 
          "is {} times the mean; use pmean over '{}'", x.str(), m, axis_size(m), axis_size(m), m);
 }
 
+}  // namespace
+
+// Each collective below is one block: its vary rule and data movement (the forward), then the
+// public function, whose recorded backward is the collective's transpose (docs/collectives.md), run
+// labelled as the backward of the forward call (BackwardOf).
+
+// ---------------------------------------------------------------------------------------------
+// psum, pmean, pmax, pmin: the value varies over every reduced mesh axis and is Invariant after;
+// psum and pmean transpose to pvary; pmax and pmin are not differentiable.
+
+namespace {
+
 // psum and friends: the value must vary over every reduced mesh axis, and is invariant after.
 Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_in, const Names& mesh_axes, const CallSite& site,
                          detail::Launch& launch) {
@@ -157,6 +169,78 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
   launch.all_reduce(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), reduce);
   return launch.then([out, dtype = x_in.dtype()] { return detail::narrow_to(out, dtype); });
 }
+
+
+Tensor summed(std::string_view op, const Tensor& x, const Names& mesh_axes, const CallSite& site) {
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = reduce_collective(op, ReduceOp::sum, x, mesh_axes, site, launch);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record(std::string(op), out, {x}, [mesh_axes, site, op](const Tensor& g) {
+    BackwardOf scope(op.data(), site);  // a literal: "psum" or "pmean"
+    return std::vector<Tensor>{pvary(g, mesh_axes)};
+  });
+}
+}  // namespace
+
+Tensor psum(const Tensor& x, const Names& mesh_axes, std::source_location where) { return summed("psum", x, mesh_axes, site_of(where)); }
+
+Tensor pmean(const Tensor& x, const Names& mesh_axes, std::source_location where) {
+  if (x.defined() && !is_floating(x.dtype())) fail("pmean", "needs a floating dtype, got {}", x.str());
+  return summed("pmean", x, mesh_axes, site_of(where)) / static_cast<double>(axis_size(mesh_axes));
+}
+
+namespace {
+Tensor not_differentiable(std::string_view op, ReduceOp reduce, const Tensor& x, const Names& mesh_axes, const CallSite& site) {
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = reduce_collective(op, reduce, x, mesh_axes, site, launch);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record(std::string(op), out, {x}, [op = std::string(op), x_str = x.str(), mesh_axes](const Tensor&) -> std::vector<Tensor> {
+    fail("grad", "{}({}, {}) is not differentiable: apply it to stop_gradient(x) (as the vocab-parallel loss does for its max)",
+         op, x_str, mesh_axes.str());
+  });
+}
+}  // namespace
+
+Tensor pmax(const Tensor& x, const Names& mesh_axes, std::source_location where) {
+  return not_differentiable("pmax", ReduceOp::max, x, mesh_axes, site_of(where));
+}
+Tensor pmin(const Tensor& x, const Names& mesh_axes, std::source_location where) {
+  return not_differentiable("pmin", ReduceOp::min, x, mesh_axes, site_of(where));
+}
+
+// ---------------------------------------------------------------------------------------------
+// pvary: Invariant to Varying, no data moves; transposes to psum.
+
+namespace {
+
+Tensor pvary_forward(const Tensor& x, const Names& mesh_axes) {
+  checked_shard("pvary", &x, mesh_axes);  // no data moves: no communicator
+  VaryType vary = x.vary();
+  for (const auto& m : mesh_axes.list()) {
+    if (x.vary().kind(m) != Vary::Invariant)
+      fail("pvary", "{} already varies over mesh axis '{}' ({}); pvary marks an Invariant value as Varying", x.str(), m,
+           x.vary().kind(m) == Vary::Split ? "Split along '" + x.vary().split_axis(m) + "'" : "Varying");
+    vary.set_varying(m);
+  }
+  return x.with_vary(vary);
+}
+
+}  // namespace
+
+Tensor pvary(const Tensor& x, const Names& mesh_axes, std::source_location where) {
+  Tensor out = pvary_forward(x, mesh_axes);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record("pvary", out, {x}, [mesh_axes, site = site_of(where)](const Tensor& g) {
+    BackwardOf scope("pvary", site);
+    return std::vector<Tensor>{psum(g, mesh_axes)};
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// all_gather (Varying after; transposes to psum_scatter), all_gather_invariant (Invariant after;
+// transposes to taking this device's block) and their stacking forms.
+
+namespace {
 
 // all_gather and all_gather_invariant.
 // What a gather cannot gather correctly: a missing (or, stacking, an existing) tensor axis, and a
@@ -214,17 +298,47 @@ Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh
   });
 }
 
-Tensor pvary_forward(const Tensor& x, const Names& mesh_axes) {
-  checked_shard("pvary", &x, mesh_axes);  // no data moves: no communicator
-  VaryType vary = x.vary();
-  for (const auto& m : mesh_axes.list()) {
-    if (x.vary().kind(m) != Vary::Invariant)
-      fail("pvary", "{} already varies over mesh axis '{}' ({}); pvary marks an Invariant value as Varying", x.str(), m,
-           x.vary().kind(m) == Vary::Split ? "Split along '" + x.vary().split_axis(m) + "'" : "Varying");
-    vary.set_varying(m);
-  }
-  return x.with_vary(vary);
+
+// Drops the size-1 axis that a stacking gather added back (its gradient's own block).
+Tensor unstack(const Tensor& g, const Tensor& x, const std::string& axis) { return x.shape().has(axis) ? g : sum(g, axis); }
+
+Tensor gather(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant, bool stack,
+              const CallSite& site) {
+  const Names group = cut_order(x, mesh_axes, axis);
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = gather_collective(op, x, group, axis, invariant, site, stack, launch);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  if (!invariant)
+    return autodiff::record(std::string(op), out, {x}, [x, group, axis, site, op](const Tensor& g) {
+      BackwardOf scope(op.data(), site);  // a literal
+      return std::vector<Tensor>{unstack(psum_scatter(g, group, axis), x, axis)};
+    });
+  return autodiff::record(std::string(op), out, {x}, [x, group, axis](const Tensor& g) {
+    const std::int64_t block = x.shape().has(axis) ? x.shape().size(axis) : 1;
+    const auto r = static_cast<std::int64_t>(axis_index(group).item());
+    return std::vector<Tensor>{unstack(slice(g, axis, r * block, (r + 1) * block), x, axis)};
+  });
 }
+}  // namespace
+
+Tensor all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
+  return gather("all_gather", x, mesh_axes, axis, false, false, site_of(where));
+}
+Tensor all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
+  return gather("all_gather_invariant", x, mesh_axes, axis, true, false, site_of(where));
+}
+Tensor all_gather_stacked(const Tensor& x, const Names& mesh_axes, const std::string& new_axis, std::source_location where) {
+  return gather("all_gather_stacked", x, mesh_axes, new_axis, false, true, site_of(where));
+}
+Tensor all_gather_invariant_stacked(const Tensor& x, const Names& mesh_axes, const std::string& new_axis,
+                                    std::source_location where) {
+  return gather("all_gather_invariant_stacked", x, mesh_axes, new_axis, true, true, site_of(where));
+}
+
+// ---------------------------------------------------------------------------------------------
+// psum_scatter: a partial sum becomes Split along the axis; transposes to all_gather.
+
+namespace {
 
 Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const std::string& axis, const CallSite& site,
                             detail::Launch& launch) {
@@ -265,6 +379,24 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
   return launch.then([out, dtype = x_in.dtype()] { return detail::narrow_to(out, dtype); });
 }
 
+}  // namespace
+
+Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
+  const CallSite site = site_of(where);
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = psum_scatter_forward(x, mesh_axes, axis, site, launch);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record("psum_scatter", out, {x}, [mesh_axes, axis, site](const Tensor& g) {
+    BackwardOf scope("psum_scatter", site);
+    return std::vector<Tensor>{all_gather(g, mesh_axes, axis)};
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// ppermute: Varying after; transposes to ppermute with the pairs reversed.
+
+namespace {
+
 std::string pairs_text(const std::vector<std::pair<int, int>>& pairs) {
   std::string text;
   for (auto [src, dst] : pairs) text += fmt::format("{}({}, {})", text.empty() ? "" : " ", src, dst);
@@ -283,6 +415,26 @@ Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vect
   launch.permute(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), pairs);
   return launch.then([out] { return out; });
 }
+
+}  // namespace
+
+Tensor ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, std::source_location where) {
+  const CallSite site = site_of(where);
+  detail::Launch launch = detail::Launch::blocking();
+  Tensor out = ppermute_forward(x, mesh_axes, pairs, site, launch);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  std::vector<std::pair<int, int>> inverse;
+  for (auto [src, dst] : pairs) inverse.push_back({dst, src});
+  return autodiff::record("ppermute", out, {x}, [mesh_axes, inverse, site](const Tensor& g) {
+    BackwardOf scope("ppermute", site);
+    return std::vector<Tensor>{ppermute(g, mesh_axes, inverse)};
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// all_to_all: a cut moves from concat_axis to split_axis; transposes to all_to_all with the axes swapped.
+
+namespace {
 
 Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::string& split_axis, const std::string& concat_axis,
                           const CallSite& site) {
@@ -327,119 +479,6 @@ Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::st
 }
 
 }  // namespace
-
-// Each collective's transpose, as in DESIGN.md §3, is its backward; it runs labelled as the
-// backward of the forward call (BackwardOf).
-
-namespace {
-Tensor summed(std::string_view op, const Tensor& x, const Names& mesh_axes, const CallSite& site) {
-  detail::Launch launch = detail::Launch::blocking();
-  Tensor out = reduce_collective(op, ReduceOp::sum, x, mesh_axes, site, launch);
-  if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record(std::string(op), out, {x}, [mesh_axes, site, op](const Tensor& g) {
-    BackwardOf scope(op.data(), site);  // a literal: "psum" or "pmean"
-    return std::vector<Tensor>{pvary(g, mesh_axes)};
-  });
-}
-}  // namespace
-
-Tensor psum(const Tensor& x, const Names& mesh_axes, std::source_location where) { return summed("psum", x, mesh_axes, site_of(where)); }
-
-Tensor pmean(const Tensor& x, const Names& mesh_axes, std::source_location where) {
-  if (x.defined() && !is_floating(x.dtype())) fail("pmean", "needs a floating dtype, got {}", x.str());
-  return summed("pmean", x, mesh_axes, site_of(where)) / static_cast<double>(axis_size(mesh_axes));
-}
-
-namespace {
-Tensor not_differentiable(std::string_view op, ReduceOp reduce, const Tensor& x, const Names& mesh_axes, const CallSite& site) {
-  detail::Launch launch = detail::Launch::blocking();
-  Tensor out = reduce_collective(op, reduce, x, mesh_axes, site, launch);
-  if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record(std::string(op), out, {x}, [op = std::string(op), x_str = x.str(), mesh_axes](const Tensor&) -> std::vector<Tensor> {
-    fail("grad", "{}({}, {}) is not differentiable: apply it to stop_gradient(x) (as the vocab-parallel loss does for its max)",
-         op, x_str, mesh_axes.str());
-  });
-}
-}  // namespace
-
-Tensor pmax(const Tensor& x, const Names& mesh_axes, std::source_location where) {
-  return not_differentiable("pmax", ReduceOp::max, x, mesh_axes, site_of(where));
-}
-Tensor pmin(const Tensor& x, const Names& mesh_axes, std::source_location where) {
-  return not_differentiable("pmin", ReduceOp::min, x, mesh_axes, site_of(where));
-}
-
-Tensor pvary(const Tensor& x, const Names& mesh_axes, std::source_location where) {
-  Tensor out = pvary_forward(x, mesh_axes);
-  if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record("pvary", out, {x}, [mesh_axes, site = site_of(where)](const Tensor& g) {
-    BackwardOf scope("pvary", site);
-    return std::vector<Tensor>{psum(g, mesh_axes)};
-  });
-}
-
-namespace {
-// Drops the size-1 axis that a stacking gather added back (its gradient's own block).
-Tensor unstack(const Tensor& g, const Tensor& x, const std::string& axis) { return x.shape().has(axis) ? g : sum(g, axis); }
-}  // namespace
-
-namespace {
-Tensor gather(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant, bool stack,
-              const CallSite& site) {
-  const Names group = cut_order(x, mesh_axes, axis);
-  detail::Launch launch = detail::Launch::blocking();
-  Tensor out = gather_collective(op, x, group, axis, invariant, site, stack, launch);
-  if (!autodiff::any_requires_grad({&x})) return out;
-  if (!invariant)
-    return autodiff::record(std::string(op), out, {x}, [x, group, axis, site, op](const Tensor& g) {
-      BackwardOf scope(op.data(), site);  // a literal
-      return std::vector<Tensor>{unstack(psum_scatter(g, group, axis), x, axis)};
-    });
-  return autodiff::record(std::string(op), out, {x}, [x, group, axis](const Tensor& g) {
-    const std::int64_t block = x.shape().has(axis) ? x.shape().size(axis) : 1;
-    const auto r = static_cast<std::int64_t>(axis_index(group).item());
-    return std::vector<Tensor>{unstack(slice(g, axis, r * block, (r + 1) * block), x, axis)};
-  });
-}
-}  // namespace
-
-Tensor all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
-  return gather("all_gather", x, mesh_axes, axis, false, false, site_of(where));
-}
-Tensor all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
-  return gather("all_gather_invariant", x, mesh_axes, axis, true, false, site_of(where));
-}
-Tensor all_gather_stacked(const Tensor& x, const Names& mesh_axes, const std::string& new_axis, std::source_location where) {
-  return gather("all_gather_stacked", x, mesh_axes, new_axis, false, true, site_of(where));
-}
-Tensor all_gather_invariant_stacked(const Tensor& x, const Names& mesh_axes, const std::string& new_axis,
-                                    std::source_location where) {
-  return gather("all_gather_invariant_stacked", x, mesh_axes, new_axis, true, true, site_of(where));
-}
-
-Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
-  const CallSite site = site_of(where);
-  detail::Launch launch = detail::Launch::blocking();
-  Tensor out = psum_scatter_forward(x, mesh_axes, axis, site, launch);
-  if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record("psum_scatter", out, {x}, [mesh_axes, axis, site](const Tensor& g) {
-    BackwardOf scope("psum_scatter", site);
-    return std::vector<Tensor>{all_gather(g, mesh_axes, axis)};
-  });
-}
-
-Tensor ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, std::source_location where) {
-  const CallSite site = site_of(where);
-  detail::Launch launch = detail::Launch::blocking();
-  Tensor out = ppermute_forward(x, mesh_axes, pairs, site, launch);
-  if (!autodiff::any_requires_grad({&x})) return out;
-  std::vector<std::pair<int, int>> inverse;
-  for (auto [src, dst] : pairs) inverse.push_back({dst, src});
-  return autodiff::record("ppermute", out, {x}, [mesh_axes, inverse, site](const Tensor& g) {
-    BackwardOf scope("ppermute", site);
-    return std::vector<Tensor>{ppermute(g, mesh_axes, inverse)};
-  });
-}
 
 Tensor all_to_all(const Tensor& x, const Names& mesh_axes, const std::string& split_axis, const std::string& concat_axis,
                   std::source_location where) {
