@@ -64,6 +64,8 @@ int main(int argc, char** argv) try {
   fmt::print("bench_cuda_attention on {}: bf16, causal, {} matrices of seq {}, median of {} after {} warm-up\n", prop.name,
              options.batches, options.seq, options.reps, options.warmup);
   fmt::print("FLOPs: forward 0.5 * 4 * seq^2 * head_dim per matrix (causal half), backward 2.5x forward\n");
+  const double peak = bench::dense_bf16_peak_tflops();
+  fmt::print("dense bf16 peak: {}\n", peak > 0 ? fmt::format("{:.0f} TFLOP/s", peak) : std::string("not known for this architecture"));
 
   for (std::int64_t head_dim : options.head_dims) {
     nax::kernels::AttentionSizes s;
@@ -99,10 +101,11 @@ int main(int argc, char** argv) try {
                              static_cast<double>(s.batches);
     const double bwd_flops = 2.5 * fwd_flops;
     auto tflops = [](double flops, double ms) { return flops / (ms * 1e-3) / 1e12; };
-    fmt::print("bf16 batches {} seq {} head_dim {:>3}: forward {:8.3f} ms {:6.1f} TFLOP/s | backward {:8.3f} ms {:6.1f} TFLOP/s | "
-               "forward+backward {:6.1f} TFLOP/s\n",
-               s.batches, s.tq, head_dim, fwd_ms, tflops(fwd_flops, fwd_ms), bwd_ms, tflops(bwd_flops, bwd_ms),
-               tflops(fwd_flops + bwd_flops, fwd_ms + bwd_ms));
+    const double fwd = tflops(fwd_flops, fwd_ms), bwd = tflops(bwd_flops, bwd_ms), both = tflops(fwd_flops + bwd_flops, fwd_ms + bwd_ms);
+    fmt::print("bf16 batches {} seq {} head_dim {:>3}: forward {:8.3f} ms {:6.1f} TFLOP/s ({}) | backward {:8.3f} ms {:6.1f} TFLOP/s ({}) | "
+               "forward+backward {:6.1f} TFLOP/s ({} of peak)\n",
+               s.batches, s.tq, head_dim, fwd_ms, fwd, bench::fraction_of_peak(fwd, peak), bwd_ms, bwd, bench::fraction_of_peak(bwd, peak),
+               both, bench::fraction_of_peak(both, peak));
   }
   NAX_CUDA_CHECK(cudaStreamDestroy(stream));
   return 0;

@@ -1,11 +1,13 @@
 #pragma once
 // Shared by the CUDA benchmarks: device buffers, random bf16 data (never zeros: they can run
-// faster than real data) and timing with CUDA events.
+// faster than real data), timing with CUDA events and the device's peak.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "bench_util.h"
@@ -65,6 +67,28 @@ class EventTimer {
  private:
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
+
+// The device's dense bf16 tensor-core peak in TFLOP/s: SMs x boost clock x dense bf16 FLOPs per
+// SM per clock of its architecture (sm_80: 2048, sm_90: 4096, as NVIDIA's A100 and H100/H200
+// datasheets give: 312 and 989 TFLOP/s), or 0 where the architecture's figure is not listed here.
+inline double dense_bf16_peak_tflops(int device = 0) {
+  cudaDeviceProp prop{};
+  NAX_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  int clock_khz = 0;
+  NAX_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
+  double per_sm_per_clock = 0;
+  if (prop.major == 8 && prop.minor == 0) per_sm_per_clock = 2048;
+  if (prop.major == 9 && prop.minor == 0) per_sm_per_clock = 4096;
+  return per_sm_per_clock * prop.multiProcessorCount * clock_khz * 1e3 / 1e12;
+}
+
+// "42.0%" of the peak, or "?" when the peak is not known.
+inline std::string fraction_of_peak(double tflops, double peak_tflops) {
+  if (peak_tflops <= 0) return "?";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f%%", 100.0 * tflops / peak_tflops);
+  return text;
+}
 
 // The median of `reps` event-timed runs of fn after `warmup` untimed ones.
 template <typename F>

@@ -136,6 +136,7 @@ int main(int argc, char** argv) try {
     return 77;
   }
   cudaDeviceProp prop{};
+  const double peak = bench::dense_bf16_peak_tflops();
   NAX_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t stream = nullptr;
   NAX_CUDA_CHECK(cudaStreamCreate(&stream));
@@ -174,6 +175,8 @@ int main(int argc, char** argv) try {
     const double tf_direct_host = flops / host_timed_seconds(stream, options.reps, run_direct) / 1e12;
     const double tf_dot = flops / dot_seconds(size, options.reps, options.warmup) / 1e12;
     results.push_back({{"size", size},
+                       {"peak_tflops", peak},
+                       {"nax_fraction_of_peak", peak > 0 ? tf_nax / peak : 0.0},
                        {"dtype", "bf16"},
                        {"nax_ms", t_nax},
                        {"direct_ms", t_direct},
@@ -185,8 +188,9 @@ int main(int argc, char** argv) try {
                        {"dot_ratio", tf_dot / tf_direct_host},
                        {"nax_ms_all", nax_ms},
                        {"direct_ms_all", direct_ms}});
-    rows.push_back(fmt::format("{:>6} {:>10.3f} {:>10.3f} {:>12.1f} {:>12.1f} {:>7.3f} {:>12.1f} {:>12.1f} {:>7.3f}", size, t_nax,
-                               t_direct, tf_nax, tf_direct, tf_nax / tf_direct, tf_dot, tf_direct_host, tf_dot / tf_direct_host));
+    rows.push_back(fmt::format("{:>6} {:>10.3f} {:>10.3f} {:>12.1f} {:>8} {:>12.1f} {:>7.3f} {:>12.1f} {:>12.1f} {:>7.3f}", size, t_nax,
+                               t_direct, tf_nax, bench::fraction_of_peak(tf_nax, peak), tf_direct, tf_nax / tf_direct, tf_dot,
+                               tf_direct_host, tf_dot / tf_direct_host));
     NAX_CUDA_CHECK(cudaFree(a));
     NAX_CUDA_CHECK(cudaFree(b));
     NAX_CUDA_CHECK(cudaFree(c));
@@ -194,8 +198,9 @@ int main(int argc, char** argv) try {
 
   fmt::print("bench_cuda_gemm on {} (bf16 in/out, f32 accumulate, median of {} after {} warm-up)\n", prop.name, options.reps,
              options.warmup);
-  fmt::print("{:>6} {:>10} {:>10} {:>12} {:>12} {:>7} {:>12} {:>12} {:>7}\n", "size", "lt ms", "direct ms", "lt TFLOP/s", "dir TFLOP/s",
-             "ratio", "dot TFLOP/s", "dir(host)", "dot/dir");
+  fmt::print("dense bf16 peak: {}\n", peak > 0 ? fmt::format("{:.0f} TFLOP/s", peak) : std::string("not known for this architecture"));
+  fmt::print("{:>6} {:>10} {:>10} {:>12} {:>8} {:>12} {:>7} {:>12} {:>12} {:>7}\n", "size", "lt ms", "direct ms", "lt TFLOP/s", "of peak",
+             "dir TFLOP/s", "ratio", "dot TFLOP/s", "dir(host)", "dot/dir");
   for (const auto& row : rows) fmt::print("{}\n", row);
   if (!options.json.empty()) {
     std::ofstream out(options.json);
