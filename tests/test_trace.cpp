@@ -152,3 +152,31 @@ TEST_CASE("trace: one file per process under mpirun", "[unit][trace]") {
   CHECK(trace::process_path("out.d/run") == "out.d/run.rank1");
   trace::set_process(0, 1);
 }
+
+TEST_CASE("trace: a clock offset to process 0 shifts every timestamp and is recorded", "[unit][trace]") {
+  const std::string path = temp_path("offset.json");
+  double unshifted = 0, shifted = 0;
+  for (std::int64_t offset : {std::int64_t{0}, std::int64_t{7'000'000'000}}) {  // 7 s: another host's clock ahead
+    trace::set_clock_offset(offset, offset + 250);
+    trace::start();
+    const std::int64_t before = trace::clock_ns();
+    { const trace::Span span("op", "timed"); }
+    trace::stop();
+    trace::write(path, "offset");
+    const json t = load(path);
+    const auto slices = slices_by_device(t).begin()->second;
+    REQUIRE(slices.size() == 1);
+    const double ts_us = slices[0]["ts"].get<double>();
+    // Written on process 0's clock: this process's time minus the offset.
+    CHECK(ts_us >= (before - offset) / 1e3 - 1e-3);
+    (offset == 0 ? unshifted : shifted) = ts_us - before / 1e3;
+    for (const auto& e : t["traceEvents"])
+      if (e["ph"] == "M" && e["name"] == "process_name") {
+        CHECK(e["args"]["clock_offset_us"].get<double>() == Approx(offset / 1e3));
+        CHECK(e["args"]["measured_clock_offset_us"].get<double>() == Approx((offset + 250) / 1e3));
+      }
+  }
+  CHECK(unshifted - shifted == Approx(7e6).margin(1e3));  // 7 s, to within 1 ms of scheduling
+  trace::set_clock_offset(0, 0);
+  std::filesystem::remove(path);
+}

@@ -43,6 +43,12 @@ std::size_t event_count();
 void set_thread_device(int device);
 // This process among `count` (Runtime::mpi sets its rank and the world's size).
 void set_process(int index, int count);
+// The trace's clock (CLOCK_MONOTONIC, nanoseconds): one clock for the processes of a node.
+std::int64_t clock_ns();
+// This process's clock minus process 0's: `applied` is subtracted from every timestamp written
+// (Runtime::mpi sets it for processes on another host than process 0's, where the clocks differ),
+// `measured` is the estimate, recorded in the trace's process metadata either way.
+void set_clock_offset(std::int64_t applied_ns, std::int64_t measured_ns);
 
 // Records from construction to destruction, then writes the trace to `path` (when path is empty
 // it does nothing). One per process at a time.

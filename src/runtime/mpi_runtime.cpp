@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "comm/mpi/mpi_clock.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_session.h"
 #include "comm/mpi/mpi_world.h"
@@ -84,6 +85,8 @@ MpiState::MpiState(const Mesh& mesh, const RuntimeOptions& options)
   const int d = world_->device();
   devices_ = {d};
   trace::set_process(d, mesh.size());  // one pid and one trace file per rank
+  const mpi::ClockOffset clock = mpi::clock_offset_to_process0(MPI_COMM_WORLD);
+  trace::set_clock_offset(clock.same_host ? 0 : clock.measured_ns, clock.measured_ns);
   auto world = world_;
   auto device = options.device_factory
                     ? options.device_factory(d)

@@ -39,6 +39,7 @@ struct Recorder {
   std::vector<std::shared_ptr<ThreadBuffer>> buffers;  // kept after their threads end
   std::atomic<std::uint64_t> generation{0};
   int process_index = 0, process_count = 1;
+  std::int64_t applied_offset_ns = 0, measured_offset_ns = 0;
 };
 
 Recorder& recorder() {
@@ -127,6 +128,15 @@ void set_process(int index, int count) {
   r.process_count = count;
 }
 
+std::int64_t clock_ns() { return now_ns(); }
+
+void set_clock_offset(std::int64_t applied_ns, std::int64_t measured_ns) {
+  Recorder& r = recorder();
+  std::lock_guard lock(r.mutex);
+  r.applied_offset_ns = applied_ns;
+  r.measured_offset_ns = measured_ns;
+}
+
 std::string process_path(const std::string& path) {
   Recorder& r = recorder();
   int index = 0, count = 1;
@@ -173,9 +183,11 @@ void write(const std::string& requested_path, std::string_view process) {
   std::set<int> devices;
   bool host = false;
   int pid = 0;
+  std::int64_t applied = 0, measured = 0;
   {
     std::lock_guard lock(r.mutex);
     pid = r.process_index;
+    applied = r.applied_offset_ns, measured = r.measured_offset_ns;
     for (auto& b : r.buffers) {
       std::lock_guard buffer_lock(b->mutex);
       if (b->generation != r.generation) continue;
@@ -184,12 +196,14 @@ void write(const std::string& requested_path, std::string_view process) {
         if (e.device >= 0) devices.insert(e.device);
         else host = true;
         out += fmt::format("{{\"ph\": \"X\", \"cat\": \"{}\", \"name\": {}, \"pid\": {}, \"tid\": {}, \"ts\": {}, \"dur\": {}, \"args\": {{{}}}}},\n",
-                           e.category, quote(e.name), pid, tid, microseconds(e.start_ns), microseconds(e.duration_ns), e.args);
+                           e.category, quote(e.name), pid, tid, microseconds(e.start_ns - applied), microseconds(e.duration_ns), e.args);
       }
     }
   }
-  out += fmt::format("{{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": {}, \"tid\": 0, \"args\": {{\"name\": {}}}}}", pid,
-                     quote(fmt::format("{} (process {})", process, pid)));
+  // The clock offsets (to process 0's clock, in µs) ride on the process's metadata.
+  out += fmt::format("{{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": {}, \"tid\": 0, \"args\": {{\"name\": {}, "
+                     "\"clock_offset_us\": {:.3f}, \"measured_clock_offset_us\": {:.3f}}}}}",
+                     pid, quote(fmt::format("{} (process {})", process, pid)), applied / 1e3, measured / 1e3);
   for (int d : devices) {
     out += fmt::format(",\n{{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": {}, \"tid\": {}, \"args\": {{\"name\": \"device {}\"}}}}", pid, d, d);
     out += fmt::format(",\n{{\"ph\": \"M\", \"name\": \"thread_sort_index\", \"pid\": {}, \"tid\": {}, \"args\": {{\"sort_index\": {}}}}}", pid, d, d);
