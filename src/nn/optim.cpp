@@ -42,9 +42,15 @@ Tensor one_step(const Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const ke
   return fused ? fused_step(p, g, m, v, step) : op_by_op_step(p, g, m, v, step);
 }
 
-kernels::AdamWStep step_settings(const AdamWConfig& c, std::int64_t steps, double lr, const Shape& param) {
-  const double decay = param.rank() >= 2 ? c.weight_decay : 0.0;
-  return {lr, c.beta1, c.beta2, c.eps, decay, 1 - std::pow(c.beta1, static_cast<double>(steps)), 1 - std::pow(c.beta2, static_cast<double>(steps))};
+// This step's settings, computed once per step (the bias corrections); for_param picks the decay.
+kernels::AdamWStep step_settings(const AdamWConfig& c, std::int64_t steps, double lr) {
+  return {lr, c.beta1, c.beta2, c.eps, c.weight_decay, 1 - std::pow(c.beta1, static_cast<double>(steps)), 1 - std::pow(c.beta2, static_cast<double>(steps))};
+}
+
+// Weight decay applies to matrices (rank 2 and up) only.
+kernels::AdamWStep for_param(kernels::AdamWStep step, const Shape& param) {
+  if (param.rank() < 2) step.weight_decay = 0.0;
+  return step;
 }
 
 }  // namespace
@@ -62,11 +68,12 @@ std::vector<Tensor> AdamW::sharded_step(const std::vector<Tensor>& params, const
   }
   zero_->check_matches(params, "AdamW::step");
   ++steps_;
+  const kernels::AdamWStep step = step_settings(config_, steps_, lr);
   std::vector<Tensor> updated;
   for (std::size_t k = 0; k < zero_->segments().size(); ++k) {
     const detail::Segment& seg = zero_->segments()[k];
     const Tensor p = zero_->cut(stop_gradient(params[seg.param]), seg), g = zero_->cut(grads[seg.param], seg);
-    updated.push_back(one_step(p, g, m_[k], v_[k], step_settings(config_, steps_, lr, params[seg.param].shape())));
+    updated.push_back(one_step(p, g, m_[k], v_[k], for_param(step, params[seg.param].shape())));
   }
   return zero_->gather(updated);
 }
@@ -86,9 +93,10 @@ std::vector<Tensor> AdamW::step(const std::vector<Tensor>& params, const std::ve
   }
   if (m_.size() != params.size()) fail("AdamW::step", "state for {} parameters, got {}", m_.size(), params.size());
   ++steps_;
+  const kernels::AdamWStep step = step_settings(config_, steps_, lr);
   std::vector<Tensor> updated;
   for (std::size_t i = 0; i < params.size(); ++i)
-    updated.push_back(one_step(stop_gradient(params[i]), grads[i], m_[i], v_[i], step_settings(config_, steps_, lr, params[i].shape())));
+    updated.push_back(one_step(stop_gradient(params[i]), grads[i], m_[i], v_[i], for_param(step, params[i].shape())));
   return updated;
 }
 
