@@ -5,8 +5,9 @@
 // backward, optimizer) and steps as enclosing slices.
 //
 // Off, every hook costs one relaxed atomic load. The recorder is process-wide: under mpirun each
-// process writes its own file (pid = rank) on the same clock (CLOCK_MONOTONIC, shared by the
-// processes of a node), and scripts/trace_breakdown.py --merge joins them.
+// process writes its own file (pid = rank) on process 0's clock (CLOCK_MONOTONIC, shared by the
+// processes of a node; a process on another host shifts its timestamps by set_clock_offset), and
+// scripts/trace_breakdown.py --merge joins them.
 #include <atomic>
 #include <cstdint>
 #include <string>
