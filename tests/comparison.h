@@ -83,6 +83,17 @@ inline void require_close(const std::vector<double>& got, const std::vector<doub
   require_close<double, double>(got, want, tol);
 }
 
+// As require_close, for results that hold NaN by design (ops over NaN inputs): a NaN where want has
+// a NaN counts as no error; a NaN on one side only is still an infinite error.
+template <typename G, typename W>
+void require_close_nan_matching(const std::vector<G>& got, const std::vector<W>& want, double tol) {
+  std::vector<double> g(got.begin(), got.end()), w(want.begin(), want.end());
+  if (g.size() == w.size())
+    for (std::size_t i = 0; i < g.size(); ++i)
+      if (std::isnan(g[i]) && std::isnan(w[i])) g[i] = w[i] = 0;
+  require_close(g, w, tol);
+}
+
 // For results of long sums (GEMM, attention) whose elements may lie near zero: each element's
 // error relative to the larger of |want| and the reference's root mean square, so an element that
 // cancels to near zero is not held to a bound its rounding cannot meet, while a wrong element (a
