@@ -307,7 +307,9 @@ TEST_CASE("resume (--resume) compares the run's settings and names what differs"
   replace_file(weights, bytes);
   auto more = resumed([](auto& o) { o.steps = 8, o.allow_extend_steps = true; });
   REQUIRE_THROWS_WITH(gptj::train(more, corpus()), Contains(weights) && Contains("checksum"));
-  REQUIRE_THROWS_WITH(gptj::sample(gptj::SampleOptions{.ckpt_dir = dir}), Contains(weights));
+  gptj::SampleOptions sample;
+  sample.ckpt_dir = dir;
+  REQUIRE_THROWS_WITH(gptj::sample(sample), Contains(weights));
   std::filesystem::remove_all(dir);
 }
 
