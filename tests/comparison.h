@@ -83,6 +83,17 @@ inline void require_close(const std::vector<double>& got, const std::vector<doub
   require_close<double, double>(got, want, tol);
 }
 
+// As require_close, for results that hold NaN by design (ops over NaN inputs): a NaN where want has
+// a NaN counts as no error; a NaN on one side only is still an infinite error.
+template <typename G, typename W>
+void require_close_nan_matching(const std::vector<G>& got, const std::vector<W>& want, double tol) {
+  std::vector<double> g(got.begin(), got.end()), w(want.begin(), want.end());
+  if (g.size() == w.size())
+    for (std::size_t i = 0; i < g.size(); ++i)
+      if (std::isnan(g[i]) && std::isnan(w[i])) g[i] = w[i] = 0;
+  require_close(g, w, tol);
+}
+
 // For results of long sums (GEMM, attention) whose elements may lie near zero: each element's
 // error relative to the larger of |want| and the reference's root mean square, so an element that
 // cancels to near zero is not held to a bound its rounding cannot meet, while a wrong element (a
@@ -116,14 +127,25 @@ inline double accumulated_tolerance(DType dtype, std::int64_t reduction_length) 
   return tolerance_for(DType::f32, reduction_length) + (dtype == DType::f32 ? 0.0 : tolerance_for(dtype));
 }
 
-// CHECKs (not REQUIREs: a kernel test goes on to its other outputs) every element within tol.
+// CHECKs (not REQUIREs: a kernel test goes on to its other outputs) that `worst` is within tol,
+// saying which element it is when not.
+inline void check_within(const Mismatch& worst, std::size_t size, double tol, const std::string& what) {
+  INFO(what << ": worst element " << worst.index << " of " << size << ": got " << worst.got << ", want " << worst.want
+            << ", error " << worst.error << " (tolerance " << tol << ")");
+  CHECK(worst.error <= tol);
+}
+
+// Every element within tol (element_error: relative above 1, absolute near zero), as a CHECK.
+template <typename G>
+void check_close(const std::vector<G>& got, const std::vector<double>& want, double tol, const std::string& what) {
+  check_within(worst_element(got, want), want.size(), tol, what);
+}
+
+// Every element within tol of the reference's scale (worst_element_scaled), as a CHECK.
 template <typename G>
 void check_close_scaled(const std::vector<G>& got, const std::vector<double>& want, double tol, const std::string& what,
                         const std::vector<std::int64_t>* where = nullptr) {
-  const Mismatch worst = worst_element_scaled(got, want, where);
-  INFO(what << ": worst element " << worst.index << " of " << want.size() << ": got " << worst.got << ", want " << worst.want
-            << ", error " << worst.error << " (tolerance " << tol << ")");
-  CHECK(worst.error <= tol);
+  check_within(worst_element_scaled(got, want, where), want.size(), tol, what);
 }
 
 }  // namespace nax::testing

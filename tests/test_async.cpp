@@ -51,17 +51,6 @@ void require_same(Runtime& rt, Start start, Block block) {
   }
 }
 
-// Largest relative difference, for use on device threads (no Catch macros: they are not thread-safe).
-double rel_error(const std::vector<double>& got, const std::vector<double>& want) {
-  if (got.size() != want.size()) return INFINITY;
-  double worst = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double e = std::abs(got[i] - want[i]) / std::max(1.0, std::abs(want[i]));
-    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
-  }
-  return worst;
-}
-
 const std::vector<std::string> kMeshes{"mp=1", "mp=4", "dp=2,mp=2", "mp=4,dp=1"};
 
 }  // namespace
@@ -131,7 +120,7 @@ TEST_CASE("several starts in flight over one group and over others, waited in an
     for (auto [got, want] : {std::pair{shifted.wait(), ppermute(x, "mp", ring(2))}, std::pair{summed.wait(), psum(x, "mp")},
                              std::pair{scattered.wait(), psum_scatter(x, {"dp", "mp"}, "a")},
                              std::pair{gathered.wait(), all_gather(x, "dp", "b")}})
-      diffs.push_back(rel_error(got.to_vector<double>(), want.to_vector<double>()));
+      diffs.push_back(nax::testing::max_rel_error(got.to_vector<double>(), want.to_vector<double>()));
     NAX_EXPECT(local.defined());
     return diffs;
   });
@@ -182,7 +171,7 @@ TEST_CASE("gradients of started and blocking collectives agree", "[mesh][async][
     double worst = 0;
     for (std::size_t i = 0; i < 2; ++i) {
       NAX_EXPECT(g_started[i].vary() == g_blocking[i].vary());
-      worst = std::max(worst, rel_error(g_started[i].to_vector<double>(), g_blocking[i].to_vector<double>()));
+      worst = std::max(worst, nax::testing::max_rel_error(g_started[i].to_vector<double>(), g_blocking[i].to_vector<double>()));
     }
     return worst;
   });

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 
+#include "files.h"
 #include "helpers.h"
 
 using namespace nax;
@@ -18,22 +19,9 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string scratch(const std::string& name) {
-  auto dir = fs::temp_directory_path() / fmt::format("nax_test_ckpt_{}_{}", name, ::getpid());
-  fs::remove_all(dir);
+  const std::string dir = testing::scratch_dir("ckpt_" + name);
   fs::create_directories(dir);
-  return dir.string();
-}
-
-std::string bytes_of(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// A new file each time: rewriting one by truncation makes ext4 flush it (auto_da_alloc), slowly.
-void put(const std::string& path, const std::string& bytes) {
-  fs::remove(path);
-  std::ofstream out(path, std::ios::binary);
-  out << bytes;
+  return dir;
 }
 
 // A file with this header text (which must hold "nax.checksum":"0000000000000000") and data, its
@@ -87,18 +75,18 @@ TEST_CASE("checkpoint: safetensors round trip of every dtype, one tensor at a ti
 TEST_CASE("checkpoint: one changed byte anywhere in a file is refused by the checksum", "[unit][checkpoint][errors]") {
   const std::string dir = scratch("checksum"), path = dir + "/t.safetensors";
   save_safetensors(path, {{"w", random_normal(Shape{{"a", 8}}, 1, "w")}, {"i", arange({"n", 3}, DType::i32)}});
-  const std::string good = bytes_of(path);
+  const std::string good = testing::file_bytes(path);
   for (std::size_t at = 0; at < good.size(); ++at) {
     std::string bad = good;
     bad[at] = static_cast<char>(bad[at] ^ 0x01);
-    put(path, bad);
+    testing::replace_file(path, bad);
     INFO("byte " << at << " of " << good.size());
     REQUIRE_THROWS_AS(SafetensorsReader(path), Error);
   }
   // A header edit that stays valid JSON (a dtype, a dim) is caught by the checksum too.
   std::string edited = good;
   edited.replace(edited.find("\"I32\""), 5, "\"F32\"");
-  put(path, edited);
+  testing::replace_file(path, edited);
   REQUIRE_THROWS_WITH(SafetensorsReader(path), Contains("fails its checksum") && Contains(path));
   fs::remove_all(dir);
 }
@@ -133,7 +121,7 @@ TEST_CASE("checkpoint: malformed headers are refused naming the file and the fie
       {"truncated length", std::string("\x02\x00", 2), "fewer than the 8"},
   };
   for (const auto& c : cases) {
-    put(path, c.file);
+    testing::replace_file(path, c.file);
     INFO(c.what);
     REQUIRE_THROWS_WITH(SafetensorsReader(path), Contains(c.expected) && Contains(path));
   }
@@ -153,7 +141,7 @@ TEST_CASE("checkpoint: step folders are committed whole, pruned, verified, and t
   ::waitpid(child, nullptr, 0);
   const std::string stale = fmt::format("{}/step_000001.tmp.{}", dir, child);
   fs::create_directories(stale);
-  put(stale + "/model.safetensors", "half");
+  testing::replace_file(stale + "/model.safetensors", "half");
   {
     RunFolder run(dir);
     REQUIRE_FALSE(fs::exists(stale));
@@ -172,13 +160,13 @@ TEST_CASE("checkpoint: step folders are committed whole, pruned, verified, and t
     // A second writer on the same folder is refused, naming the holder.
     REQUIRE_THROWS_WITH(RunFolder(dir), Contains(fmt::format("in use by another writer (pid {})", ::getpid())));
 
-    std::string info = bytes_of(folder + "/info.json");
-    put(folder + "/info.json", "{ }");
+    std::string info = testing::file_bytes(folder + "/info.json");
+    testing::replace_file(folder + "/info.json", "{ }");
     REQUIRE_THROWS_WITH(verify_step_folder(folder), Contains("info.json") && Contains("has 3 bytes, its manifest says 2"));
-    put(folder + "/info.json", "[]");
+    testing::replace_file(folder + "/info.json", "[]");
     REQUIRE_THROWS_WITH(verify_step_folder(folder), Contains("info.json") && Contains("fails its checksum"));
-    put(folder + "/info.json", info);
-    put(folder + "/extra", "x");
+    testing::replace_file(folder + "/info.json", info);
+    testing::replace_file(folder + "/extra", "x");
     REQUIRE_THROWS_WITH(verify_step_folder(folder), Contains("'extra', which its manifest does not list"));
     fs::remove(folder + "/extra");
     fs::remove(folder + "/info.json");
@@ -229,7 +217,7 @@ TEST_CASE("checkpoint: mutation fuzzer, thousands of damaged files, no crash and
   save_safetensors(path, {{"a", random_normal(Shape{{"x", 3}, {"y", 2}}, 1, "a")}, {"b", arange({"n", 4}, DType::i32)},
                           {"c", cast(random_normal(Shape{{"z", 5}}, 1, "c"), DType::bf16)}},
                    {{"adam_steps", "3"}});
-  const std::string good = bytes_of(path);
+  const std::string good = testing::file_bytes(path);
   std::uint64_t header_length = 0;
   for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | static_cast<unsigned char>(good[static_cast<std::size_t>(i)]);
   const std::string header = good.substr(8, header_length), data = good.substr(8 + header_length);
@@ -269,7 +257,7 @@ TEST_CASE("checkpoint: mutation fuzzer, thousands of damaged files, no crash and
       }
       file = sealed(h, d);
     }
-    put(path, file);
+    testing::replace_file(path, file);
     try {
       SafetensorsReader reader(path);
       for (const auto& t : reader.tensors()) reader.read(t.name);

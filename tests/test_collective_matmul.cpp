@@ -22,17 +22,6 @@ Tensor loss_of(Shard& s, const std::vector<Tensor>& p, bool overlap) {
   return psum(sum(y * y, {"rows", "ffn"}), "mp");
 }
 
-// Largest relative difference, for use on device threads (no Catch macros: they are not thread-safe).
-double rel_error(const std::vector<double>& got, const std::vector<double>& want) {
-  if (got.size() != want.size()) return INFINITY;
-  double worst = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double e = std::abs(got[i] - want[i]) / std::max(1.0, std::abs(want[i]));
-    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
-  }
-  return worst;
-}
-
 const AxisRules kRules{{"ffn", "mp"}};
 
 }  // namespace
@@ -74,7 +63,7 @@ TEST_CASE("collective matmul: gradients match finite differences and the blockin
       auto a = value_and_grad([&](const std::vector<Tensor>& q) { return loss_of(s, q, true); }, p).second;
       auto b = value_and_grad([&](const std::vector<Tensor>& q) { return loss_of(s, q, false); }, p).second;
       double e = 0;
-      for (std::size_t i = 0; i < 2; ++i) e = std::max(e, rel_error(a[i].to_vector<double>(), b[i].to_vector<double>()));
+      for (std::size_t i = 0; i < 2; ++i) e = std::max(e, nax::testing::max_rel_error(a[i].to_vector<double>(), b[i].to_vector<double>()));
       return e;
     });
     for (double e : worst) REQUIRE(e <= 1e-12);

@@ -61,6 +61,18 @@ TEST_CASE("require_close fails on a NaN in a tensor", "[unit][comparison][!shoul
   nax::testing::require_close(t, std::vector<double>{1.0, 2.0}, 1e300);
 }
 
+TEST_CASE("require_close_nan_matching accepts NaN against NaN", "[unit][comparison]") {
+  nax::testing::require_close_nan_matching(std::vector<double>{1.0, kNaN, -kInf}, std::vector<double>{1.0, kNaN, -kInf}, 0);
+}
+
+TEST_CASE("require_close_nan_matching fails on a NaN against a number", "[unit][comparison][!shouldfail]") {
+  nax::testing::require_close_nan_matching(std::vector<double>{1.0, kNaN}, std::vector<double>{1.0, 2.0}, 1e300);
+}
+
+TEST_CASE("require_close_nan_matching fails on a number against a NaN", "[unit][comparison][!shouldfail]") {
+  nax::testing::require_close_nan_matching(std::vector<double>{1.0, 2.0}, std::vector<double>{1.0, kNaN}, 1e300);
+}
+
 TEST_CASE("the scaled comparison of long sums: near-zero elements against the RMS, NaNs and bad tiles fail", "[unit][comparison]") {
   using nax::testing::worst_element_scaled;
   const std::vector<double> want{100.0, -100.0, 1e-9, 100.0};

@@ -15,6 +15,7 @@
 
 #include "checkpoint.h"
 #include "comparison.h"
+#include "files.h"
 #include "hf_export.h"
 #include "model.h"
 #include "train.h"
@@ -28,27 +29,13 @@ namespace {
 const std::string kFixture = NAX_HF_FIXTURES;
 const std::string kTokenizer = NAX_TOKENIZER_FIXTURES "/tokenizer.json";
 
-std::string scratch(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / fmt::format("nax_test_hf_{}_{}", name, ::getpid());
-  fs::remove_all(dir);
-  return dir.string();
-}
+std::string scratch(const std::string& name) { return testing::scratch_dir("hf_" + name); }
 
 // A copy of the fixture folder to damage.
 std::string fixture_copy(const std::string& name) {
   const std::string dir = scratch(name);
   fs::copy(kFixture, dir);
   return dir;
-}
-
-std::string text_of(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  fs::remove(path);
-  std::ofstream(path, std::ios::binary) << text;
 }
 
 // The model's logits for `ids` on `mesh`, [tokens x vocab] flattened.
@@ -86,7 +73,7 @@ TEST_CASE("A Hugging Face GPT-J folder (F16, two shards) gives transformers' log
   REQUIRE(files.weights.find("lm_head.weight")->f16);
 
   const checkpoint::SafetensorsReader reference(kFixture + "/logits.safetensors", checkpoint::ChecksumPolicy::if_present);
-  const auto prompts = nlohmann::json::parse(text_of(kFixture + "/prompts.json"));
+  const auto prompts = nlohmann::json::parse(testing::file_bytes(kFixture + "/prompts.json"));
   const auto tokenizer = text::BpeTokenizer::from_file(kTokenizer);
   for (std::size_t k = 0; k < prompts.size(); ++k) {
     const auto ids = reference.read(fmt::format("ids.{}", k)).to_vector<std::int32_t>();
@@ -111,19 +98,19 @@ TEST_CASE("Hugging Face folders: pickles, broken indexes, missing, extra and ill
   {
     const std::string dir = scratch("pickle");
     fs::create_directories(dir);
-    write_text(dir + "/config.json", text_of(kFixture + "/config.json"));
-    write_text(dir + "/pytorch_model.bin", "PK not read");
+    testing::replace_file(dir + "/config.json", testing::file_bytes(kFixture + "/config.json"));
+    testing::replace_file(dir + "/pytorch_model.bin", "PK not read");
     REQUIRE_THROWS_WITH(gptj::open_model(dir), Contains("pytorch_model.bin") && Contains("save_pretrained(OUT_DIR, safe_serialization=True)"));
     fs::remove_all(dir);
   }
   const std::string index_name = "/model.safetensors.index.json";
-  const auto index = nlohmann::json::parse(text_of(kFixture + index_name));
+  const auto index = nlohmann::json::parse(testing::file_bytes(kFixture + index_name));
   const std::string first = "model-00001-of-00002.safetensors", second = "model-00002-of-00002.safetensors";
   auto with_index = [&](const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
     const std::string dir = fixture_copy(name);
     auto j = index;
     edit(j);
-    write_text(dir + index_name, j.dump());
+    testing::replace_file(dir + index_name, j.dump());
     return dir;
   };
   const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> broken{
@@ -148,8 +135,8 @@ TEST_CASE("Hugging Face folders: pickles, broken indexes, missing, extra and ill
   }
   {  // a shard that lost its last bytes
     const std::string dir = fixture_copy("truncated");
-    const std::string bytes = text_of(dir + "/" + second);
-    write_text(dir + "/" + second, bytes.substr(0, bytes.size() - 2));
+    const std::string bytes = testing::file_bytes(dir + "/" + second);
+    testing::replace_file(dir + "/" + second, bytes.substr(0, bytes.size() - 2));
     REQUIRE_THROWS_WITH(gptj::open_model(dir), Contains(second));
     fs::remove_all(dir);
   }
@@ -193,7 +180,7 @@ TEST_CASE("Hugging Face folders: pickles, broken indexes, missing, extra and ill
 }
 
 TEST_CASE("config.json of Hugging Face's GPTJConfig: every field honoured or refused by name", "[hf][errors]") {
-  const auto good = nlohmann::json::parse(text_of(kFixture + "/config.json"));
+  const auto good = nlohmann::json::parse(testing::file_bytes(kFixture + "/config.json"));
   REQUIRE(gptj::config_from_json(good.dump(), "c.json").vocab == 1024);
   auto with = [&](const std::string& field, const std::string& value) {
     auto j = good;
@@ -247,7 +234,7 @@ TEST_CASE("F16 is stored and read as IEEE half, rounded to nearest even", "[hf]"
   }
   const checkpoint::SafetensorsReader file(path);
   REQUIRE(checkpoint::safetensors_dtype(*file.find("h")) == "F16");
-  const std::string bytes = text_of(path);
+  const std::string bytes = testing::file_bytes(path);
   const std::size_t data = bytes.size() - static_cast<std::size_t>(n) * 2;
   const auto back = file.read("h").to_vector<float>();
   for (std::size_t i = 0; i < cases.size(); ++i) {
@@ -296,7 +283,7 @@ TEST_CASE("Fine-tuning the Hugging Face fixture for a few steps lowers the held-
   fs::create_directories(dir);
   std::string text;
   for (int i = 0; i < 120; ++i) text += fmt::format("The quick brown fox jumps over the lazy dog, {} times. It's {} o'clock.\n", i % 9, i % 12);
-  write_text(dir + "/data.txt", text);
+  testing::replace_file(dir + "/data.txt", text);
   gptj::TrainOptions o;
   o.init_from = kFixture, o.tokenizer = kTokenizer, o.data = {dir + "/data.txt"}, o.token_cache = dir;
   o.mesh = "dp=2,mp=2", o.steps = 12, o.batch = 4, o.seq = 32, o.lr = 3e-3, o.warmup = 2, o.eval_every = 0, o.eval_batches = 2, o.quiet = true;
@@ -341,9 +328,9 @@ TEST_CASE("Sampling a Hugging Face folder: top-p, stop at end-of-text, a batch o
   const auto& last = rows.back();
   const auto best = std::max_element(last.begin(), last.begin() + 1001) - last.begin();
   const std::string eos_dir = fixture_copy("eos");
-  auto config = nlohmann::json::parse(text_of(eos_dir + "/config.json"));
+  auto config = nlohmann::json::parse(testing::file_bytes(eos_dir + "/config.json"));
   config["eos_token_id"] = best;
-  write_text(eos_dir + "/config.json", config.dump());
+  testing::replace_file(eos_dir + "/config.json", config.dump());
   first.ckpt_dir = eos_dir;
   REQUIRE(gptj::sample(first).empty());
   first.stop_at_eos = false;

@@ -13,6 +13,7 @@ using nax::testing::check_gradients;
 using nax::testing::check_mesh_gradients;
 using nax::testing::for_each_index;
 using nax::testing::random_input;
+using nax::testing::require_close_nan_matching;
 using nax::testing::weighted_sum;
 using Catch::Matchers::Contains;
 
@@ -385,11 +386,7 @@ TEST_CASE("on a device without the row kernels (as CUDA) the composed ops give t
   REQUIRE(on_cpu.size() == on_remote.size());
   for (std::size_t i = 0; i < on_cpu.size(); ++i) {
     INFO("result " << i);
-    REQUIRE(on_cpu[i].size() == on_remote[i].size());
-    for (std::size_t j = 0; j < on_cpu[i].size(); ++j) {
-      const double a = on_cpu[i][j], b = on_remote[i][j];
-      REQUIRE((a == b || (std::isnan(a) && std::isnan(b)) || std::abs(a - b) <= 1e-12 * std::max(1.0, std::abs(a))));
-    }
+    require_close_nan_matching(on_remote[i], on_cpu[i], 1e-12);
   }
 }
 
@@ -425,11 +422,7 @@ TEST_CASE("argmax, argmin, top_k and cumsum along an axis cut over mesh axes equ
                                                     top_k(y, "v", 12).indices.to_vector<double>()};
     for (std::size_t i = 0; i < expected.size(); ++i) {
       INFO("result " << i);
-      REQUIRE(got[i].size() == expected[i].size());
-      for (std::size_t j = 0; j < got[i].size(); ++j) {
-        const double a = got[i][j], b = expected[i][j];
-        REQUIRE((a == b || (std::isnan(a) && std::isnan(b)) || std::abs(a - b) <= 1e-12 * std::max(1.0, std::abs(b))));
-      }
+      require_close_nan_matching(got[i], expected[i], 1e-12);
     }
     REQUIRE(got[0][2] == 3);
     check_mesh_gradients(rt, [&](Shard& s, const std::vector<Tensor>& p) {

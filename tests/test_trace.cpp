@@ -170,11 +170,14 @@ TEST_CASE("trace: a clock offset to process 0 shifts every timestamp and is reco
     // Written on process 0's clock: this process's time minus the offset.
     CHECK(ts_us >= (before - offset) / 1e3 - 1e-3);
     (offset == 0 ? unshifted : shifted) = ts_us - before / 1e3;
+    int records = 0;
     for (const auto& e : t["traceEvents"])
       if (e["ph"] == "M" && e["name"] == "process_name") {
+        ++records;
         CHECK(e["args"]["clock_offset_us"].get<double>() == Approx(offset / 1e3));
         CHECK(e["args"]["measured_clock_offset_us"].get<double>() == Approx((offset + 250) / 1e3));
       }
+    REQUIRE(records == 1);  // else the checks above checked nothing
   }
   CHECK(unshifted - shifted == Approx(7e6).margin(1e3));  // 7 s, to within 1 ms of scheduling
   trace::set_clock_offset(0, 0);
