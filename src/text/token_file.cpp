@@ -2,11 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "nax/checkpoint/files.h"
 #include "nax/core/error.h"
@@ -73,20 +71,7 @@ void write_token_file(const std::string& path, const std::vector<std::int32_t>& 
     }
   }
   // Atomic: readers see the old file or the whole new one, never a part.
-  const std::string temporary = fmt::format("{}.tmp{}", path, static_cast<long long>(std::chrono::steady_clock::now().time_since_epoch().count()));
-  {
-    std::ofstream f(temporary, std::ios::binary | std::ios::trunc);
-    if (!f) fail("token file", "cannot write '{}'", temporary);
-    f.write(out.data(), static_cast<std::streamsize>(out.size()));
-    f.flush();
-    if (!f) fail("token file", "cannot write '{}' (disk full?)", temporary);
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) {
-    std::filesystem::remove(temporary, error);
-    fail("token file", "cannot rename the new file to '{}'", path);
-  }
+  checkpoint::write_file_atomically(path, out);
 }
 
 TokenFile read_token_file(const std::string& path) {
