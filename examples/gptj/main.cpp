@@ -74,6 +74,21 @@ double to_double(const std::string& flag, const std::string& v) {
 }
 
 
+// Handlers that store a flag's value in a field.
+Handler set(std::string& field) {
+  return [&field](const std::string& v) { field = v; };
+}
+template <typename T>
+Handler set_int(const char* flag, T& field) {
+  return [flag, &field](const std::string& v) { field = static_cast<T>(to_int(flag, v)); };
+}
+Handler set_double(const char* flag, double& field) {
+  return [flag, &field](const std::string& v) { field = to_double(flag, v); };
+}
+Handler set_true(bool& field) {
+  return [&field](const std::string&) { field = true; };
+}
+
 // --trace FILE: records the command's timeline and writes it at the end (nax/trace.h; under mpirun
 // one file per process, FILE.rank<r>.json).
 class TraceFile {
@@ -102,16 +117,16 @@ class TraceFile {
 // The flags that say what to train on, shared by train, compare and export.
 std::map<std::string, Handler> run_flags(gptj::TrainOptions& o, std::map<std::string, Handler> more) {
   std::map<std::string, Handler> flags{
-      {"--config", [&o](const std::string& v) { o.config = v; }},
+      {"--config", set(o.config)},
       {"--backend", [&o](const std::string& v) { o.backend = nax::parse_backend(v); }},
-      {"--mesh", [&o](const std::string& v) { o.mesh = v; }},
+      {"--mesh", set(o.mesh)},
       {"--data", [&o](const std::string& v) { o.data.push_back(v); }},
-      {"--steps", [&o](const std::string& v) { o.steps = to_int("--steps", v); }},
-      {"--batch", [&o](const std::string& v) { o.batch = to_int("--batch", v); }},
-      {"--seq", [&o](const std::string& v) { o.seq = to_int("--seq", v); }},
-      {"--lr", [&o](const std::string& v) { o.lr = to_double("--lr", v); }},
-      {"--warmup", [&o](const std::string& v) { o.warmup = to_int("--warmup", v); }},
-      {"--seed", [&o](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }}};
+      {"--steps", set_int("--steps", o.steps)},
+      {"--batch", set_int("--batch", o.batch)},
+      {"--seq", set_int("--seq", o.seq)},
+      {"--lr", set_double("--lr", o.lr)},
+      {"--warmup", set_int("--warmup", o.warmup)},
+      {"--seed", set_int("--seed", o.seed)}};
   flags.merge(more);
   return flags;
 }
@@ -189,24 +204,24 @@ int run_train(int argc, char** argv) {
   TraceFile trace;
   parse_flags(argc, argv, 2,
               run_flags(o, {{"--trace", trace.flag()},
-                            {"--micro-batches", [&](const std::string& v) { o.micro_batches = to_int("--micro-batches", v); }},
-                            {"--ckpt-dir", [&](const std::string& v) { o.ckpt_dir = v; }},
-                            {"--save-every", [&](const std::string& v) { o.save_every = to_int("--save-every", v); }},
-                            {"--keep", [&](const std::string& v) { o.keep = to_int("--keep", v); }},
-                            {"--stop-after", [&](const std::string& v) { o.stop_after = to_int("--stop-after", v); }},
-                            {"--eval-every", [&](const std::string& v) { o.eval_every = to_int("--eval-every", v); }},
-                            {"--metrics", [&](const std::string& v) { o.metrics = v; }},
-                            {"--sharding", [&](const std::string& v) { o.sharding = v; }},
+                            {"--micro-batches", set_int("--micro-batches", o.micro_batches)},
+                            {"--ckpt-dir", set(o.ckpt_dir)},
+                            {"--save-every", set_int("--save-every", o.save_every)},
+                            {"--keep", set_int("--keep", o.keep)},
+                            {"--stop-after", set_int("--stop-after", o.stop_after)},
+                            {"--eval-every", set_int("--eval-every", o.eval_every)},
+                            {"--metrics", set(o.metrics)},
+                            {"--sharding", set(o.sharding)},
                             {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }},
-                            {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }},
-                            {"--init-from", [&](const std::string& v) { o.init_from = v; }},
-                            {"--token-cache", [&](const std::string& v) { o.token_cache = v; }}}),
+                            {"--tokenizer", set(o.tokenizer)},
+                            {"--init-from", set(o.init_from)},
+                            {"--token-cache", set(o.token_cache)}}),
               train_help,
-              {{"--resume", [&](const std::string&) { o.resume = true; }},
-               {"--allow-extend-steps", [&](const std::string&) { o.allow_extend_steps = true; }},
-               {"--remat", [&](const std::string&) { o.remat = true; }},
-               {"--zero", [&](const std::string&) { o.zero = true; }},
-               {"--quiet", [&](const std::string&) { o.quiet = true; }}});
+              {{"--resume", set_true(o.resume)},
+               {"--allow-extend-steps", set_true(o.allow_extend_steps)},
+               {"--remat", set_true(o.remat)},
+               {"--zero", set_true(o.zero)},
+               {"--quiet", set_true(o.quiet)}});
   if (!o.init_from.empty() && std::any_of(argv + 2, argv + argc, [](const char* a) { return std::string_view(a) == "--config"; }))
     nax::fail("gptj", "--config and --init-from: the config comes from '{}/config.json', give one of them", o.init_from);
   gptj::check_options(o);  // before the data is read
@@ -274,15 +289,15 @@ int run_compare(int argc, char** argv) {
   TraceFile trace;
   parse_flags(argc, argv, 2,
               run_flags(o, {{"--trace", trace.flag()},
-                            {"--warmup-steps", [&](const std::string& v) { c.timing_skip = to_int("--warmup-steps", v); }},
-                            {"--json", [&](const std::string& v) { c.json = v; }},
-                            {"--cost-model", [&](const std::string& v) { c.cost_model = v; }},
-                            {"--mfu", [&](const std::string& v) { c.projected_mfu = to_double("--mfu", v); }},
+                            {"--warmup-steps", set_int("--warmup-steps", c.timing_skip)},
+                            {"--json", set(c.json)},
+                            {"--cost-model", set(c.cost_model)},
+                            {"--mfu", set_double("--mfu", c.projected_mfu)},
                             {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }}}),
               compare_help,
-              {{"--with-jax", [&](const std::string&) { c.with_jax = true; }},
-               {"--install-jax", [&](const std::string&) { c.install_jax = true; }},
-               {"--quiet", [&](const std::string&) { o.quiet = true; }}});
+              {{"--with-jax", set_true(c.with_jax)},
+               {"--install-jax", set_true(c.install_jax)},
+               {"--quiet", set_true(o.quiet)}});
   gptj::check_options(o);
   if (c.timing_skip < 0 || c.timing_skip >= o.steps) nax::fail("gptj", "--warmup-steps must be at least 0 and below --steps ({})", o.steps);
   if (c.projected_mfu <= 0 || c.projected_mfu > 1) nax::fail("gptj", "--mfu must be in (0, 1]");
@@ -297,7 +312,7 @@ int run_compare(int argc, char** argv) {
 int run_export(int argc, char** argv) {
   gptj::ExportOptions e;
   gptj::TrainOptions& o = e.train;
-  parse_flags(argc, argv, 2, run_flags(o, {{"--out", [&](const std::string& v) { e.out = v; }}}), export_help);
+  parse_flags(argc, argv, 2, run_flags(o, {{"--out", set(e.out)}}), export_help);
   if (e.out.empty()) nax::fail("gptj", "export needs --out DIR");
   gptj::check_options(o);
   gptj::export_run(e, gptj::TextData::load(o.data));
@@ -308,10 +323,10 @@ int run_export(int argc, char** argv) {
 int run_logits(int argc, char** argv) {
   gptj::SampleOptions o;
   parse_flags(argc, argv, 2,
-              {{"--ckpt", [&](const std::string& v) { o.ckpt_dir = v; }},
-               {"--mesh", [&](const std::string& v) { o.mesh = v; }},
-               {"--prompt", [&](const std::string& v) { o.prompt = v; }},
-               {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }}},
+              {{"--ckpt", set(o.ckpt_dir)},
+               {"--mesh", set(o.mesh)},
+               {"--prompt", set(o.prompt)},
+               {"--tokenizer", set(o.tokenizer)}},
               [] { fmt::print("usage: gptj logits --ckpt DIR --prompt TEXT [--mesh SPEC] [--tokenizer FILE]\nPrints the logits of every prompt position as JSON.\n"); });
   const auto rows = gptj::prompt_logits(o);
   if (nax::process_index() != 0) return 0;
@@ -324,19 +339,19 @@ int run_logits(int argc, char** argv) {
 int run_tokenize(int argc, char** argv) {
   gptj::TokenizeOptions o;
   parse_flags(argc, argv, 2,
-              {{"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }},
+              {{"--tokenizer", set(o.tokenizer)},
                {"--text",
                 [&](const std::string& v) {
                   o.text = v;
                   o.has_text = true;
                 }},
-               {"--data", [&](const std::string& v) { o.data = v; }},
-               {"--out", [&](const std::string& v) { o.out = v; }}},
+               {"--data", set(o.data)},
+               {"--out", set(o.out)}},
               [] {
                 fmt::print("usage: gptj tokenize --tokenizer tokenizer.json (--text TEXT | --data FILE [--out FILE.tokens]) [--quiet]\n"
                            "--text prints the ids as JSON; --data writes a token file (docs/tokenizer.md).\n");
               },
-              {{"--quiet", [&](const std::string&) { o.quiet = true; }}});
+              {{"--quiet", set_true(o.quiet)}});
   gptj::tokenize_command(o);
   return 0;
 }
@@ -344,9 +359,9 @@ int run_tokenize(int argc, char** argv) {
 int run_convert(int argc, char** argv) {
   gptj::ConvertOptions o;
   parse_flags(argc, argv, 2,
-              {{"--ckpt", [&](const std::string& v) { o.from = v; }},
-               {"--out", [&](const std::string& v) { o.out = v; }},
-               {"--dtype", [&](const std::string& v) { o.dtype = v; }},
+              {{"--ckpt", set(o.from)},
+               {"--out", set(o.out)},
+               {"--dtype", set(o.dtype)},
                {"--max-file-mb",
                 [&](const std::string& v) {
                   const double mb = to_double("--max-file-mb", v);
@@ -370,21 +385,21 @@ int run_sample(int argc, char** argv) {
   gptj::SampleOptions o;
   TraceFile trace;
   parse_flags(argc, argv, 2,
-              {{"--ckpt", [&](const std::string& v) { o.ckpt_dir = v; }},
+              {{"--ckpt", set(o.ckpt_dir)},
                {"--trace", trace.flag()},
                {"--backend", [&](const std::string& v) { o.backend = nax::parse_backend(v); }},
-               {"--mesh", [&](const std::string& v) { o.mesh = v; }},
+               {"--mesh", set(o.mesh)},
                {"--prompt", [&](const std::string& v) { o.prompts.push_back(v); }},
                {"--prompts",
                 [&](const std::string& v) {
                   for (auto& p : gptj::read_prompts(v)) o.prompts.push_back(std::move(p));
                 }},
-               {"--tokens", [&](const std::string& v) { o.tokens = to_int("--tokens", v); }},
-               {"--temperature", [&](const std::string& v) { o.temperature = to_double("--temperature", v); }},
-               {"--top-k", [&](const std::string& v) { o.top_k = to_int("--top-k", v); }},
-               {"--top-p", [&](const std::string& v) { o.top_p = to_double("--top-p", v); }},
-               {"--seed", [&](const std::string& v) { o.seed = static_cast<std::uint64_t>(to_int("--seed", v)); }},
-               {"--tokenizer", [&](const std::string& v) { o.tokenizer = v; }}},
+               {"--tokens", set_int("--tokens", o.tokens)},
+               {"--temperature", set_double("--temperature", o.temperature)},
+               {"--top-k", set_int("--top-k", o.top_k)},
+               {"--top-p", set_double("--top-p", o.top_p)},
+               {"--seed", set_int("--seed", o.seed)},
+               {"--tokenizer", set(o.tokenizer)}},
               sample_help, {{"--ignore-eos", [&](const std::string&) { o.stop_at_eos = false; }}});
   trace.start();
   if (o.prompts.empty()) o.prompts.push_back("");
@@ -402,10 +417,10 @@ int run_sample(int argc, char** argv) {
 int run_plan(int argc, char** argv) {
   gptj::PlanOptions o;
   parse_flags(argc, argv, 2,
-              {{"--config", [&](const std::string& v) { o.config = v; }},
-               {"--mesh", [&](const std::string& v) { o.mesh = v; }},
-               {"--batch", [&](const std::string& v) { o.batch = to_int("--batch", v); }},
-               {"--seq", [&](const std::string& v) { o.seq = to_int("--seq", v); }},
+              {{"--config", set(o.config)},
+               {"--mesh", set(o.mesh)},
+               {"--batch", set_int("--batch", o.batch)},
+               {"--seq", set_int("--seq", o.seq)},
                {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }},
                {"--device-memory", [&](const std::string& v) { o.device_memory = gptj::parse_bytes(v); }}},
               [] {
@@ -422,7 +437,7 @@ int run_plan(int argc, char** argv) {
                     "  --zero             AdamW's moments cut over dp, as for gptj train\n"
                     "  --device-memory M  e.g. 141GB, 80GiB                             (default 141GB, an H200)\n");
               },
-              {{"--remat", [&](const std::string&) { o.remat = true; }}, {"--zero", [&](const std::string&) { o.zero = true; }}});
+              {{"--remat", set_true(o.remat)}, {"--zero", set_true(o.zero)}});
   fmt::print("{}", gptj::format_plan(o, gptj::plan_memory(o)));
   return 0;
 }

@@ -28,9 +28,12 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o) {
   const double mp = mesh.has("mp") ? mesh.axis_size("mp") : 1;
   DeviceSizes s;
   s.dp = mesh.has("dp") ? mesh.axis_size("dp") : 1;
+  const AxisRules rules = axis_rules(mesh);  // the model's own sharding: vocab, heads and mlp over mp
   for (const auto& spec : parameter_specs(c)) {
-    const bool cut = spec.global.has("vocab") || spec.global.has("heads") || spec.global.has("mlp");
-    const double n = static_cast<double>(spec.global.numel()) / (cut ? mp : 1.0);
+    double n = static_cast<double>(spec.global.numel());
+    for (const auto& axis : spec.global.names())
+      for (const auto& mesh_axis : rules.mesh_axes(axis))
+        if (mesh.has(mesh_axis)) n /= static_cast<double>(mesh.axis_size(mesh_axis));
     s.params += n;
     s.largest = std::max(s.largest, n);
     (spec.name.starts_with("transformer.h.") ? s.block_params : s.head_params) += n;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "checkpoint.h"
 #include "train.h"
@@ -51,16 +52,18 @@ struct Loaded {
   std::vector<nn::ParamSpec> specs;
   Mesh mesh;
   AxisRules rules;
+  std::optional<nax::text::BpeTokenizer> tokenizer;  // read once; none: bytes
 };
 
 Loaded load_for_inference(const SampleOptions& o) {
   if (o.ckpt_dir.empty()) fail("sample", "--ckpt DIR is required");
   const Mesh mesh = Mesh::parse(o.mesh);
-  Loaded m{open_model(o.ckpt_dir), {}, mesh, {}};
+  Loaded m{open_model(o.ckpt_dir), {}, mesh, {}, {}};
   check_fits(m.files.config, m.mesh, m.mesh.has("dp") ? m.mesh.axis_size("dp") : 1);
   m.specs = parameter_specs(m.files.config);
   m.rules = axis_rules(m.mesh);
   m.rules.set("batch", {});  // one sequence, the same on every data-parallel replica
+  if (!o.tokenizer.empty()) m.tokenizer = nax::text::BpeTokenizer::from_file(o.tokenizer);
   return m;
 }
 
@@ -69,18 +72,18 @@ Model model_on(Shard& s, const Loaded& m) {
 }
 
 // The ids the tokenizer (or bytes) can produce, at most the model's vocabulary.
-std::size_t token_ids(const SampleOptions& o, const Loaded& m) {
+std::size_t token_ids(const Loaded& m) {
   const auto rows = static_cast<std::size_t>(m.files.config.vocab);
-  return o.tokenizer.empty() ? std::min<std::size_t>(256, rows) : static_cast<std::size_t>(nax::text::BpeTokenizer::from_file(o.tokenizer).vocab_size());
+  return m.tokenizer ? static_cast<std::size_t>(m.tokenizer->vocab_size()) : std::min<std::size_t>(256, rows);
 }
 
 std::vector<std::int32_t> prompt_tokens(const SampleOptions& o, const std::string& prompt_text, const Loaded& m, std::int64_t generated) {
   const Config& c = m.files.config;
   std::vector<std::int32_t> tokens;
-  if (o.tokenizer.empty()) {
+  if (!m.tokenizer) {
     tokens = encode(prompt_text.empty() ? std::string("\n") : prompt_text);
   } else {
-    const auto tokenizer = nax::text::BpeTokenizer::from_file(o.tokenizer);
+    const auto& tokenizer = *m.tokenizer;
     if (tokenizer.vocab_size() > c.vocab) fail("sample", "tokenizer {} has {} ids, more than the model's vocabulary {}", o.tokenizer, tokenizer.vocab_size(), c.vocab);
     tokens = tokenizer.encode(prompt_text);
     if (tokens.empty()) tokens.push_back(tokenizer.token_to_id("<|endoftext|>").value_or(0));
@@ -91,9 +94,7 @@ std::vector<std::int32_t> prompt_tokens(const SampleOptions& o, const std::strin
   return tokens;
 }
 
-std::string text_of(const SampleOptions& o, const std::vector<std::int32_t>& tokens) {
-  return o.tokenizer.empty() ? decode(tokens) : nax::text::BpeTokenizer::from_file(o.tokenizer).decode(tokens);
-}
+std::string text_of(const Loaded& m, const std::vector<std::int32_t>& tokens) { return m.tokenizer ? m.tokenizer->decode(tokens) : decode(tokens); }
 
 }  // namespace
 
@@ -145,7 +146,7 @@ std::vector<std::string> sample_batch(const SampleOptions& o) {
   const std::vector<std::string> prompts = o.prompts.empty() ? std::vector<std::string>{o.prompt} : o.prompts;
   std::vector<std::vector<std::int32_t>> inputs;
   for (const auto& p : prompts) inputs.push_back(prompt_tokens(o, p, m, o.tokens));  // all checked before any work
-  const std::size_t ids = token_ids(o, m);
+  const std::size_t ids = token_ids(m);
   const bool stop = o.stop_at_eos && !o.tokenizer.empty();
   const auto eos = static_cast<std::int32_t>(m.files.config.eos_token_id);
   const AxisRules& rules = m.rules;
@@ -168,7 +169,7 @@ std::vector<std::string> sample_batch(const SampleOptions& o) {
         generated.push_back(token);
         input = from_vector(Shape{{"batch", 1}, {"seq", 1}}, std::vector<std::int32_t>{token});
       }
-      texts.push_back(text_of(o, generated));
+      texts.push_back(text_of(m, generated));
     }
     return texts;
   })[static_cast<std::size_t>(rt.local_devices().front())];  // the same texts on every device

@@ -96,8 +96,9 @@ struct ResumePoint {
   std::optional<ckpt::SafetensorsReader> model, optimizer;
 };
 
-// The newest committed checkpoint of `dir`, verified and compared with this run before any work.
-ResumePoint open_resume(const TrainOptions& o, const Config& config, const std::vector<nn::ParamSpec>& specs) {
+// The newest committed checkpoint of `dir`, verified and compared with this run (`run`, its
+// run_record) before any work.
+ResumePoint open_resume(const TrainOptions& o, const Config& config, const std::vector<nn::ParamSpec>& specs, const nlohmann::json& run) {
   const auto steps = ckpt::committed_steps(o.ckpt_dir);
   if (steps.empty()) fail("train", "--resume: '{}' holds no committed checkpoint (step_NNNNNN/)", o.ckpt_dir);
   ResumePoint r;
@@ -108,7 +109,7 @@ ResumePoint open_resume(const TrainOptions& o, const Config& config, const std::
   if (saved.name != config.name) fail("checkpoint", "'{}' was trained with config '{}', not '{}'", r.folder, saved.name, config.name);
   r.trainer = trainer_state_from_json(read_file(trainer_path), trainer_path);
   if (r.trainer.step != steps.back()) fail("checkpoint", "'{}': field 'step' is {}, the folder's name says {}", trainer_path, r.trainer.step, steps.back());
-  check_resume(r.trainer.run, run_record(o), o, r.trainer.step, r.folder);
+  check_resume(r.trainer.run, run, o, r.trainer.step, r.folder);
   r.model.emplace(r.folder + "/model.safetensors");
   expect_exactly(*r.model, model_reads(specs));
   r.optimizer.emplace(r.folder + "/optimizer.safetensors");
@@ -227,7 +228,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
   }
   const nlohmann::json run = run_record(o);
   ResumePoint resume;
-  if (o.resume) resume = open_resume(o, config, specs);
+  if (o.resume) resume = open_resume(o, config, specs, run);
   std::ofstream metrics;
   const bool lead_process = process_index() == 0;  // under mpirun, process 0 alone reports and writes
   if (!o.metrics.empty() && lead_process) {

@@ -1,8 +1,5 @@
 #include "nax/text/bpe_tokenizer.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "nax/core/error.h"
 #include "text/tokenizer_impl.h"
 #include "text/utf8.h"
@@ -79,17 +76,9 @@ void encode_level(const BpeTokenizer::Impl& t, std::string_view text, std::size_
   encode_level(t, text.substr(at), offset + at, level + 1, out, progress, reported);
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(fmt::format("tokenizer {}", path), "cannot read the file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 }  // namespace
 
-BpeTokenizer BpeTokenizer::from_file(const std::string& path) { return BpeTokenizer(parse_tokenizer_json(read_file(path), path)); }
+BpeTokenizer BpeTokenizer::from_file(const std::string& path) { return BpeTokenizer(parse_tokenizer_json(read_text_file(path, fmt::format("tokenizer {}", path)), path)); }
 
 BpeTokenizer BpeTokenizer::from_json(std::string_view json, const std::string& source) { return BpeTokenizer(parse_tokenizer_json(json, source)); }
 

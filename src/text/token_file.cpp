@@ -2,14 +2,13 @@
 
 #include <fmt/format.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
+#include "nax/checkpoint/files.h"
 #include "nax/core/error.h"
+#include "text/tokenizer_impl.h"
 
 namespace nax::text {
 namespace {
@@ -24,14 +23,6 @@ std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = 146959810393466560
     h *= 1099511628211ull;
   }
   return h;
-}
-
-std::string read_all(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(what, "cannot read '{}'", path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 template <typename T>
@@ -50,6 +41,16 @@ T get(const std::string& in, std::size_t& at) {
 }
 
 }  // namespace
+
+std::string read_text_file(const std::string& path, std::string_view what) {
+  try {
+    return checkpoint::read_file(path, 1ull << 36);
+  } catch (const Error& e) {
+    std::string_view message = e.what();
+    if (message.starts_with("read_file: ")) message.remove_prefix(11);  // `what` names the op instead
+    fail(what, "{}", message);
+  }
+}
 
 void write_token_file(const std::string& path, const std::vector<std::int32_t>& tokens, std::int64_t vocab_size, std::uint64_t key) {
   const std::uint32_t width = vocab_size <= 65536 ? 2 : 4;
@@ -70,24 +71,11 @@ void write_token_file(const std::string& path, const std::vector<std::int32_t>& 
     }
   }
   // Atomic: readers see the old file or the whole new one, never a part.
-  const std::string temporary = fmt::format("{}.tmp{}", path, static_cast<long long>(std::chrono::steady_clock::now().time_since_epoch().count()));
-  {
-    std::ofstream f(temporary, std::ios::binary | std::ios::trunc);
-    if (!f) fail("token file", "cannot write '{}'", temporary);
-    f.write(out.data(), static_cast<std::streamsize>(out.size()));
-    f.flush();
-    if (!f) fail("token file", "cannot write '{}' (disk full?)", temporary);
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) {
-    std::filesystem::remove(temporary, error);
-    fail("token file", "cannot rename the new file to '{}'", path);
-  }
+  checkpoint::write_file_atomically(path, out);
 }
 
 TokenFile read_token_file(const std::string& path) {
-  const std::string in = read_all(path, "token file");
+  const std::string in = read_text_file(path, "token file");
   if (in.size() < header_bytes || std::memcmp(in.data(), magic, sizeof magic) != 0) fail("token file", "'{}' is not a nax token file", path);
   std::size_t at = sizeof magic;
   TokenFile f;
@@ -107,12 +95,12 @@ TokenFile read_token_file(const std::string& path) {
   return f;
 }
 
-std::uint64_t tokenizer_file_key(const std::string& tokenizer_path) { return fnv1a(read_all(tokenizer_path, "tokenizer")); }
+std::uint64_t tokenizer_file_key(const std::string& tokenizer_path) { return fnv1a(read_text_file(tokenizer_path, "tokenizer")); }
 
 std::vector<std::int32_t> tokenize_file(const BpeTokenizer& tokenizer, std::uint64_t tokenizer_key, const std::string& text_path,
                                         std::string cache_path, const TokenizeProgress& progress) {
   if (cache_path.empty()) cache_path = text_path + ".tokens";
-  const std::string text = read_all(text_path, "tokenize");
+  const std::string text = read_text_file(text_path, "tokenize");
   const std::uint64_t key = fnv1a(text, tokenizer_key);
   if (std::filesystem::exists(cache_path)) {
     try {

@@ -37,4 +37,8 @@ struct BpeTokenizer::Impl {
 // Reads a tokenizer.json's text into an Impl; errors name `source` and the field.
 std::shared_ptr<BpeTokenizer::Impl> parse_tokenizer_json(std::string_view json, const std::string& source);
 
+// A regular file's bytes (nax::checkpoint::read_file: a folder or FIFO is refused, up to 64 GiB);
+// errors start with `what`.
+std::string read_text_file(const std::string& path, std::string_view what);
+
 }  // namespace nax::text
