@@ -13,7 +13,7 @@ The layers, lowest first (docs/architecture.md describes each):
   global    include/nax/global, src/global
   nn        include/nax/nn, src/nn
   checkpoint include/nax/checkpoint.h, include/nax/checkpoint, src/checkpoint (files, safetensors, sharded)
-  text      include/nax/text, src/text (the tokenizer, its own library nax::text; it uses core only)
+  text      include/nax/text, src/text (the tokenizer, its own library nax::text; it uses core and checkpoint's files)
   (all)     include/nax/nax.h, the umbrella header, may include everything.
 
 A file may include its own layer and any layer below it. A new header at include/nax/ must be
