@@ -138,6 +138,16 @@ Tensor transfer(const Tensor& x, const std::shared_ptr<Device>& device) {
   return out;
 }
 
+double content_hash48(const Tensor& x) {
+  const Tensor readable = x.device().host_accessible() ? x : transfer(x, Device::host());
+  constexpr std::uint64_t kPrime = 1099511628211ull;
+  std::uint64_t h = 1469598103934665603ull;
+  const auto* bytes = static_cast<const unsigned char*>(readable.raw());
+  const std::size_t n = static_cast<std::size_t>(readable.numel()) * dtype_size(readable.dtype());
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * kPrime;
+  return static_cast<double>(h >> 16);
+}
+
 Tensor permute_to(const Tensor& x, const std::vector<std::string>& order) {
   if (x.shape().names() == order) return x;
   return transpose(x, order);
