@@ -111,16 +111,16 @@ std::string near_name(const std::string& name, const std::set<std::string>& seen
 }  // namespace
 
 void RulesUse::note(const AxisRules& rules, const Shape& global) {
-  for (const auto& [tensor_axis, mesh_axes] : rules.rules()) rules_[tensor_axis] = fmt::format("{}={}", tensor_axis, fmt::join(mesh_axes, "+"));
+  for (const auto& [tensor_axis, mesh_axes] : rules.rules()) rules_[tensor_axis] = mesh_axes;
   for (const auto& name : global.names()) seen_.insert(name);
 }
 
 void RulesUse::check_all_used() const {
-  for (const auto& [tensor_axis, rule] : rules_) {
+  for (const auto& [tensor_axis, mesh_axes] : rules_) {
     if (seen_.contains(tensor_axis)) continue;
     if (const std::string near = near_name(tensor_axis, seen_); !near.empty())
-      fail("AxisRules", "the rule {} cut nothing in this run: no tensor cut with axis rules carries an axis '{}' (their axes: "
-           "{}); did you mean '{}'?", rule, tensor_axis, fmt::join(seen_, ", "), near);
+      fail("AxisRules", "the rule {}={} cut nothing in this run: no tensor cut with axis rules carries an axis '{}' (their axes: "
+           "{}); did you mean '{}'?", tensor_axis, fmt::join(mesh_axes, "+"), tensor_axis, fmt::join(seen_, ", "), near);
   }
 }
 

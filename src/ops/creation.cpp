@@ -38,9 +38,11 @@ template Tensor from_vector<bf16>(const Shape&, const std::vector<bf16>&, DType)
 
 namespace {
 // Where the elements of a random block come from: local element i (row-major in `local`) is global
-// element index_of(i) of the tensor of shape `global`; runs along the last axis are consecutive.
+// element index_of(i) of the tensor of shape `global`; runs of `run` elements (the trailing axes up
+// to and including the last cut one: the whole block when nothing is cut) are consecutive.
 struct BlockIndex {
   std::vector<std::int64_t> local_strides, global_strides, offsets, sizes;
+  std::int64_t run = 1;
 
   std::uint64_t index_of(std::int64_t i) const {
     std::uint64_t g = 0;
@@ -48,7 +50,6 @@ struct BlockIndex {
       g += static_cast<std::uint64_t>((i / local_strides[d] % sizes[d] + offsets[d]) * global_strides[d]);
     return g;
   }
-  std::int64_t row() const { return sizes.empty() ? 1 : sizes.back(); }
 };
 
 // Elements [begin, end) of the block, in chunks of consecutive counters converted straight to dtype.
@@ -60,7 +61,7 @@ void fill_random(const BlockIndex& block, std::int64_t begin, std::int64_t end, 
   const std::size_t size = dtype_size(dtype);
   auto& cpu = *kernels::cpu_kernels_ptr();
   for (std::int64_t i = begin; i < end;) {
-    const std::int64_t n = std::min({chunk, end - i, block.row() - i % block.row()});
+    const std::int64_t n = std::min({chunk, end - i, block.run - i % block.run});
     const std::uint64_t first = block.index_of(i);
     std::byte* dst = out + static_cast<std::size_t>(i) * size;
     if (normal && dtype == DType::f32) {
@@ -92,6 +93,11 @@ Tensor random_block(const Shape& global, const Shape& local, const std::vector<s
   const rng::Key key = rng::make_key(seed, name);
   BlockIndex block{local.strides(), global.strides(), offsets, {}};
   for (int d = 0; d < local.rank(); ++d) block.sizes.push_back(local[d].size);
+  for (int d = local.rank(); d-- > 0;) {
+    block.run *= local[d].size;
+    if (local[d].size != global[d].size) break;
+  }
+  block.run = std::max<std::int64_t>(block.run, 1);
   Tensor host = Tensor::empty(local, dtype, Device::host());
   auto* out = static_cast<std::byte*>(host.raw_mutable());
   const std::int64_t numel = local.numel();

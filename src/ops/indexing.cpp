@@ -76,7 +76,8 @@ Tensor arg_extreme(std::string_view op, const Tensor& x, const std::string& axis
   if (x.shape()[i].size == 0) fail(op, "axis '{}' of {} is empty", axis, x.str());
   if (!x.vary().split_mesh_axes(axis).empty()) {
     const std::string one = std::string(op) + "_of_" + axis;
-    return squeeze(detail::top_k_across_blocks(largest ? x : neg(stop_gradient(x)), axis, 1, one).indices, one);
+    const Tensor v = stop_gradient(x);  // only the indices are wanted: record nothing
+    return squeeze(detail::top_k_across_blocks(largest ? v : neg(v), axis, 1, one).indices, one);
   }
   const Tensor v = detail::compute_values(x);
   if (auto by_kernel = top_k_by_kernel(v, axis, 1, largest, axis)) return squeeze(by_kernel->indices, axis);

@@ -29,19 +29,20 @@ void check_operands(std::string_view op, std::initializer_list<const Tensor*> op
   for (const Tensor* t : operands) {
     if (!t->defined()) fail(op, "an operand is undefined (a default-constructed Tensor)");
     if (first == nullptr) first = &t->device();
-    else if (&t->device() != first && t->device().str() == first->str())
-      fail(op, "operands belong to different Runtimes (each has its own {}): a tensor made in another Runtime's run cannot be "
-           "used here (pass it through the host with gather and shard): {}", first->str(), describe(operands));
-    else if (&t->device() != first)
+    else if (&t->device() != first) {
+      if (t->device().str() == first->str())
+        fail(op, "operands belong to different Runtimes (each has its own {}): a tensor made in another Runtime's run cannot be "
+             "used here (pass it through the host with gather and shard): {}", first->str(), describe(operands));
       fail(op, "operands live on different devices ({} and {}): {}", first->str(), t->device().str(), describe(operands));
+    }
   }
-  if (Shard* s = Shard::current(); s != nullptr && first != nullptr && !first->is_host() && first != s->device_ptr().get() &&
-                                   first->str() == s->device_ptr()->str())
-    fail(op, "operand belongs to another Runtime (its {} is not this run's): a tensor made in another Runtime's run cannot be "
-         "used here (pass it through the host with gather and shard): {}", first->str(), describe(operands));
-  if (Shard* s = Shard::current(); s != nullptr && first != nullptr && !first->is_host() && first != s->device_ptr().get())
+  if (Shard* s = Shard::current(); s != nullptr && first != nullptr && !first->is_host() && first != s->device_ptr().get()) {
+    if (first->str() == s->device_ptr()->str())
+      fail(op, "operand belongs to another Runtime (its {} is not this run's): a tensor made in another Runtime's run cannot be "
+           "used here (pass it through the host with gather and shard): {}", first->str(), describe(operands));
     fail(op, "operand lives on {} but this code runs on cpu:{}: pass tensors between devices with collectives: {}", first->str(),
          s->device(), describe(operands));
+  }
 }
 
 trace::Span enter_op(std::string_view op, std::initializer_list<const Tensor*> operands) {
@@ -135,6 +136,16 @@ Tensor transfer(const Tensor& x, const std::shared_ptr<Device>& device) {
   }
   else return transfer(transfer(x, Device::host()), device);
   return out;
+}
+
+double content_hash48(const Tensor& x) {
+  const Tensor readable = x.device().host_accessible() ? x : transfer(x, Device::host());
+  constexpr std::uint64_t kPrime = 1099511628211ull;
+  std::uint64_t h = 1469598103934665603ull;
+  const auto* bytes = static_cast<const unsigned char*>(readable.raw());
+  const std::size_t n = static_cast<std::size_t>(readable.numel()) * dtype_size(readable.dtype());
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * kPrime;
+  return static_cast<double>(h >> 16);
 }
 
 Tensor permute_to(const Tensor& x, const std::vector<std::string>& order) {

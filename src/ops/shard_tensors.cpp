@@ -38,12 +38,7 @@ void DeviceShard::check_same_tensor(const Tensor& global, const VaryType& cuts) 
   std::vector<std::string> cutting;
   for (const auto& e : cuts.entries()) cutting.push_back(e.mesh_axis);
   if (cutting.empty() || mesh_.group_size(cutting) == 1) return;
-  constexpr std::uint64_t kPrime = 1099511628211ull;
-  std::uint64_t h = 1469598103934665603ull;
-  const auto* bytes = static_cast<const unsigned char*>(global.raw());
-  const std::size_t n = static_cast<std::size_t>(global.numel()) * dtype_size(global.dtype());
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * kPrime;
-  const auto h48 = static_cast<double>(h >> 16);  // exact in an f64
+  const double h48 = content_hash48(global);
   // The largest and the smallest hash over the cutting axes agree only when all do.
   Tensor mine = transfer(from_vector(Shape{{"h", 2}}, std::vector<double>{h48, -h48}, DType::f64), dev_);
   const auto extremes = pmax(pvary(mine, cutting), cutting).to_vector<double>();

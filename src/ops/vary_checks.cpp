@@ -116,14 +116,7 @@ void check_invariant(const Tensor& x, std::string_view what) {
   for (const auto& m : s.mesh().axis_names())
     if (x.vary().kind(m) == Vary::Invariant && s.mesh().group_size({m}) > 1) invariant.push_back(m);
   if (invariant.empty()) return;
-  constexpr std::uint64_t kPrime = 1099511628211ull;
-  std::uint64_t h = 1469598103934665603ull;
-  for (double v : x.to_vector<double>()) {
-    std::uint64_t bits = 0;
-    std::memcpy(&bits, &v, sizeof bits);
-    h = (h ^ bits) * kPrime;
-  }
-  const auto h48 = static_cast<double>(h >> 16);  // exact in an f64
+  const double h48 = detail::content_hash48(x);
   const Tensor mine = detail::transfer(from_vector(Shape{{"device", 1}}, std::vector<double>{h48}, DType::f64), s.device_ptr());
   const auto hashes = all_gather_invariant(pvary(mine, invariant), invariant, "device").to_vector<double>();
   const std::vector<int> devices = s.mesh().group(s.device(), invariant);  // in group rank order, as gathered

@@ -52,7 +52,7 @@ class RulesUse {
   void check_all_used() const;
 
  private:
-  std::map<std::string, std::string> rules_;  // tensor axis -> "heads=mp"
+  std::map<std::string, std::vector<std::string>> rules_;  // tensor axis -> its mesh axes
   std::set<std::string> seen_;
 };
 
