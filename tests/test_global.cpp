@@ -328,3 +328,15 @@ TEST_CASE("gradients flow through global ops and redistributions as on one devic
     CHECK(max_rel_error(got[2].to_vector<double>(), want[2].to_vector<double>()) < 1e-12);
   }
 }
+
+TEST_CASE("from_local: a partial sum becomes a partial placement, a local mean is refused", "[mesh][global]") {
+  Runtime rt = Runtime::local(Mesh::parse("dp=2"));
+  rt.run([](Shard& s) {
+    const Tensor x = s.shard(arange({"batch", 4}), {{"batch", "dp"}});  // [0 1 | 2 3]
+    const GlobalTensor total = GlobalTensor::from_local(sum(x, "batch"));
+    REQUIRE(total.to_host().item() == 6.0);  // 1 + 5
+    REQUIRE_THROWS_WITH(GlobalTensor::from_local(mean(x, "batch")),
+                        Catch::Contains("GlobalTensor::from_local") && Catch::Contains("local mean") && Catch::Contains("pmean"));
+    REQUIRE(GlobalTensor::from_local(pmean(mean(x, "batch"), "dp")).to_host().item() == 1.5);
+  });
+}
