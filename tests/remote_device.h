@@ -66,8 +66,9 @@ class RemoteKernels : public kernels::Kernels {
   void where(DType dtype, const void* cond, const void* a, const void* b, void* out, const kernels::Layout<4>& layout) override {
     cpu().where(dtype, local(cond), local(a), local(b), local(out), layout);
   }
-  void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const kernels::Layout<2>& layout) override {
-    cpu().reduce(op, dtype, local(in), local(out), out_count, layout);
+  void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const kernels::Layout<2>& layout,
+              const SumTree& tree) override {
+    cpu().reduce(op, dtype, local(in), local(out), out_count, layout, tree);
   }
   void accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n) override {
     cpu().accumulate(op, dtype, local(dst), local(src), n);
@@ -88,9 +89,9 @@ class RemoteKernels : public kernels::Kernels {
     cpu().layer_norm_forward(dtype, rows, n, local(x), local(scale), local(bias), eps, local(y), local(mean), local(rstd));
   }
   void layer_norm_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* mean,
-                           const void* rstd, const void* dy, void* dx, void* dscale, void* dbias) override {
+                           const void* rstd, const void* dy, void* dx, void* dscale, void* dbias, const SumTree& rows_tree) override {
     cpu().layer_norm_backward(dtype, rows, n, local(x), local(scale), local(mean), local(rstd), local(dy), local(dx), local(dscale),
-                              local(dbias));
+                              local(dbias), rows_tree);
   }
   void softmax_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, void* y, bool log) override {
     cpu().softmax_forward(dtype, rows, n, local(x), local(y), log);
@@ -119,8 +120,8 @@ class RemoteKernels : public kernels::Kernels {
     cpu().gather_rows(local(ids), count, range, local(table), row_bytes, local(out));
   }
   void scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, kernels::VocabRange range, const void* grad,
-                        std::int64_t row, void* table_grad) override {
-    cpu().scatter_add_rows(dtype, local(ids), count, range, local(grad), row, local(table_grad));
+                        std::int64_t row, void* table_grad, const SumTree& tree) override {
+    cpu().scatter_add_rows(dtype, local(ids), count, range, local(grad), row, local(table_grad), tree);
   }
   void pick_forward(const std::int32_t* targets, kernels::VocabRange range, const kernels::PickLayout& where, const void* logits,
                     std::size_t element_size, void* out) override {
@@ -177,10 +178,11 @@ class Bf16RemoteKernels final : public RemoteKernels {
     cpu().where(DType::f32, wc.data(), wa.data(), wb.data(), wo.data(), layout);
     wo.store();
   }
-  void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const kernels::Layout<2>& layout) override {
-    if (dtype != DType::bf16) return RemoteKernels::reduce(op, dtype, in, out, out_count, layout);
+  void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const kernels::Layout<2>& layout,
+              const SumTree& tree) override {
+    if (dtype != DType::bf16) return RemoteKernels::reduce(op, dtype, in, out, out_count, layout, tree);
     Wide wi(in, extent(layout, 0)), wo(out, out_count);
-    cpu().reduce(op, DType::f32, wi.data(), wo.data(), out_count, layout);
+    cpu().reduce(op, DType::f32, wi.data(), wo.data(), out_count, layout, tree);
     wo.store();
   }
   void gemm(DType dtype, const kernels::GemmShape& g, const void* a, const void* b, void* c) override {
@@ -214,11 +216,12 @@ class Bf16RemoteKernels final : public RemoteKernels {
     wy.store();
   }
   void layer_norm_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* mean,
-                           const void* rstd, const void* dy, void* dx, void* dscale, void* dbias) override {
-    if (dtype != DType::bf16) return RemoteKernels::layer_norm_backward(dtype, rows, n, x, scale, mean, rstd, dy, dx, dscale, dbias);
+                           const void* rstd, const void* dy, void* dx, void* dscale, void* dbias, const SumTree& rows_tree) override {
+    if (dtype != DType::bf16)
+      return RemoteKernels::layer_norm_backward(dtype, rows, n, x, scale, mean, rstd, dy, dx, dscale, dbias, rows_tree);
     Wide wx(x, rows * n), ws(scale, n), wdy(dy, rows * n), wdx(dx, rows * n), wds(dscale, n), wdb(dbias, n);
     cpu().layer_norm_backward(DType::f32, rows, n, wx.data(), ws.data(), local(mean), local(rstd), wdy.data(), wdx.data(), wds.data(),
-                              wdb.data());
+                              wdb.data(), rows_tree);
     wdx.store(), wds.store(), wdb.store();
   }
   void softmax_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, void* y, bool log) override {
@@ -271,10 +274,10 @@ class Bf16RemoteKernels final : public RemoteKernels {
     wd.store();
   }
   void scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, kernels::VocabRange range, const void* grad,
-                        std::int64_t row, void* table_grad) override {
-    if (dtype != DType::bf16) return RemoteKernels::scatter_add_rows(dtype, ids, count, range, grad, row, table_grad);
+                        std::int64_t row, void* table_grad, const SumTree& tree) override {
+    if (dtype != DType::bf16) return RemoteKernels::scatter_add_rows(dtype, ids, count, range, grad, row, table_grad, tree);
     Wide wg(grad, count * row), wt(table_grad, range.local * row, false);
-    cpu().scatter_add_rows(DType::f32, local(ids), count, range, wg.data(), row, wt.data());
+    cpu().scatter_add_rows(DType::f32, local(ids), count, range, wg.data(), row, wt.data(), tree);
     wt.store();
   }
   void pick_backward(DType dtype, const std::int32_t* targets, kernels::VocabRange range, const kernels::PickLayout& where,

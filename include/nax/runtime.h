@@ -46,6 +46,11 @@ struct RuntimeOptions {
   // instead of a hang or a wrong result. Off saves that round trip (a few microseconds). The
   // local runtime always checks (it costs nothing there).
   bool check_collectives = true;
+  // Bitwise-identical results on every mesh (docs/determinism.md): every sum that a mesh could cut
+  // (contractions, reductions, psum and its kin, the gradient of a lookup) runs in the canonical
+  // tree of nax/core/sum_tree.h over the global problem, whichever devices hold which blocks. Every
+  // mesh axis must have a power of two devices. Slower; off by default.
+  bool deterministic = false;
 };
 
 // This device's view of the program: its coordinates, its communicators, and the bridge between
@@ -92,6 +97,8 @@ class Shard {
   // Checking mode (NAX_CHECK=1, nax/vary_checks.h): a value that run returns, typed Invariant over
   // some mesh axes, is compared across their devices. Nothing otherwise.
   virtual void check_returned(const Tensor& value) = 0;
+  // RuntimeOptions::deterministic of the runtime running this shard.
+  virtual bool deterministic() const { return false; }
 
   // The shard the calling thread is running, or nullptr outside Runtime::run.
   static Shard* current();

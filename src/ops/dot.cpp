@@ -95,7 +95,8 @@ std::optional<std::int64_t> even_stride(const std::vector<std::int64_t>& offsets
 
 // out[t] = a[t] b[t] for every index t of the batch axes: one strided-batched GEMM when both
 // operands step evenly through the batch, else one GEMM per index.
-void run_gemms(const Tensor& a, const Tensor& b, Tensor& out, const std::vector<Axis>& batch_axes, const GemmView& g) {
+void run_gemms(const Tensor& a, const Tensor& b, Tensor& out, const std::vector<Axis>& batch_axes, const GemmView& g,
+               const SumTree& tree) {
   const auto rank = static_cast<int>(batch_axes.size());
   const kernels::Dims sizes = detail::sizes_of(batch_axes);
   const auto offsets_a = kernels::strided_offsets(sizes.data(), detail::strides_in_order(a.shape(), batch_axes).data(), rank);
@@ -103,6 +104,7 @@ void run_gemms(const Tensor& a, const Tensor& b, Tensor& out, const std::vector<
   kernels::GemmShape shape{.trans_a = g.a.view.trans, .trans_b = g.b.view.trans, .m = g.m, .n = g.n, .k = g.k,
                            .lda = g.a.view.ld, .ldb = g.b.view.ld, .ldc = std::max<std::int64_t>(g.n, 1)};
   shape.stride_c = g.m * g.n;
+  shape.tree = tree;
   const auto stride_a = even_stride(offsets_a), stride_b = even_stride(offsets_b);
   const std::size_t es = dtype_size(a.dtype());
   const auto* pa = static_cast<const char*>(a.raw());
@@ -171,11 +173,14 @@ Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract
   }
 
   // Contracted axes in an order both operands can collapse, trying each operand's memory order.
+  // Deterministic mode keeps the left operand's order: whether a view exists can depend on which
+  // axes have one element on this device, and the order of the sum must not.
   Tensor a = a_in, b = b_in;
   std::vector<std::string> k_order = in_memory_order(a, k_set);
   auto va = view_operand(a, a_free, k_order);
   auto vb = view_operand(b, k_order, b_free);
-  if (!va || !vb) {
+  const SumTree tree = detail::sum_tree("dot", a, k_order);
+  if ((!va || !vb) && !tree.on) {
     auto k_b = in_memory_order(b, k_set);
     auto va2 = view_operand(a, a_free, k_b);
     auto vb2 = view_operand(b, k_b, b_free);
@@ -195,7 +200,7 @@ Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract
   const std::int64_t M = va->rows.extent, N = vb->cols.extent;
 
   std::vector<Axis> batch_axes(out_axes.begin(), out_axes.begin() + static_cast<std::ptrdiff_t>(batch.size()));
-  run_gemms(a, b, out, batch_axes, GemmView{*va, *vb, M, N, K});
+  run_gemms(a, b, out, batch_axes, GemmView{*va, *vb, M, N, K}, tree);
   return out;
 }
 

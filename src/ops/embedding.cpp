@@ -32,7 +32,8 @@ Tensor embedding_backward(const Tensor& g, const Tensor& table, const Tensor& id
   const Tensor dy = detail::widen(g);
   Tensor grad = detail::make_result(vocab_first(table.shape(), vocab), dy.dtype(), detail::scattered_gradient_vary(table, g), table.device_ptr());
   const std::int64_t row = range.local == 0 ? 0 : table.numel() / range.local;
-  detail::kernels_of(grad).scatter_add_rows(dy.dtype(), ids.data<std::int32_t>(), ids.numel(), range, dy.raw(), row, grad.raw_mutable());
+  detail::kernels_of(grad).scatter_add_rows(dy.dtype(), ids.data<std::int32_t>(), ids.numel(), range, dy.raw(), row, grad.raw_mutable(),
+                                            detail::sum_tree("embedding", ids, ids.shape().names()));
   return grad;
 }
 

@@ -157,7 +157,8 @@ Tensor added_rows(const Tensor& updates, const Shape& table, const std::string& 
   Tensor added = detail::make_result(shape, rows.dtype(), detail::merge_vary("scatter_add", {&ids, &rows}, ids.shape().names()),
                                      rows.device_ptr());
   detail::kernels_of(added).scatter_add_rows(rows.dtype(), ids.data<std::int32_t>(), ids.numel(), kernels::VocabRange{0, n}, rows.raw(),
-                                             n == 0 ? 0 : shape.numel() / n, added.raw_mutable());
+                                             n == 0 ? 0 : shape.numel() / n, added.raw_mutable(),
+                                             detail::sum_tree("scatter_add", ids, ids.shape().names()));
   return added;
 }
 

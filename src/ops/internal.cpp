@@ -172,3 +172,31 @@ Tensor broadcast_to(const Tensor& g, const Shape& shape) {
 }
 
 }  // namespace nax::detail
+
+namespace nax::detail {
+
+bool deterministic() {
+  const Shard* s = Shard::current();
+  return s != nullptr && s->deterministic();
+}
+
+SumTree sum_tree(std::string_view op, const Tensor& x, const std::vector<std::string>& axes) {
+  if (!deterministic()) return {};
+  std::int64_t blocks = 1;
+  const Mesh& mesh = Shard::current()->mesh();
+  bool leading = true;  // every axis so far whole and of size 1
+  for (const auto& axis : axes) {
+    const auto cuts = x.vary().split_mesh_axes(axis);
+    if (!cuts.empty()) {
+      if (!leading)
+        fail(op, "deterministic mode sums over ({}) of {}, where '{}' is cut over mesh axes ({}) behind another axis: a "
+             "device's part would not be one block of the sum; sum over '{}' first or put it first",
+             fmt::join(axes, ", "), x.str(), axis, fmt::join(cuts, ", "), axis);
+      for (const auto& m : cuts) blocks *= mesh.axis_size(m);
+    }
+    if (!cuts.empty() || x.shape().size(axis) > 1) leading = false;
+  }
+  return SumTree::canonical_for_block_of(blocks);
+}
+
+}  // namespace nax::detail

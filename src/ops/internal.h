@@ -35,6 +35,14 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
 kernels::Dims strides_in_order(const Shape& x, const std::vector<Axis>& axes);
 kernels::Dims sizes_of(const std::vector<Axis>& axes);
 
+// Whether the shard running this thread computes in deterministic mode (RuntimeOptions::deterministic).
+bool deterministic();
+// Deterministic mode's tree for a sum over `axes` of x (the kernel walks them row-major, the first
+// one major), off otherwise: the blocks of those axes cut over mesh axes fix the forced halvings
+// (nax/core/sum_tree.h). Refuses, naming `op`, a cut axis that is not the first: a device's
+// elements would not be one contiguous block of the walk.
+SumTree sum_tree(std::string_view op, const Tensor& x, const std::vector<std::string>& axes);
+
 // The kernels of the device `x` lives on.
 inline kernels::Kernels& kernels_of(const Tensor& x) { return x.device().kernels(); }
 

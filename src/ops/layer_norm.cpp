@@ -61,7 +61,8 @@ std::vector<Tensor> layer_norm_backward(const Tensor& g, const Tensor& x, const 
   Tensor dscale = detail::make_result(scale.shape(), dtype, summed, x.device_ptr());
   Tensor dbias = detail::make_result(scale.shape(), dtype, summed, x.device_ptr());
   detail::kernels_of(rows).layer_norm_backward(dtype, stats.mean.numel(), x.size(axis), rows.raw(), s.raw(), stats.mean.raw(), stats.rstd.raw(),
-                           dy.raw(), dx.raw_mutable(), dscale.raw_mutable(), dbias.raw_mutable());
+                           dy.raw(), dx.raw_mutable(), dscale.raw_mutable(), dbias.raw_mutable(),
+                           detail::sum_tree("layer_norm", rows, row_axes));
   return {dx, dscale, dbias};
 }
 

@@ -26,8 +26,9 @@ Tensor reduce_forward(ReduceOp op, std::string_view name, const Tensor& x_in, co
   if (detail::needs_widening(x_in)) return detail::narrow_to(reduce_forward(op, name, detail::widen(x_in), axes), DType::bf16);
 
   std::vector<Axis> kept;
+  std::vector<std::string> walked;  // the reduced axes in the order the kernel walks them
   for (const auto& axis : x_in.shape().axes())
-    if (!reduced.count(axis.name)) kept.push_back(axis);
+    (reduced.count(axis.name) ? walked.push_back(axis.name) : kept.push_back(axis));
   for (const auto& axis : x_in.shape().axes())
     if (reduced.count(axis.name) && axis.size == 0 && op != ReduceOp::sum)
       fail(name, "cannot reduce over the empty axis '{}' of {}", axis.name, x_in.str());
@@ -40,7 +41,8 @@ Tensor reduce_forward(ReduceOp op, std::string_view name, const Tensor& x_in, co
   layout.sizes = detail::sizes_of(x_in.shape().axes());
   layout.strides[0] = detail::strides_in_order(x_in.shape(), x_in.shape().axes());
   layout.strides[1] = detail::strides_in_order(shape, x_in.shape().axes());
-  detail::kernels_of(out).reduce(op, x_in.dtype(), x_in.raw(), out.raw_mutable(), out.numel(), layout);
+  const SumTree tree = op == ReduceOp::sum ? detail::sum_tree(name, x_in, walked) : SumTree{};
+  detail::kernels_of(out).reduce(op, x_in.dtype(), x_in.raw(), out.raw_mutable(), out.numel(), layout, tree);
   return out;
 }
 

@@ -31,6 +31,8 @@ class DeviceShard final : public Shard {
   Communicator& comm(const Names& mesh_axes) override;
   AllocatorStats memory() const override { return dev_->allocator().stats(); }
   const std::shared_ptr<Device>& device_ptr() const override { return dev_; }
+  bool deterministic() const override { return deterministic_; }
+  void set_deterministic(bool on) { deterministic_ = on; }
 
   std::map<std::string, CommStats> comm_stats() const override;
   CommStats comm_totals() const;
@@ -47,6 +49,7 @@ class DeviceShard final : public Shard {
   const Mesh& mesh_;
   std::shared_ptr<Device> dev_;
   CommFactory make_comm_;
+  bool deterministic_ = false;
   std::map<std::vector<std::string>, std::unique_ptr<Communicator>> comms_;
 };
 

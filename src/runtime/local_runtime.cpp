@@ -89,10 +89,12 @@ LocalState::LocalState(const Mesh& mesh, const RuntimeOptions& options)
   check_transport(transport, devices, mesh_);
   if (transport == Transport::nccl) nccl_ids_ = detail::make_nccl_ids();
   check_collectives_ = options.check_collectives;
+  detail::check_deterministic_mesh(options, mesh_, "Runtime::local");
   for (int d = 0; d < mesh_.size(); ++d) {
     devices_.push_back(d);
     auto make_comm = comm_factory(d, devices[static_cast<std::size_t>(d)], transport);
     shards_.push_back(std::make_unique<detail::DeviceShard>(d, mesh_, devices[static_cast<std::size_t>(d)], std::move(make_comm)));
+    shards_.back()->set_deterministic(options.deterministic);
   }
   for (int d = 0; d < mesh_.size(); ++d) workers_.emplace_back([this, d] { work(d); });
 }

@@ -105,6 +105,8 @@ MpiState::MpiState(const Mesh& mesh, const RuntimeOptions& options)
     make_comm = [world, device](const std::vector<std::string>& axes) { return make_mpi_nccl_comm(*world, *device, axes); };
   device->kernels().bind_thread();  // per-shard code runs on this thread
   shard_ = std::make_unique<detail::DeviceShard>(d, mesh_, std::move(device), std::move(make_comm));
+  detail::check_deterministic_mesh(options, mesh_, "Runtime::mpi");
+  shard_->set_deterministic(options.deterministic);
 }
 
 const detail::DeviceShard& MpiState::shard(int device, std::string_view op) const {

@@ -71,6 +71,15 @@ double collective_timeout_s(const RuntimeOptions& options) {
   return value;
 }
 
+void check_deterministic_mesh(const RuntimeOptions& options, const Mesh& mesh, std::string_view op) {
+  if (!options.deterministic) return;
+  for (const auto& axis : mesh.axis_names()) {
+    const std::int64_t n = mesh.axis_size(axis);
+    if ((n & (n - 1)) != 0)
+      fail(op, "deterministic mode needs a power of two devices along every mesh axis; mesh {} has {} along '{}'", mesh.str(), n, axis);
+  }
+}
+
 std::shared_ptr<Device> make_device(int d, Backend backend, int slot, std::string_view op, const Mesh& mesh) {
   if (backend == Backend::cpu) return std::make_shared<Device>(d, Backend::cpu, make_caching_host_allocator(), kernels::cpu_kernels_ptr());
   if (!cuda_built()) fail(op, "backend cuda for mesh {}: {}", mesh.str(), cuda_unavailable_reason());

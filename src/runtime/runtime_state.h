@@ -34,6 +34,10 @@ double collective_timeout_s(const RuntimeOptions& options);
 // this process sees. Fails, naming `op` and the mesh, where the backend cannot run.
 std::shared_ptr<Device> make_device(int d, Backend backend, int slot, std::string_view op, const Mesh& mesh);
 
+// Refuses, naming `op`, a deterministic runtime on a mesh with an axis whose size is not a power of
+// two (the canonical sum trees halve every cut).
+void check_deterministic_mesh(const RuntimeOptions& options, const Mesh& mesh, std::string_view op);
+
 // One BLAS thread per device unless the options or $OPENBLAS_NUM_THREADS say otherwise.
 void configure_blas_threads(const RuntimeOptions& options);
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "nax/core/reduce_op.h"
+#include "nax/core/sum_tree.h"
 #include "nax/core/device.h"
 #include "nax/core/dtype.h"
 
@@ -77,6 +78,7 @@ struct AttentionSizes {
   std::int64_t batches = 0, tq = 0, tk = 0, head_dim = 0;
   double scale = 1.0;
   std::int64_t block_rows = 128;
+  SumTree tree;  // deterministic mode: every inner sum (head_dim, keys, query rows) in tree order
 };
 
 // Rotary embedding in place: for every index of the other axes (`outer_count` offsets, host
@@ -120,6 +122,9 @@ struct GemmShape {
   std::int64_t lda = 0, ldb = 0, ldc = 0;
   std::int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
   double beta = 0.0;
+  // Deterministic mode: each C element's sum over k in this tree's order (leaves by fused
+  // multiply-add from zero), independent of m, n, the batch and the threads; then + beta C.
+  SumTree tree;
 };
 
 class Kernels {
@@ -152,8 +157,10 @@ class Kernels {
   // out = cond != 0 ? a : b, read with strides[0..2], written with strides[3].
   virtual void where(DType dtype, const void* cond, const void* a, const void* b, void* out, const Layout<4>& layout) = 0;
   // out[j] = op over the input elements that map to j; strides[0] are the input's, strides[1] the
-  // output's (0 along reduced dimensions). out is initialised here.
-  virtual void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const Layout<2>& layout) = 0;
+  // output's (0 along reduced dimensions). out is initialised here. A sum with `tree.on` adds each
+  // output's inputs in the tree's order over their row-major index (max and min need no order).
+  virtual void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const Layout<2>& layout,
+                      const SumTree& tree) = 0;
   // dst[i] = op(dst[i], src[i]) (the communicators' reduction).
   virtual void accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n) = 0;
 
@@ -174,10 +181,10 @@ class Kernels {
   // f32 for bf16 rows (as lse), else of the dtype.
   virtual void layer_norm_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale,
                                   const void* bias, double eps, void* y, void* mean, void* rstd) = 0;
-  // dx per row; dscale, dbias (overwritten) summed over rows.
+  // dx per row; dscale, dbias (overwritten) summed over rows, in `rows_tree`'s order when on.
   virtual void layer_norm_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale,
                                    const void* mean, const void* rstd, const void* dy, void* dx, void* dscale,
-                                   void* dbias) = 0;
+                                   void* dbias, const SumTree& rows_tree) = 0;
   // softmax (or log_softmax when `log`) per row; the backward from the forward's output y.
   virtual void softmax_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, void* y, bool log) = 0;
   virtual void softmax_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* y, const void* dy, void* dx,
@@ -216,9 +223,12 @@ class Kernels {
   // out row i (row_bytes bytes) = table row ids[i] - start, or zeros. ids: i32 on the device.
   virtual void gather_rows(const std::int32_t* ids, std::int64_t count, VocabRange range, const void* table,
                            std::size_t row_bytes, void* out) = 0;
-  // table_grad (local x row elements) = 0, then table_grad row ids[i] - start += grad row i.
+  // table_grad (local x row elements) = 0, then table_grad row ids[i] - start += grad row i. With
+  // `tree.on`, each table row is the tree sum over i in [0, count) of (grad row i where ids[i]
+  // picks it, else nothing): a subtree picking nothing is +0 and still added, as a psum adds the
+  // zero rows of a device whose block picked nothing.
   virtual void scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, VocabRange range,
-                                const void* grad, std::int64_t row, void* table_grad) = 0;
+                                const void* grad, std::int64_t row, void* table_grad, const SumTree& tree) = 0;
   // out[j] = logits[at target j], or zero outside the range; any element type.
   virtual void pick_forward(const std::int32_t* targets, VocabRange range, const PickLayout& where, const void* logits,
                             std::size_t element_size, void* out) = 0;

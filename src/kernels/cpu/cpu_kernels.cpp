@@ -36,8 +36,9 @@ class CpuKernels final : public Kernels {
   void where(DType dtype, const void* cond, const void* a, const void* b, void* out, const Layout<4>& layout) override {
     cpu::where(dtype, cond, a, b, out, layout);
   }
-  void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const Layout<2>& layout) override {
-    cpu::reduce(op, dtype, in, out, out_count, layout);
+  void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const Layout<2>& layout,
+              const SumTree& tree) override {
+    cpu::reduce(op, dtype, in, out, out_count, layout, tree);
   }
   void accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n) override {
     cpu::accumulate(op, dtype, dst, src, n);
@@ -65,8 +66,8 @@ class CpuKernels final : public Kernels {
     cpu::layer_norm_forward(dtype, rows, n, x, scale, bias, eps, y, mean, rstd);
   }
   void layer_norm_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* mean,
-                           const void* rstd, const void* dy, void* dx, void* dscale, void* dbias) override {
-    cpu::layer_norm_backward(dtype, rows, n, x, scale, mean, rstd, dy, dx, dscale, dbias);
+                           const void* rstd, const void* dy, void* dx, void* dscale, void* dbias, const SumTree& rows_tree) override {
+    cpu::layer_norm_backward(dtype, rows, n, x, scale, mean, rstd, dy, dx, dscale, dbias, rows_tree);
   }
   void softmax_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, void* y, bool log) override {
     cpu::softmax_forward(dtype, rows, n, x, y, log);
@@ -106,8 +107,8 @@ class CpuKernels final : public Kernels {
     cpu::gather_rows(ids, count, range, table, row_bytes, out);
   }
   void scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, VocabRange range, const void* grad,
-                        std::int64_t row, void* table_grad) override {
-    cpu::scatter_add_rows(dtype, ids, count, range, grad, row, table_grad);
+                        std::int64_t row, void* table_grad, const SumTree& tree) override {
+    cpu::scatter_add_rows(dtype, ids, count, range, grad, row, table_grad, tree);
   }
   void pick_forward(const std::int32_t* targets, VocabRange range, const PickLayout& where, const void* logits,
                     std::size_t element_size, void* out) override {

@@ -7,6 +7,7 @@
 #include "kernels/cpu/strided.h"
 #include "nax/core/reduce_op.h"
 #include "nax/core/dtype.h"
+#include "nax/core/sum_tree.h"
 
 namespace nax::cpu {
 
@@ -20,7 +21,8 @@ void fill(DType dtype, void* out, std::int64_t n, double value);
 
 // out[j] = op over the input elements that map to j; the layout iterates the input, strides[0] are
 // the input's, strides[1] the output's (0 along reduced dimensions). out is initialised here.
-void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const Layout<2>& layout);
+void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const Layout<2>& layout,
+            const SumTree& tree);
 
 // dst = src element by element, src read with strides[0], dst written with strides[1].
 void copy(std::size_t element_size, const void* src, void* dst, const Layout<2>& layout);

@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/strided.h"
 #include "nax/core/dtype.h"
+#include "nax/core/sum_tree.h"
 
 namespace nax::cpu {
 
@@ -18,7 +19,7 @@ void gather_rows(const std::int32_t* ids, std::int64_t count, VocabRange range, 
 
 // table_grad (local x row elements) = 0, then table_grad row ids[i] - start += grad row i.
 void scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, VocabRange range, const void* grad,
-                      std::int64_t row, void* table_grad);
+                      std::int64_t row, void* table_grad, const SumTree& tree);
 
 using kernels::PickLayout;
 

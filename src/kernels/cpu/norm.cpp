@@ -107,7 +107,7 @@ void layer_norm_forward(DType dtype, std::int64_t rows, std::int64_t n, const vo
 }
 
 void layer_norm_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* mean,
-                         const void* rstd, const void* dy, void* dx, void* dscale, void* dbias) {
+                         const void* rstd, const void* dy, void* dx, void* dscale, void* dbias, const SumTree& /*rows_tree*/) {
   with_floating_type(dtype, "layer_norm_backward", [&](auto zero) {
     using T = decltype(zero);
     layer_norm_backward_rows<T>(rows, n, static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(mean),

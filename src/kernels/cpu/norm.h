@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "nax/core/dtype.h"
+#include "nax/core/sum_tree.h"
 
 namespace nax::cpu {
 
@@ -14,7 +15,8 @@ void layer_norm_forward(DType dtype, std::int64_t rows, std::int64_t n, const vo
 
 // dx per row; dscale = sum over rows of dy * xhat and dbias = sum over rows of dy (overwritten).
 void layer_norm_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* mean,
-                         const void* rstd, const void* dy, void* dx, void* dscale, void* dbias);
+                         const void* rstd, const void* dy, void* dx, void* dscale, void* dbias,
+                         const SumTree& rows_tree);
 
 // y = softmax(x) per row, or log_softmax(x) when `log`; stable (the row's max is subtracted).
 void softmax_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, void* y, bool log);

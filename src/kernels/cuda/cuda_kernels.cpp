@@ -19,6 +19,10 @@ namespace nax::cuda {
 
 namespace {
 
+[[noreturn]] void refuse_deterministic(std::string_view kernel) {
+  fail(kernel, "deterministic mode (RuntimeOptions::deterministic) has no CUDA {} kernel in the canonical sum order yet", kernel);
+}
+
 int multiprocessor_count(int gpu) {
   int count = 0;
   NAX_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, gpu));
@@ -110,7 +114,9 @@ void CudaKernels::where(DType dtype, const void* cond, const void* a, const void
   cuda::where(stream(), dtype, cond, a, b, out, layout);
 }
 
-void CudaKernels::reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const kernels::Layout<2>& layout) {
+void CudaKernels::reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const kernels::Layout<2>& layout,
+                         const SumTree& tree) {
+  if (tree.on) refuse_deterministic("reduce");
   DeviceGuard guard(gpu_);
   cuda::reduce(stream(), workspace_, multiprocessors_, op, dtype, in, out, out_count, layout);
 }
@@ -131,6 +137,7 @@ void CudaKernels::adamw(std::int64_t n, const float* p, const float* m, const fl
 }
 
 void CudaKernels::gemm(DType dtype, const kernels::GemmShape& shape, const void* a, const void* b, void* c) {
+  if (shape.tree.on) refuse_deterministic("gemm");
   DeviceGuard guard(gpu_);
   if (shape.m <= 0 || shape.n <= 0 || shape.batch <= 0) return;
   if (shape.k <= 0) {  // an empty sum: C = beta C
@@ -189,7 +196,8 @@ void CudaKernels::layer_norm_forward(DType dtype, std::int64_t rows, std::int64_
 }
 
 void CudaKernels::layer_norm_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* mean,
-                                      const void* rstd, const void* dy, void* dx, void* dscale, void* dbias) {
+                                      const void* rstd, const void* dy, void* dx, void* dscale, void* dbias, const SumTree& rows_tree) {
+  if (rows_tree.on) refuse_deterministic("layer_norm_backward");
   DeviceGuard guard(gpu_);
   cuda::layer_norm_backward(stream(), workspace_, multiprocessors_, dtype, rows, n, x, scale, mean, rstd, dy, dx, dscale, dbias);
 }
@@ -215,6 +223,7 @@ std::int64_t CudaKernels::attention_backward_scratch(const kernels::AttentionSiz
 void CudaKernels::causal_attention_forward(const kernels::AttentionSizes& sizes, const kernels::InMatrices& q,
                                            const kernels::InMatrices& k, const kernels::InMatrices& v, const kernels::OutMatrices& out,
                                            void* lse, void* scratch) {
+  if (sizes.tree.on) refuse_deterministic("causal_attention_forward");
   DeviceGuard guard(gpu_);
   cuda::attention_forward(stream(), sizes, q, k, v, out, lse, scratch);
 }
@@ -223,6 +232,7 @@ void CudaKernels::causal_attention_backward(const kernels::AttentionSizes& sizes
                                             const kernels::InMatrices& k, const kernels::InMatrices& v, const kernels::InMatrices& out,
                                             const kernels::InMatrices& dout, const void* lse, const kernels::OutMatrices& dq,
                                             const kernels::OutMatrices& dk, const kernels::OutMatrices& dv, void* scratch) {
+  if (sizes.tree.on) refuse_deterministic("causal_attention_backward");
   DeviceGuard guard(gpu_);
   cuda::attention_backward(stream(), sizes, q, k, v, out, dout, lse, dq, dk, dv, scratch);
 }
@@ -245,7 +255,8 @@ void CudaKernels::gather_rows(const std::int32_t* ids, std::int64_t count, kerne
 }
 
 void CudaKernels::scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, kernels::VocabRange range, const void* grad,
-                                   std::int64_t row, void* table_grad) {
+                                   std::int64_t row, void* table_grad, const SumTree& tree) {
+  if (tree.on) refuse_deterministic("scatter_add_rows");
   DeviceGuard guard(gpu_);
   cuda::scatter_add_rows(stream(), workspace_, dtype, ids, count, range, grad, row, table_grad);
 }

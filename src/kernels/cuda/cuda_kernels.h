@@ -41,7 +41,8 @@ class CudaKernels final : public kernels::Kernels {
   void copy(std::size_t element_size, const void* src, void* dst, const kernels::Layout<2>& layout) override;
   void convert(DType from, const void* src, DType to, void* dst, std::int64_t n) override;
   void where(DType dtype, const void* cond, const void* a, const void* b, void* out, const kernels::Layout<4>& layout) override;
-  void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const kernels::Layout<2>& layout) override;
+  void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const kernels::Layout<2>& layout,
+              const SumTree& tree) override;
   void accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n) override;
 
   void bind_thread() override;
@@ -54,7 +55,7 @@ class CudaKernels final : public kernels::Kernels {
   void layer_norm_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* bias, double eps,
                           void* y, void* mean, void* rstd) override;
   void layer_norm_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* mean,
-                           const void* rstd, const void* dy, void* dx, void* dscale, void* dbias) override;
+                           const void* rstd, const void* dy, void* dx, void* dscale, void* dbias, const SumTree& rows_tree) override;
   void softmax_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, void* y, bool log) override;
   void softmax_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* y, const void* dy, void* dx, bool log) override;
 
@@ -72,7 +73,7 @@ class CudaKernels final : public kernels::Kernels {
   void gather_rows(const std::int32_t* ids, std::int64_t count, kernels::VocabRange range, const void* table, std::size_t row_bytes,
                    void* out) override;
   void scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, kernels::VocabRange range, const void* grad,
-                        std::int64_t row, void* table_grad) override;
+                        std::int64_t row, void* table_grad, const SumTree& tree) override;
   void pick_forward(const std::int32_t* targets, kernels::VocabRange range, const kernels::PickLayout& where, const void* logits,
                     std::size_t element_size, void* out) override;
   void pick_backward(DType dtype, const std::int32_t* targets, kernels::VocabRange range, const kernels::PickLayout& where,

@@ -1,0 +1,41 @@
+#pragma once
+// Deterministic mode's order of summation (docs/determinism.md). A sum over an index range of
+// length n is a binary tree: the range is halved while its length is even and either forced
+// halvings remain or it is longer than `leaf`; a leaf is summed in index order; a node is its left
+// half's sum plus its right half's. A device that holds one block of p (a power of two) of a range
+// cut over mesh axes uses `forced - log2 p`: its tree is then exactly the global tree's node over
+// its block, and a psum that adds the p ranks' values in the same halving order (pairs, then
+// pairs of pairs) completes the global tree. The result depends only on the global problem, never
+// on the mesh, the rows a device holds or the thread count.
+#include <cstdint>
+
+namespace nax {
+
+struct SumTree {
+  static constexpr int kForced = 6;            // halvings every tree does: up to 64 blocks per cut
+  static constexpr std::int64_t kLeaf = 32;    // the longest leaf summed in index order
+
+  bool on = false;  // off: the backend's fastest order (the default mode)
+  int forced = kForced;
+  std::int64_t leaf = kLeaf;
+
+  // Whether a range of length n at this node is halved, and the tree of each half.
+  bool halves(std::int64_t n) const { return n > 1 && n % 2 == 0 && (forced > 0 || n > leaf); }
+  SumTree half() const { return {on, forced > 0 ? forced - 1 : 0, leaf}; }
+
+  // The canonical tree of a device holding 1 of `blocks` blocks of the summed range.
+  static SumTree canonical_for_block_of(std::int64_t blocks);
+};
+
+// Host reference: x[0] + ... + x[n-1] in `tree`'s order (leaves from their first term). Tests and
+// small host-side sums use it; kernels implement the same order on their own.
+template <typename T>
+T tree_sum(const T* x, std::int64_t n, SumTree tree) {
+  if (n == 0) return T(0);
+  if (tree.halves(n)) return tree_sum(x, n / 2, tree.half()) + tree_sum(x + n / 2, n / 2, tree.half());
+  T acc = x[0];
+  for (std::int64_t i = 1; i < n; ++i) acc += x[i];
+  return acc;
+}
+
+}  // namespace nax
