@@ -429,9 +429,9 @@ TEST_CASE("cuda kernels: reduce sum, max and min", "[cuda]") {
         const std::size_t n = span(c.layout, 0);
         const auto x = rounded(d == DType::i32 ? integers(n, -50, 50) : normal(n, 1.0, 0.5), d);
         Device in(x, d), out(static_cast<std::size_t>(c.out_count), d);
-        gpu().reduce(op, d, in.get(), out.get(), c.out_count, c.layout);
+        gpu().reduce(op, d, in.get(), out.get(), c.out_count, c.layout, nax::SumTree{});
         Host hx(x, d), want(static_cast<std::size_t>(c.out_count), d);
-        cpu().reduce(op, want.dtype, hx.data(), want.data(), c.out_count, c.layout);
+        cpu().reduce(op, want.dtype, hx.data(), want.data(), c.out_count, c.layout, nax::SumTree{});
         const std::string what = "reduce op " + std::to_string(static_cast<int>(op)) + " " + describe(c.layout);
         if (op == ReduceOp::sum) {
           check_close(out.values(), want.values(), d, what);
@@ -447,7 +447,7 @@ TEST_CASE("cuda kernels: reduce propagates NaN through max and min", "[cuda]") {
   std::vector<double> x = normal(5000);
   x[4321] = std::nan("");
   Device in(x, DType::f32), out(1, DType::f32);
-  gpu().reduce(ReduceOp::max, DType::f32, in.get(), out.get(), 1, layout_of<2>({5000}, {{1}, {0}}));
+  gpu().reduce(ReduceOp::max, DType::f32, in.get(), out.get(), 1, layout_of<2>({5000}, {{1}, {0}}), nax::SumTree{});
   CHECK(std::isnan(out.values()[0]));
 }
 
@@ -577,11 +577,11 @@ TEST_CASE("cuda kernels: layer_norm forward and backward", "[cuda]") {
       const auto mean_d = rounded(mean.values(), sd), rstd_d = rounded(rstd.values(), sd);
       Host hmean(mean_d, sd), hrstd(rstd_d, sd), dx(count, d), dscale(static_cast<std::size_t>(n), d), dbias(static_cast<std::size_t>(n), d);
       cpu().layer_norm_backward(DType::f64, rows, n, hx.data(), hscale.data(), hmean.data(), hrstd.data(), hdy.data(), dx.data(),
-                                dscale.data(), dbias.data());
+                                dscale.data(), dbias.data(), nax::SumTree{});
       Device gmean_in(mean_d, sd), grstd_in(rstd_d, sd), gdx(count, d), gdscale(static_cast<std::size_t>(n), d),
           gdbias(static_cast<std::size_t>(n), d);
       gpu().layer_norm_backward(d, rows, n, dx_in.get(), dscale_in.get(), gmean_in.get(), grstd_in.get(), dy_in.get(), gdx.get(),
-                                gdscale.get(), gdbias.get());
+                                gdscale.get(), gdbias.get(), nax::SumTree{});
       check_close(gdx.values(), dx.values(), d, "layer_norm_backward dx" + shape);
       check_close(gdscale.values(), dscale.values(), d, "layer_norm_backward dscale" + shape);
       check_close(gdbias.values(), dbias.values(), d, "layer_norm_backward dbias" + shape);
@@ -591,7 +591,7 @@ TEST_CASE("cuda kernels: layer_norm forward and backward", "[cuda]") {
 TEST_CASE("cuda kernels: layer_norm backward over no rows gives zero parameter gradients", "[cuda]") {
   Device dscale(5, DType::f32), dbias(5, DType::f32), none(1, DType::f32);
   gpu().layer_norm_backward(DType::f32, 0, 5, none.get(), none.get(), none.get(), none.get(), none.get(), none.get(), dscale.get(),
-                            dbias.get());
+                            dbias.get(), nax::SumTree{});
   check_equal(dscale.values(), std::vector<double>(5, 0.0), "dscale");
   check_equal(dbias.values(), std::vector<double>(5, 0.0), "dbias");
 }
@@ -689,9 +689,9 @@ TEST_CASE("cuda kernels: gather_rows and scatter_add_rows over a vocab block", "
 
         const auto grad = rounded(normal(static_cast<std::size_t>(count * row)), d);
         Device dgrad(grad, d), dtable_grad(table.size(), d);
-        gpu().scatter_add_rows(d, device_ids, count, range, dgrad.get(), row, dtable_grad.get());
+        gpu().scatter_add_rows(d, device_ids, count, range, dgrad.get(), row, dtable_grad.get(), nax::SumTree{});
         Host hgrad(grad, d), want_grad(table.size(), d);
-        cpu().scatter_add_rows(DType::f64, host_ids, count, range, hgrad.data(), row, want_grad.data());
+        cpu().scatter_add_rows(DType::f64, host_ids, count, range, hgrad.data(), row, want_grad.data(), nax::SumTree{});
         check_close(dtable_grad.values(), want_grad.values(), d, "scatter_add_rows" + what);
       }
 }
