@@ -35,6 +35,12 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
 kernels::Dims strides_in_order(const Shape& x, const std::vector<Axis>& axes);
 kernels::Dims sizes_of(const std::vector<Axis>& axes);
 
+// Deterministic mode: the terms of a + b when both are partial sums over a common mesh axis (each
+// operand's own terms, or itself), else none. merge_vary refuses any op but add on a value with
+// terms (refuse_unfinished_terms): only psum may finish them.
+std::vector<Tensor> partial_terms_of_sum(const Tensor& a, const Tensor& b);
+[[noreturn]] void refuse_unfinished_terms(std::string_view op, const Tensor& x);
+
 // Whether the shard running this thread computes in deterministic mode (RuntimeOptions::deterministic).
 bool deterministic();
 // Deterministic mode's tree for a sum over `axes` of x (the kernel walks them row-major, the first
