@@ -226,7 +226,7 @@ Grads backpropagate(const Tensor& root, const Tensor& seed, const std::unordered
       for (const auto& [axes, sum] : pending.sums) propagate(node, axes.empty() ? sum.with_vary(pending.like.vary()) : sum);
     } else {
       const Tensor g = finish(it->second);
-      if (wanted.count(node)) it->second.sums = {{{}, g}};
+      if (wanted.count(node)) it->second.sums = {{{}, g}}, it->second.terms.clear();
       else grads.erase(it);
       propagate(node, g);
     }
