@@ -2,10 +2,14 @@
 //  - the tree GEMM against a scalar host implementation of the same tree (recursive, std::fma) on
 //    odd shapes, transposes, padded leading dimensions, batches and beta 0 and 1; a block of rows
 //    or columns computed alone gives the same bits as in the whole product;
-//  - split consistency, the point of the mode: K cut into p blocks (p = 2, 4), each block
+//  - split consistency, the point of the mode: a sum cut into p blocks (p = 2, 4), each block
 //    computed with SumTree::canonical_for_block_of(p) and the blocks added pairwise as a psum
 //    does ((b0 + b1) + (b2 + b3)), gives the bits of the whole computed with
-//    canonical_for_block_of(1).
+//    canonical_for_block_of(1); for gemm over K, reduce over a leading axis, layer_norm_backward's
+//    dscale and dbias over rows, scatter_add_rows over ids (blocks that pick nothing included);
+//  - reduce, layer_norm_backward and scatter_add_rows against nax::tree_sum over their terms;
+//  - attention with the tree on: close to an f64 reference, not OpenBLAS's bits, and the same bits
+//    for a head however its matrices are laid out;
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -225,6 +229,308 @@ TEMPLATE_TEST_CASE("tree gemm: K cut into p blocks and added pairwise gives the 
       }
       require_same_bits(add_pairwise(blocks), want, "k " + std::to_string(k) + " in " + std::to_string(p) + " blocks");
     }
+}
+
+// --- reduce ---
+
+// Row-major strides of `sizes`.
+std::vector<std::int64_t> strides_of(const std::vector<std::int64_t>& sizes) {
+  std::vector<std::int64_t> s(sizes.size(), 1);
+  for (std::size_t d = sizes.size(); d-- > 1;) s[d - 1] = s[d] * sizes[d];
+  return s;
+}
+
+// Sum of a row-major tensor of `sizes` over the axes marked in `reduced`, by the kernel.
+template <typename T>
+std::vector<T> kernel_sum(const std::vector<T>& x, const std::vector<std::int64_t>& sizes, const std::vector<bool>& reduced,
+                          const SumTree& tree) {
+  std::vector<std::int64_t> kept_sizes;
+  for (std::size_t d = 0; d < sizes.size(); ++d)
+    if (!reduced[d]) kept_sizes.push_back(sizes[d]);
+  const auto in_strides = strides_of(sizes), kept_strides = strides_of(kept_sizes);
+  kn::Layout<2> layout;
+  layout.rank = static_cast<int>(sizes.size());
+  std::size_t kept = 0, out_count = 1;
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    layout.sizes[d] = sizes[d];
+    layout.strides[0][d] = in_strides[d];
+    layout.strides[1][d] = reduced[d] ? 0 : kept_strides[kept++];
+    if (!reduced[d]) out_count *= static_cast<std::size_t>(sizes[d]);
+  }
+  std::vector<T> out(out_count, std::numeric_limits<T>::quiet_NaN());
+  cpu().reduce(nax::ReduceOp::sum, dtype_of<T>(), x.data(), out.data(), static_cast<std::int64_t>(out_count), layout, tree);
+  return out;
+}
+
+// The reference: each output's inputs listed row-major over the reduced axes, then nax::tree_sum.
+template <typename T>
+std::vector<T> reference_sum(const std::vector<T>& x, const std::vector<std::int64_t>& sizes, const std::vector<bool>& reduced,
+                             const SumTree& tree) {
+  const auto strides = strides_of(sizes);
+  std::vector<std::vector<T>> terms;  // per output, in order
+  std::vector<std::int64_t> index(sizes.size(), 0);
+  for (std::size_t e = 0; e < x.size(); ++e) {
+    std::int64_t rest = static_cast<std::int64_t>(e), out = 0;
+    for (std::size_t d = sizes.size(); d-- > 0;) index[d] = rest % sizes[d], rest /= sizes[d];
+    for (std::size_t d = 0; d < sizes.size(); ++d)
+      if (!reduced[d]) out = out * sizes[d] + index[d];
+    if (terms.size() <= static_cast<std::size_t>(out)) terms.resize(static_cast<std::size_t>(out) + 1);
+    terms[static_cast<std::size_t>(out)].push_back(x[e]);  // row-major: reduced indices in order
+  }
+  std::vector<T> want;
+  for (const auto& t : terms) want.push_back(nax::tree_sum(t.data(), static_cast<std::int64_t>(t.size()), tree));
+  return want;
+}
+
+TEMPLATE_TEST_CASE("tree reduce: each output the tree sum of its inputs in row-major order", "[tree]", float, double) {
+  using T = TestType;
+  const std::vector<std::int64_t> sizes{6, 40, 33};
+  const auto x = random_values<T>(6 * 40 * 33);
+  for (const std::vector<bool>& reduced : std::vector<std::vector<bool>>{{true, false, false},
+                                                                         {false, true, false},
+                                                                         {false, false, true},
+                                                                         {true, false, true},
+                                                                         {true, true, false},
+                                                                         {false, true, true},
+                                                                         {true, true, true}})
+    for (const SumTree& tree : {SumTree{.on = true}, SumTree::canonical_for_block_of(2), SumTree{.on = true, .forced = 0, .leaf = 4}}) {
+      std::string what = "reduced";
+      for (bool r : reduced) what += r ? " y" : " n";
+      require_same_bits(kernel_sum(x, sizes, reduced, tree), reference_sum(x, sizes, reduced, tree), what);
+    }
+}
+
+TEMPLATE_TEST_CASE("tree reduce: a leading axis cut into p blocks and added pairwise gives the bits of the whole", "[tree]", float,
+                   double) {
+  using T = TestType;
+  for (const std::vector<std::int64_t>& sizes : std::vector<std::vector<std::int64_t>>{{64, 50}, {100, 9}, {8, 6, 37}, {4, 1000}})
+    for (const std::int64_t p : {2, 4}) {
+      const auto x = random_values<T>(static_cast<std::size_t>(sizes[0] * sizes[1] * (sizes.size() > 2 ? sizes[2] : 1)));
+      // Axes 0 (cut) and, for rank 3, 1 are summed; the last is kept.
+      std::vector<bool> reduced(sizes.size(), true);
+      reduced.back() = false;
+      const auto want = kernel_sum(x, sizes, reduced, SumTree::canonical_for_block_of(1));
+      std::vector<std::int64_t> block_sizes = sizes;
+      block_sizes[0] /= p;
+      const std::size_t block_elements = x.size() / static_cast<std::size_t>(p);
+      std::vector<std::vector<T>> blocks;
+      for (std::int64_t b = 0; b < p; ++b) {
+        std::vector<T> part(x.begin() + static_cast<std::ptrdiff_t>(b * block_elements),
+                            x.begin() + static_cast<std::ptrdiff_t>((b + 1) * block_elements));
+        blocks.push_back(kernel_sum(part, block_sizes, reduced, SumTree::canonical_for_block_of(p)));
+      }
+      require_same_bits(add_pairwise(blocks), want, "leading axis of " + std::to_string(sizes[0]) + " in " + std::to_string(p) + " blocks");
+    }
+}
+
+// --- layer_norm_backward ---
+
+template <typename T>
+struct LayerNormCase {
+  std::int64_t rows, n;
+  std::vector<T> x, scale, bias, dy, mean, rstd;
+
+  LayerNormCase(std::int64_t rows_in, std::int64_t n_in) : rows(rows_in), n(n_in) {
+    x = random_values<T>(static_cast<std::size_t>(rows * n), 2.0, 0.5);
+    scale = random_values<T>(static_cast<std::size_t>(n));
+    bias = random_values<T>(static_cast<std::size_t>(n));
+    dy = random_values<T>(static_cast<std::size_t>(rows * n));
+    std::vector<T> y(x.size());
+    mean.resize(static_cast<std::size_t>(rows));
+    rstd.resize(static_cast<std::size_t>(rows));
+    cpu().layer_norm_forward(dtype_of<T>(), rows, n, x.data(), scale.data(), bias.data(), 1e-5, y.data(), mean.data(), rstd.data());
+  }
+
+  // dx, dscale, dbias of rows [r0, r0 + count).
+  struct Grads {
+    std::vector<T> dx, dscale, dbias;
+  };
+  Grads run(std::int64_t r0, std::int64_t count, const SumTree& tree) const {
+    Grads g{std::vector<T>(static_cast<std::size_t>(count * n)), std::vector<T>(static_cast<std::size_t>(n)),
+            std::vector<T>(static_cast<std::size_t>(n))};
+    cpu().layer_norm_backward(dtype_of<T>(), count, n, x.data() + r0 * n, scale.data(), mean.data() + r0, rstd.data() + r0,
+                              dy.data() + r0 * n, g.dx.data(), g.dscale.data(), g.dbias.data(), tree);
+    return g;
+  }
+};
+
+TEMPLATE_TEST_CASE("tree layer_norm_backward: dscale and dbias the tree sums over rows, dx unchanged", "[tree]", float, double) {
+  using T = TestType;
+  for (const auto& [rows, n] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 5}, {64, 33}, {100, 300}, {7, 1}}) {
+    INFO("rows " << rows << " n " << n);
+    const LayerNormCase<T> c(rows, n);
+    const auto got = c.run(0, rows, SumTree{.on = true});
+    const auto plain = c.run(0, rows, SumTree{});
+    require_same_bits(got.dx, plain.dx, "dx");
+    std::vector<T> terms_s(static_cast<std::size_t>(rows)), terms_b(terms_s.size());
+    for (std::int64_t j = 0; j < n; ++j) {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const auto e = static_cast<std::size_t>(r * n + j);
+        const T xhat = (c.x[e] - c.mean[static_cast<std::size_t>(r)]) * c.rstd[static_cast<std::size_t>(r)];
+        terms_s[static_cast<std::size_t>(r)] = c.dy[e] * xhat;
+        terms_b[static_cast<std::size_t>(r)] = c.dy[e];
+      }
+      const T want_s = nax::tree_sum(terms_s.data(), rows, SumTree{.on = true});
+      const T want_b = nax::tree_sum(terms_b.data(), rows, SumTree{.on = true});
+      require_same_bits(&got.dscale[static_cast<std::size_t>(j)], &want_s, 1, "dscale column " + std::to_string(j));
+      require_same_bits(&got.dbias[static_cast<std::size_t>(j)], &want_b, 1, "dbias column " + std::to_string(j));
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("tree layer_norm_backward: rows cut into p blocks and added pairwise give the bits of the whole", "[tree]", float,
+                   double) {
+  using T = TestType;
+  for (const std::int64_t rows : {64, 96, 1024})
+    for (const std::int64_t p : {2, 4}) {
+      const LayerNormCase<T> c(rows, 45);
+      const auto whole = c.run(0, rows, SumTree::canonical_for_block_of(1));
+      std::vector<std::vector<T>> dscale, dbias;
+      for (std::int64_t b = 0; b < p; ++b) {
+        auto part = c.run(b * rows / p, rows / p, SumTree::canonical_for_block_of(p));
+        require_same_bits(part.dx.data(), whole.dx.data() + b * rows / p * c.n, part.dx.size(), "dx of a block");
+        dscale.push_back(part.dscale);
+        dbias.push_back(part.dbias);
+      }
+      require_same_bits(add_pairwise(dscale), whole.dscale, "dscale over " + std::to_string(p) + " blocks");
+      require_same_bits(add_pairwise(dbias), whole.dbias, "dbias over " + std::to_string(p) + " blocks");
+    }
+}
+
+// --- scatter_add_rows ---
+
+// The reference: table row t = nax::tree_sum over i of the dense terms (grad row i where ids[i]
+// picks t, else +0), column by column.
+template <typename T>
+std::vector<T> reference_scatter(const std::vector<std::int32_t>& ids, kn::VocabRange range, const std::vector<T>& grad,
+                                 std::int64_t row, const SumTree& tree) {
+  const auto count = static_cast<std::int64_t>(ids.size());
+  std::vector<T> out(static_cast<std::size_t>(range.local * row)), terms(ids.size());
+  for (std::int64_t t = 0; t < range.local; ++t)
+    for (std::int64_t j = 0; j < row; ++j) {
+      for (std::int64_t i = 0; i < count; ++i)
+        terms[static_cast<std::size_t>(i)] = ids[static_cast<std::size_t>(i)] == range.start + t ? grad[static_cast<std::size_t>(i * row + j)] : T(0);
+      out[static_cast<std::size_t>(t * row + j)] = nax::tree_sum(terms.data(), count, tree);
+    }
+  return out;
+}
+
+template <typename T>
+std::vector<T> kernel_scatter(const std::int32_t* ids, std::int64_t count, kn::VocabRange range, const T* grad, std::int64_t row,
+                              const SumTree& tree) {
+  std::vector<T> out(static_cast<std::size_t>(range.local * row), std::numeric_limits<T>::quiet_NaN());
+  cpu().scatter_add_rows(dtype_of<T>(), ids, count, range, grad, row, out.data(), tree);
+  return out;
+}
+
+// Gradients with signed zeros among them: a dense tree turns -0 + +0 into +0, which the kernel
+// must reproduce without adding the absent terms one by one.
+template <typename T>
+std::vector<T> gradient_with_zeros(std::size_t n) {
+  auto g = random_values<T>(n);
+  for (auto& v : g) {
+    const auto u = random_int(0, 9);
+    if (u == 0) v = T(-0.0);
+    if (u == 1) v = T(0.0);
+  }
+  return g;
+}
+
+TEMPLATE_TEST_CASE("tree scatter_add_rows: each row the dense tree sum of the gradient rows that pick it", "[tree]", float, double) {
+  using T = TestType;
+  for (const std::int64_t count : {1, 5, 64, 100, 333}) {
+    const std::int64_t vocab = 11, row = 3;
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(count));
+    for (auto& id : ids) id = static_cast<std::int32_t>(random_int(0, vocab - 1));
+    const auto grad = gradient_with_zeros<T>(static_cast<std::size_t>(count * row));
+    for (const kn::VocabRange range : {kn::VocabRange{0, vocab}, kn::VocabRange{4, 5}})
+      for (const SumTree& tree : {SumTree{.on = true}, SumTree::canonical_for_block_of(4), SumTree{.on = true, .forced = 0, .leaf = 3}})
+        require_same_bits(kernel_scatter(ids.data(), count, range, grad.data(), row, tree), reference_scatter(ids, range, grad, row, tree),
+                          "count " + std::to_string(count) + " range start " + std::to_string(range.start));
+  }
+}
+
+TEMPLATE_TEST_CASE("tree scatter_add_rows: ids cut into p blocks and added pairwise give the bits of the whole", "[tree]", float,
+                   double) {
+  using T = TestType;
+  for (const std::int64_t count : {64, 256, 4 * 25})
+    for (const std::int64_t p : {2, 4}) {
+      const std::int64_t vocab = 9, row = 4, per_block = count / p;
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(count));
+      for (std::int64_t i = 0; i < count; ++i)  // block 1 picks only row 0: its other rows are +0
+        ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i / per_block == 1 ? 0 : random_int(0, vocab - 2));
+      const auto grad = gradient_with_zeros<T>(static_cast<std::size_t>(count * row));
+      const kn::VocabRange range{0, vocab};  // row vocab - 1 is picked by no id
+      const auto whole = kernel_scatter(ids.data(), count, range, grad.data(), row, SumTree::canonical_for_block_of(1));
+      std::vector<std::vector<T>> blocks;
+      for (std::int64_t b = 0; b < p; ++b)
+        blocks.push_back(kernel_scatter(ids.data() + b * per_block, per_block, range, grad.data() + b * per_block * row, row,
+                                        SumTree::canonical_for_block_of(p)));
+      require_same_bits(add_pairwise(blocks), whole, "count " + std::to_string(count) + " in " + std::to_string(p) + " blocks");
+      for (std::int64_t j = 0; j < row; ++j) REQUIRE(std::bit_cast<std::uint64_t>(double(whole[static_cast<std::size_t>((vocab - 1) * row + j)])) == 0);
+    }
+}
+
+// --- attention ---
+
+template <typename T>
+struct AttentionRun {
+  std::vector<T> out, lse;
+};
+
+// One head's causal attention (tq = tk = t) with the tree on, its q, k, v rows `stride` apart at
+// element `offset` of their buffers; the result packed densely.
+template <typename T>
+AttentionRun<T> attention_of(const std::vector<T>& q, const std::vector<T>& k, const std::vector<T>& v, std::int64_t t, std::int64_t d,
+                             std::int64_t stride, std::int64_t offset, std::int64_t block_rows, bool tree = true) {
+  auto place = [&](const std::vector<T>& dense) {
+    std::vector<T> buf(static_cast<std::size_t>(offset + t * stride), T(7));
+    for (std::int64_t r = 0; r < t; ++r) std::copy_n(dense.data() + r * d, d, buf.data() + offset + r * stride);
+    return buf;
+  };
+  const auto qb = place(q), kb = place(k), vb = place(v);
+  std::vector<T> ob(qb.size()), lse(static_cast<std::size_t>(t));
+  const std::int64_t offsets[1] = {offset};
+  kn::AttentionSizes s{.dtype = dtype_of<T>(), .batches = 1, .tq = t, .tk = t, .head_dim = d, .scale = 0.125, .block_rows = block_rows,
+                       .tree = SumTree{.on = tree}};
+  std::vector<T> scratch(static_cast<std::size_t>(cpu().attention_forward_scratch(s)));
+  cpu().causal_attention_forward(s, {qb.data(), offsets, stride}, {kb.data(), offsets, stride}, {vb.data(), offsets, stride},
+                                 {ob.data(), offsets, stride}, lse.data(), scratch.data());
+  AttentionRun<T> r{std::vector<T>(static_cast<std::size_t>(t * d)), lse};
+  for (std::int64_t row = 0; row < t; ++row) std::copy_n(ob.data() + offset + row * stride, d, r.out.data() + row * d);
+  return r;
+}
+
+TEMPLATE_TEST_CASE("tree attention: close to f64, and the same bits however the head is laid out", "[tree]", float, double) {
+  using T = TestType;
+  const std::int64_t t = 70, d = 16;
+  const auto q = random_values<T>(static_cast<std::size_t>(t * d)), k = random_values<T>(q.size()), v = random_values<T>(q.size());
+  const auto base = attention_of(q, k, v, t, d, d, 0, 32);
+  for (const auto& [stride, offset] : std::vector<std::pair<std::int64_t, std::int64_t>>{{d + 1, 3}, {3 * d, 1}, {d, 5}}) {
+    const auto other = attention_of(q, k, v, t, d, stride, offset, 32);
+    require_same_bits(other.out, base.out, "out, stride " + std::to_string(stride));
+    require_same_bits(other.lse, base.lse, "lse, stride " + std::to_string(stride));
+  }
+  // The tree is honoured: OpenBLAS's order (the default mode) gives other bits somewhere.
+  const auto blas = attention_of(q, k, v, t, d, d, 0, 32, false);
+  REQUIRE(std::memcmp(blas.out.data(), base.out.data(), base.out.size() * sizeof(T)) != 0);
+  for (std::int64_t i = 0; i < t; ++i) {  // f64 reference
+    std::vector<double> score(static_cast<std::size_t>(i + 1));
+    double top = -INFINITY;
+    for (std::int64_t j = 0; j <= i; ++j) {
+      double s = 0;
+      for (std::int64_t e = 0; e < d; ++e) s += double(q[i * d + e]) * double(k[j * d + e]);
+      score[static_cast<std::size_t>(j)] = s * 0.125, top = std::max(top, s * 0.125);
+    }
+    double total = 0;
+    for (auto& s : score) s = std::exp(s - top), total += s;
+    CHECK(std::abs(double(base.lse[static_cast<std::size_t>(i)]) - (top + std::log(total))) < 1e-4);
+    for (std::int64_t e = 0; e < d; ++e) {
+      double o = 0;
+      for (std::int64_t j = 0; j <= i; ++j) o += score[static_cast<std::size_t>(j)] / total * double(v[j * d + e]);
+      CHECK(std::abs(double(base.out[static_cast<std::size_t>(i * d + e)]) - o) < 1e-4);
+    }
+  }
 }
 
 }  // namespace

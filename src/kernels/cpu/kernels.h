@@ -23,6 +23,9 @@ void fill(DType dtype, void* out, std::int64_t n, double value);
 // the input's, strides[1] the output's (0 along reduced dimensions). out is initialised here.
 void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const Layout<2>& layout,
             const SumTree& tree);
+// The sum of reduce with `tree.on`: each output's inputs, row-major over the reduced dimensions,
+// added in the tree's order (leaves from their first term).
+void tree_sum(DType dtype, const void* in, void* out, std::int64_t out_count, const Layout<2>& layout, const SumTree& tree);
 
 // dst = src element by element, src read with strides[0], dst written with strides[1].
 void copy(std::size_t element_size, const void* src, void* dst, const Layout<2>& layout);
