@@ -10,6 +10,8 @@
 //  - reduce, layer_norm_backward and scatter_add_rows against nax::tree_sum over their terms;
 //  - attention with the tree on: close to an f64 reference, not OpenBLAS's bits, and the same bits
 //    for a head however its matrices are laid out;
+//  - the elementwise and row kernels of a training step: an element's bits do not depend on its
+//    position in the array or the array's length (vector body against scalar tail).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -531,6 +533,220 @@ TEMPLATE_TEST_CASE("tree attention: close to f64, and the same bits however the 
       CHECK(std::abs(double(base.out[static_cast<std::size_t>(i * d + e)]) - o) < 1e-4);
     }
   }
+}
+
+// --- elementwise and row kernels: an element's bits independent of its position ---
+
+// fn(offset, length) computes elements [offset, offset + length) of an array into a fresh vector;
+// every sub-range must give the bits of the whole array's computation.
+template <typename T, typename Fn>
+void require_position_independent(std::int64_t n, Fn&& fn, const std::string& what) {
+  const std::vector<T> whole = fn(0, n);
+  REQUIRE(static_cast<std::int64_t>(whole.size()) == n);
+  for (const std::int64_t offset : {0, 1, 3, 7, 16, 17, 40})
+    for (const std::int64_t length : {1, 3, 8, 15, 16, 17, 31, 33, 64, 100}) {
+      if (offset + length > n) continue;
+      const std::vector<T> part = fn(offset, length);
+      require_same_bits(part.data(), whole.data() + offset, static_cast<std::size_t>(length),
+                        what + " at " + std::to_string(offset) + " length " + std::to_string(length));
+    }
+}
+
+kn::Layout<3> contiguous3(std::int64_t n, std::int64_t b_stride) {
+  kn::Layout<3> l;
+  l.rank = 1;
+  l.sizes[0] = n;
+  l.strides = {kn::Dims{1}, kn::Dims{b_stride}, kn::Dims{1}};
+  return l;
+}
+
+TEMPLATE_TEST_CASE("elementwise kernels: an element's bits do not depend on its position or the array's length", "[tree]", float,
+                   double) {
+  using T = TestType;
+  const DType dt = dtype_of<T>();
+  const std::int64_t n = 200;
+  auto x = random_values<T>(static_cast<std::size_t>(n), 3.0);
+  x[5] = T(0), x[6] = T(-0.0), x[9] = T(40), x[10] = T(-90), x[11] = std::numeric_limits<T>::quiet_NaN();
+  auto y = random_values<T>(static_cast<std::size_t>(n), 2.0, 0.5);
+  std::vector<T> positive(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) positive[i] = std::abs(x[i]) + T(0.01);
+
+  using kn::BinaryOp;
+  for (const BinaryOp op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::max, BinaryOp::min, BinaryOp::pow,
+                            BinaryOp::lt})
+    for (const std::int64_t b_stride : {1, 0}) {
+      const auto& a = op == BinaryOp::pow ? positive : x;
+      require_position_independent<T>(
+          n,
+          [&](std::int64_t o, std::int64_t len) {
+            std::vector<T> out(static_cast<std::size_t>(len));
+            cpu().binary(op, dt, a.data() + o, y.data() + (b_stride == 0 ? 0 : o), out.data(), contiguous3(len, b_stride));
+            return out;
+          },
+          "binary " + std::to_string(static_cast<int>(op)) + " b stride " + std::to_string(b_stride));
+    }
+  using kn::UnaryOp;
+  for (const UnaryOp op : {UnaryOp::neg, UnaryOp::abs, UnaryOp::exp, UnaryOp::log, UnaryOp::sqrt, UnaryOp::rsqrt, UnaryOp::tanh,
+                           UnaryOp::square}) {
+    const auto& in = op == UnaryOp::log || op == UnaryOp::sqrt || op == UnaryOp::rsqrt ? positive : x;
+    require_position_independent<T>(
+        n,
+        [&](std::int64_t o, std::int64_t len) {
+          std::vector<T> out(static_cast<std::size_t>(len));
+          cpu().unary(op, dt, in.data() + o, out.data(), len);
+          return out;
+        },
+        "unary " + std::to_string(static_cast<int>(op)));
+  }
+  require_position_independent<T>(
+      n,
+      [&](std::int64_t o, std::int64_t len) {
+        std::vector<T> out(static_cast<std::size_t>(len));
+        cpu().gelu_forward(dt, len, x.data() + o, out.data());
+        return out;
+      },
+      "gelu_forward");
+  require_position_independent<T>(
+      n,
+      [&](std::int64_t o, std::int64_t len) {
+        std::vector<T> out(static_cast<std::size_t>(len));
+        cpu().gelu_backward(dt, len, x.data() + o, y.data() + o, out.data());
+        return out;
+      },
+      "gelu_backward");
+  const std::vector<T> cond = [&] {
+    std::vector<T> c(x.size());
+    for (std::size_t i = 0; i < c.size(); ++i) c[i] = T(i % 3 == 0);
+    return c;
+  }();
+  require_position_independent<T>(
+      n,
+      [&](std::int64_t o, std::int64_t len) {
+        std::vector<T> out(static_cast<std::size_t>(len));
+        kn::Layout<4> l;
+        l.rank = 1;
+        l.sizes[0] = len;
+        l.strides = {kn::Dims{1}, kn::Dims{1}, kn::Dims{1}, kn::Dims{1}};
+        cpu().where(dt, cond.data() + o, x.data() + o, y.data() + o, out.data(), l);
+        return out;
+      },
+      "where");
+  require_position_independent<T>(
+      n,
+      [&](std::int64_t o, std::int64_t len) {
+        std::vector<T> out(x.begin() + o, x.begin() + o + len);
+        cpu().accumulate(nax::ReduceOp::sum, dt, out.data(), y.data() + o, static_cast<std::size_t>(len));
+        return out;
+      },
+      "accumulate");
+  require_position_independent<T>(
+      n,
+      [&](std::int64_t o, std::int64_t len) {
+        std::vector<T> out(static_cast<std::size_t>(len));
+        kn::Layout<2> l;
+        l.rank = 1;
+        l.sizes[0] = len;
+        l.strides = {kn::Dims{1}, kn::Dims{1}};
+        cpu().copy(sizeof(T), x.data() + o, out.data(), l);
+        return out;
+      },
+      "copy");
+  require_position_independent<std::uint16_t>(
+      n,
+      [&](std::int64_t o, std::int64_t len) {
+        std::vector<std::uint16_t> out(static_cast<std::size_t>(len));
+        cpu().convert(dt, x.data() + o, DType::bf16, out.data(), len);
+        return out;
+      },
+      "convert to bf16");
+  const std::vector<std::uint16_t> halves = [&] {
+    std::vector<std::uint16_t> h(x.size());
+    cpu().convert(dt, x.data(), DType::bf16, h.data(), n);
+    return h;
+  }();
+  require_position_independent<T>(
+      n,
+      [&](std::int64_t o, std::int64_t len) {
+        std::vector<T> out(static_cast<std::size_t>(len));
+        cpu().convert(DType::bf16, halves.data() + o, dt, out.data(), len);
+        return out;
+      },
+      "convert from bf16");
+}
+
+TEST_CASE("adamw kernel: an element's bits do not depend on its position or the array's length", "[tree]") {
+  const std::int64_t n = 200;
+  const auto p = random_values<float>(n), g = random_values<float>(n), m = random_values<float>(n, 0.1);
+  auto v = random_values<float>(n, 0.01);
+  for (auto& e : v) e = std::abs(e);
+  const kn::AdamWStep step{.lr = 1e-3, .weight_decay = 0.1, .correction1 = 0.19, .correction2 = 0.0975};
+  for (int which = 0; which < 3; ++which)
+    require_position_independent<float>(
+        n,
+        [&](std::int64_t o, std::int64_t len) {
+          std::vector<float> outs[3];
+          for (auto& out : outs) out.resize(static_cast<std::size_t>(len));
+          cpu().adamw(len, p.data() + o, m.data() + o, v.data() + o, g.data() + o, outs[0].data(), outs[1].data(), outs[2].data(), step);
+          return outs[which];
+        },
+        "adamw output " + std::to_string(which));
+}
+
+TEMPLATE_TEST_CASE("row kernels: a row's bits do not depend on the other rows", "[tree]", float, double) {
+  using T = TestType;
+  const DType dt = dtype_of<T>();
+  for (const std::int64_t n : {1, 15, 16, 17, 33, 100}) {
+    const std::int64_t rows = 9;
+    const auto x = random_values<T>(static_cast<std::size_t>(rows * n), 3.0), dy = random_values<T>(x.size());
+    const auto scale = random_values<T>(static_cast<std::size_t>(n)), bias = random_values<T>(static_cast<std::size_t>(n));
+    // Every kernel's outputs for rows [r0, r0 + count), concatenated.
+    auto outputs = [&](std::int64_t r0, std::int64_t count) {
+      const std::size_t size = static_cast<std::size_t>(count * n);
+      std::vector<T> all, y(size), dx(size), mean(static_cast<std::size_t>(count)), rstd(mean.size());
+      for (const bool log : {false, true}) {
+        cpu().softmax_forward(dt, count, n, x.data() + r0 * n, y.data(), log);
+        cpu().softmax_backward(dt, count, n, y.data(), dy.data() + r0 * n, dx.data(), log);
+        all.insert(all.end(), y.begin(), y.end());
+        all.insert(all.end(), dx.begin(), dx.end());
+      }
+      cpu().layer_norm_forward(dt, count, n, x.data() + r0 * n, scale.data(), bias.data(), 1e-5, y.data(), mean.data(), rstd.data());
+      std::vector<T> dscale(static_cast<std::size_t>(n)), dbias(dscale.size());
+      cpu().layer_norm_backward(dt, count, n, x.data() + r0 * n, scale.data(), mean.data(), rstd.data(), dy.data() + r0 * n, dx.data(),
+                                dscale.data(), dbias.data(), SumTree{.on = true});
+      for (const auto* part : {&y, &mean, &rstd, &dx}) all.insert(all.end(), part->begin(), part->end());
+      return all;
+    };
+    const auto whole = outputs(0, rows);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto alone = outputs(r, 1);
+      // The whole's outputs for row r, gathered from its concatenation.
+      std::vector<T> want;
+      std::size_t at = 0;
+      for (const std::int64_t width : {n, n, n, n, n, std::int64_t{1}, std::int64_t{1}, n}) {
+        const auto begin = whole.begin() + static_cast<std::ptrdiff_t>(at + static_cast<std::size_t>(r * width));
+        want.insert(want.end(), begin, begin + width);
+        at += static_cast<std::size_t>(rows * width);
+      }
+      require_same_bits(alone, want, "row " + std::to_string(r) + " of length " + std::to_string(n));
+    }
+  }
+}
+
+TEST_CASE("rotary kernel: a row's bits depend only on its data and absolute position", "[tree]") {
+  const std::int64_t seq = 24, head_dim = 8, outer = 5;
+  const auto x = random_values<float>(static_cast<std::size_t>(outer * seq * head_dim));
+  kn::RotarySizes s{.dtype = DType::f32, .seq_len = seq, .seq_stride = head_dim, .head_dim_stride = 1, .rotary_dims = 6};
+  std::vector<std::int64_t> offsets;
+  for (std::int64_t o = 0; o < outer; ++o) offsets.push_back(o * seq * head_dim);
+  auto whole = x;
+  cpu().rotary_in_place(s, whole.data(), offsets.data(), outer);
+  // Positions [8, 24) of outer index 3 alone, as a sequence starting at position 8.
+  std::vector<float> part(x.begin() + 3 * seq * head_dim + 8 * head_dim, x.begin() + 4 * seq * head_dim);
+  kn::RotarySizes ps = s;
+  ps.seq_len = 16, ps.position_offset = 8;
+  const std::int64_t zero[1] = {0};
+  cpu().rotary_in_place(ps, part.data(), zero, 1);
+  require_same_bits(part.data(), whole.data() + 3 * seq * head_dim + 8 * head_dim, part.size(), "rotary rows 8.. of head 3");
 }
 
 }  // namespace
