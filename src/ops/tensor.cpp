@@ -119,6 +119,8 @@ bool Tensor::same_storage(const Tensor& other) const {
   return impl_ && other.impl_ && impl_->buffer == other.impl_->buffer;
 }
 
+bool Tensor::referenced_elsewhere() const { return impl_ && (impl_.use_count() > 1 || impl_->buffer.use_count() > 1); }
+
 bool Tensor::requires_grad() const { return impl_ && impl_->grad_node != nullptr; }
 
 const std::shared_ptr<autodiff::Node>& Tensor::grad_node() const {
