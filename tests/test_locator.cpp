@@ -81,6 +81,33 @@ TEST_CASE("OpRecorder: each outermost op once, with the values it returned", "[u
   REQUIRE(records[2].values[0].values == n.to_vector<double>());
 }
 
+TEST_CASE("OpRecorder: the backward's ops in their phase; a failing op", "[unit][locator]") {
+  const Tensor x = parameter(random_normal(Shape{{"i", 3}, {"j", 4}}, 2, "x"));
+  std::vector<debug::OpRecord> records;
+  {
+    debug::OpRecorder recorder;
+    Tensor loss;
+    {
+      const trace::Span forward("phase", "forward");
+      loss = sum(layer_norm(x, "j", full(Shape{{"j", 4}}, 1.0), full(Shape{{"j", 4}}, 0.0)) * x, {"i", "j"});
+    }
+    const trace::Span backward("phase", "backward");
+    (void)grad(loss, {x});
+    CHECK_THROWS(exp(full(Shape{{"i", 2}}, 1.0, DType::i32)));
+    records = recorder.take();
+  }
+  REQUIRE(records.size() > 4);
+  REQUIRE(records[0].op == "layer_norm");
+  REQUIRE(records[0].context == "forward");
+  REQUIRE(records[0].values.size() == 1);
+  REQUIRE(records[1].op == "mul");
+  REQUIRE(records[2].op == "sum");
+  REQUIRE(records[3].context == "backward");
+  REQUIRE(records.back().op == "exp");
+  REQUIRE(records.back().unread == "the op failed");
+  REQUIRE(records.back().values.empty());
+}
+
 TEST_CASE("locator: the model shows no difference between one and two devices along mp", "[mesh][locator]") {
   const Inputs in;
   const auto one = recorded("dp=1,mp=1", in, false), two = recorded("dp=1,mp=2", in, false);

@@ -4,7 +4,7 @@
 // bytes; time spent waiting for peers a "wait" slice inside its collective; phases (forward,
 // backward, optimizer) and steps as enclosing slices.
 //
-// Off, every hook costs one relaxed atomic load. The recorder is process-wide: under mpirun each
+// Off, every hook costs one relaxed atomic load (and a thread-local pointer test for a SpanObserver). The recorder is process-wide: under mpirun each
 // process writes its own file (pid = rank) on process 0's clock (CLOCK_MONOTONIC, shared by the
 // processes of a node; a process on another host shifts its timestamps by set_clock_offset), and
 // scripts/trace_breakdown.py --merge joins them.
