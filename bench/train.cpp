@@ -8,7 +8,9 @@
 //   build/bin/bench_train [--config small] [--meshes dp=1,mp=1;dp=1,mp=2;...] [--steps N] [--json FILE]
 //                         [--backend cpu|cuda] [--dtype f32|bf16] [--batch B] [--seq T] [--trace FILE] [--remat] [--zero]
 // --trace FILE writes each mesh's timeline (nax/trace.h): FILE itself for one mesh, else FILE with
-// the mesh before the extension (run.json -> run.dp=1_mp=2.json).
+// the mesh before the extension (run.json -> run.dp=1_mp=2.json). --modes default,deterministic
+// runs each mesh in both modes one after the other (RuntimeOptions::deterministic,
+// docs/determinism.md) and prints the deterministic mode's tokens/s as a ratio of the default's.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -26,11 +28,13 @@ int main(int argc, char** argv) {
     nax::Backend backend = nax::Backend::cpu;
     nax::DType dtype = nax::DType::f32;
     bool remat = false, zero = false;
+    std::vector<std::string> modes = {"default"};
     for (int i = 1; i < argc; ++i) {
       std::string arg = argv[i];
       if (arg == "--help" || arg == "-h") {
         fmt::print("usage: bench_train [--config small] [--meshes 'dp=1,mp=1;dp=2,mp=2'] [--steps N] [--batch B] [--seq T] [--json FILE]\n"
-                   "                   [--backend cpu|cuda] [--dtype f32|bf16] [--trace FILE] [--remat] [--zero]\n");
+                   "                   [--backend cpu|cuda] [--dtype f32|bf16] [--trace FILE] [--remat] [--zero]\n"
+                   "                   [--modes default,deterministic]\n");
         return 0;
       }
       if (arg == "--config") config = bench::flag_value(argc, argv, i);
@@ -49,7 +53,17 @@ int main(int argc, char** argv) {
       else if (arg == "--trace") trace_path = bench::flag_value(argc, argv, i);
       else if (arg == "--backend") backend = nax::parse_backend(bench::flag_value(argc, argv, i));
       else if (arg == "--dtype") dtype = gptj::parse_compute_dtype(bench::flag_value(argc, argv, i));
-      else if (arg == "--remat") remat = true;
+      else if (arg == "--modes") {
+        modes.clear();
+        std::string list = bench::flag_value(argc, argv, i);
+        for (std::size_t b = 0; b <= list.size();) {
+          std::size_t e = std::min(list.find(',', b), list.size());
+          modes.push_back(list.substr(b, e - b));
+          if (modes.back() != "default" && modes.back() != "deterministic")
+            nax::fail("bench_train", "--modes takes default and/or deterministic, got '{}'", modes.back());
+          b = e + 1;
+        }
+      } else if (arg == "--remat") remat = true;
       else if (arg == "--zero") zero = true;
       else nax::fail("bench_train", "unknown argument '{}' (try --help)", arg);
     }
@@ -57,49 +71,58 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 2000; ++i) text += fmt::format("sentence {} of the benchmark text, with some words to learn.\n", i);
     const auto data = gptj::TextData::from_text(text);
 
-    fmt::print("{:<12} {:>10} {:>8} {:>10} {:>8} {:>12}\n", "mesh", "tokens/s", "vs 1x1", "MFU", "loss", "peak GF/s");
+    fmt::print("{:<12} {:<14} {:>10} {:>8} {:>10} {:>8} {:>12}\n", "mesh", "mode", "tokens/s", "vs 1x1", "MFU", "loss", "peak GF/s");
     std::vector<bench::JsonObject> rows;
     double base = 0;
     for (const auto& mesh : meshes) {
-      gptj::TrainOptions o;
-      o.config = config, o.mesh = mesh, o.steps = steps, o.batch = batch, o.seq = seq, o.eval_every = 0, o.eval_batches = 1, o.quiet = true;
-      o.backend = backend, o.dtype = dtype, o.warmup = std::min<std::int64_t>(o.warmup, steps);
-      o.remat = remat, o.zero = zero;
-      std::string mesh_trace = trace_path;
-      if (!trace_path.empty() && meshes.size() > 1) {
-        std::string tag = mesh;
-        std::replace(tag.begin(), tag.end(), ',', '_');
-        const std::size_t dot = trace_path.find_last_of('.'), slash = trace_path.find_last_of('/');
-        const bool extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
-        mesh_trace = extension ? fmt::format("{}.{}{}", trace_path.substr(0, dot), tag, trace_path.substr(dot)) : trace_path + "." + tag;
+      double default_tokens_per_s = 0;
+      for (const auto& mode : modes) {
+        gptj::TrainOptions o;
+        o.deterministic = mode == "deterministic";
+        o.config = config, o.mesh = mesh, o.steps = steps, o.batch = batch, o.seq = seq, o.eval_every = 0, o.eval_batches = 1, o.quiet = true;
+        o.backend = backend, o.dtype = dtype, o.warmup = std::min<std::int64_t>(o.warmup, steps);
+        o.remat = remat, o.zero = zero;
+        std::string mesh_trace = trace_path;
+        if (!trace_path.empty() && meshes.size() > 1) {
+          std::string tag = mesh;
+          std::replace(tag.begin(), tag.end(), ',', '_');
+          const std::size_t dot = trace_path.find_last_of('.'), slash = trace_path.find_last_of('/');
+          const bool extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+          mesh_trace = extension ? fmt::format("{}.{}{}", trace_path.substr(0, dot), tag, trace_path.substr(dot)) : trace_path + "." + tag;
+        }
+        const nax::trace::Scope trace(mesh_trace, "bench_train " + mesh);
+        o.time_phases = true;  // a queue drain at each phase boundary: microseconds against steps of 100s of ms
+        auto r = gptj::train(o, data);
+        if (base == 0) base = r.tokens_per_s;
+        if (mode == "default") default_tokens_per_s = r.tokens_per_s;
+        const std::string ratio = mode == "deterministic" && default_tokens_per_s > 0
+                                      ? fmt::format(" ({:.2f}x of default)", r.tokens_per_s / default_tokens_per_s)
+                                      : "";
+        fmt::print("{:<12} {:<14} {:>10.0f} {:>7.2f}x {:>9.1f}% {:>8.4f} {:>12.0f}{}\n", mesh, mode, r.tokens_per_s, r.tokens_per_s / base,
+                   100 * r.mfu, r.losses.back(), r.peak_gflops, ratio);
+        rows.push_back(bench::JsonObject()
+                           .add("mesh", mesh)
+                           .add("mode", mode)
+                           .add("config", config)
+                           .add("backend", std::string(nax::backend_name(backend)))
+                           .add("dtype", std::string(nax::dtype_name(dtype)))
+                           .add("remat", remat)
+                           .add("zero", zero)
+                           .add("batch", static_cast<double>(batch))
+                           .add("seq", static_cast<double>(seq))
+                           .add("tokens_per_s", r.tokens_per_s)
+                           .add("speedup_vs_first", r.tokens_per_s / base)
+                           .add("mfu", r.mfu)
+                           .add("peak_gflops", r.peak_gflops)
+                           .add("final_loss", r.losses.back())
+                           .add("first_loss", r.losses.front())
+                           .add("peak_device_bytes", static_cast<double>(r.peak_bytes))
+                           .add("forward_s", r.forward_s)
+                           .add("backward_s", r.backward_s)
+                           .add("optimizer_s", r.optimizer_s));
+        fmt::print("{:<12} peak memory {:.2f} GiB; per step: forward {:.3f} s, backward {:.3f} s, optimizer {:.3f} s\n", "",
+                   static_cast<double>(r.peak_bytes) / (1 << 30), r.forward_s, r.backward_s, r.optimizer_s);
       }
-      const nax::trace::Scope trace(mesh_trace, "bench_train " + mesh);
-      o.time_phases = true;  // a queue drain at each phase boundary: microseconds against steps of 100s of ms
-      auto r = gptj::train(o, data);
-      if (base == 0) base = r.tokens_per_s;
-      fmt::print("{:<12} {:>10.0f} {:>7.2f}x {:>9.1f}% {:>8.4f} {:>12.0f}\n", mesh, r.tokens_per_s, r.tokens_per_s / base, 100 * r.mfu,
-                 r.losses.back(), r.peak_gflops);
-      rows.push_back(bench::JsonObject()
-                         .add("mesh", mesh)
-                         .add("config", config)
-                         .add("backend", std::string(nax::backend_name(backend)))
-                         .add("dtype", std::string(nax::dtype_name(dtype)))
-                         .add("remat", remat)
-                         .add("zero", zero)
-                         .add("batch", static_cast<double>(batch))
-                         .add("seq", static_cast<double>(seq))
-                         .add("tokens_per_s", r.tokens_per_s)
-                         .add("speedup_vs_first", r.tokens_per_s / base)
-                         .add("mfu", r.mfu)
-                         .add("peak_gflops", r.peak_gflops)
-                         .add("final_loss", r.losses.back())
-                         .add("first_loss", r.losses.front())
-                         .add("peak_device_bytes", static_cast<double>(r.peak_bytes))
-                         .add("forward_s", r.forward_s)
-                         .add("backward_s", r.backward_s)
-                         .add("optimizer_s", r.optimizer_s));
-      fmt::print("{:<12} peak memory {:.2f} GiB; per step: forward {:.3f} s, backward {:.3f} s, optimizer {:.3f} s\n", "",
-                 static_cast<double>(r.peak_bytes) / (1 << 30), r.forward_s, r.backward_s, r.optimizer_s);
     }
     if (backend == nax::Backend::cpu)
       fmt::print("MFU is against the one-thread sgemm rate times min(devices, {} cores); goals: 1x2 and 2x1 >= 1.6x of 1x1, MFU at 1x1 >= 50%\n",

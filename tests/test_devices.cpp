@@ -66,6 +66,22 @@ TEST_CASE("GPT-J trains on remote devices exactly as on the CPU (no host access 
   CHECK(on_remote == on_cpu);
 }
 
+TEST_CASE("deterministic mode on remote devices (the device transport, as on GPUs) gives the CPU's 1x1 bits on any mesh",
+          "[devices][deterministic]") {
+  const std::string sharding = GENERATE("hand", "auto");
+  RuntimeOptions cpu;
+  cpu.deterministic = true;
+  RuntimeOptions remote = remote_options();
+  remote.deterministic = true;
+  const gptj::TrainOptions one = testing::tiny("dp=1,mp=1", 2, sharding);
+  const auto on_cpu = testing::learner_steps(Runtime::local(Mesh::parse(one.mesh), cpu), one, 2);
+  for (const std::string mesh : {"dp=2,mp=2", "dp=1,mp=4"}) {
+    INFO("mesh " << mesh);
+    const gptj::TrainOptions o = testing::tiny(mesh, 2, sharding);
+    CHECK(testing::learner_steps(Runtime::local(Mesh::parse(mesh), remote), o, 2) == on_cpu);
+  }
+}
+
 TEST_CASE("runtime options that cannot work are refused with the reason", "[devices][errors]") {
   const Mesh mesh = Mesh::parse("dp=2");
   RuntimeOptions host_on_remote = remote_options();

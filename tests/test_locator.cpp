@@ -177,6 +177,43 @@ TEST_CASE("locator: a contraction cut over mp is rebuilt from its partial sums",
   REQUIRE(off.first.b == off.first.a + 1);
 }
 
+TEST_CASE("locator: deterministic mode's sum of partial sums is rebuilt term by term, as psum finishes it", "[mesh][locator]") {
+  // On two devices a = (2^24 | -2^24) and b = (1 | 1) per device. psum(a + b) adds each term's ranks,
+  // then the terms: 0 + 2 = 2, as one device computes. Adding each device's a + b first would give
+  // 2^24 + (1 - 2^24) = 1 in f32: rebuilding the add that way would be a false difference.
+  const Tensor big = from_vector(Shape{{"i", 1}, {"k", 2}}, std::vector<float>{16777216.0f, -16777216.0f});
+  const Tensor small = from_vector(Shape{{"i", 1}, {"k", 2}}, std::vector<float>{1.0f, 1.0f});
+  const Tensor ones = full(Shape{{"k", 2}}, 1.0);
+  std::vector<double> results;
+  auto program = [&](Shard& s) {
+    const AxisRules rules{{"k", "mp"}};
+    const Tensor w = s.shard(ones, rules);
+    const Tensor y = psum(dot(s.shard(big, rules), w, "k") + dot(s.shard(small, rules), w, "k"), "mp");
+    if (s.device() == 0) results.push_back(y.item());
+  };
+  RuntimeOptions deterministic;
+  deterministic.deterministic = true;
+  Runtime one = Runtime::local(Mesh::parse("dp=1,mp=1"), deterministic), two = Runtime::local(Mesh::parse("dp=1,mp=2"), deterministic);
+  const auto on_one = debug::record_ops(one, program), on_two = debug::record_ops(two, program);
+  REQUIRE(results == std::vector<double>{2.0, 2.0});
+  const auto& add_on_two = on_two.devices[0][position_of(on_two.devices[0], "add")];
+  REQUIRE(add_on_two.values.size() == 1);
+  REQUIRE(add_on_two.values[0].terms.size() == 2);
+  REQUIRE(add_on_two.values[0].values == std::vector<double>{16777216.0});  // 2^24 + 1 rounded in f32
+  const auto c = debug::compare_records(on_one, on_two);
+  INFO(debug::describe(c, "1x1", "1x2"));
+  REQUIRE_FALSE(c.first.found);
+  REQUIRE(c.ops_compared == 3);  // dot, dot, add (the psum over one device is an alias)
+  // The same records without the terms: each device's a + b added across devices differs, at the add.
+  auto naive = on_two;
+  for (auto& device : naive.devices) device[position_of(device, "add")].values[0].terms.clear();
+  const auto wrong = debug::compare_records(on_one, naive);
+  REQUIRE(wrong.first.found);
+  REQUIRE(wrong.first.op == "add");
+  REQUIRE(wrong.first.a == 2.0);
+  REQUIRE(wrong.first.b == 1.0);
+}
+
 TEST_CASE("locator: devices disagreeing on an Invariant value are a finding", "[mesh][locator]") {
   auto program = [](Shard& s) {
     const Tensor wrong = full(Shape{{"i", 3}}, static_cast<double>(s.device()));  // typed Invariant, but per device

@@ -171,7 +171,7 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   TrainOptions hand = o.train, automatic = o.train;
   hand.sharding = "hand", automatic.sharding = "auto";
   const AxisRules rules = axis_rules(mesh);
-  Runtime rt = Runtime::from_env(mesh, runtime_options(o.train.backend));
+  Runtime rt = Runtime::from_env(mesh, runtime_options(o.train.backend, o.train.deterministic));
   Track hand_track, auto_track;
   Progress progress(o.train.quiet || process_index() != 0, o.train.steps);
   rt.run([&](Shard& s) {

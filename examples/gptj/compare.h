@@ -21,7 +21,6 @@ struct CompareOptions {
   double projected_mfu = 0.4;     // compute efficiency assumed for the cluster projections
   // The mesh-comparison locator instead (compare_meshes): two meshes as DPxMP, e.g. {"1x1", "2x2"}.
   std::vector<std::string> meshes;
-  bool deterministic = false;     // RuntimeOptions::deterministic
 };
 
 // One row of the comparison.

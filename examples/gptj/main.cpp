@@ -172,6 +172,8 @@ void train_help() {
       "                     recompute its forward in backward (less memory, one more forward)\n"
       "  --zero             ZeRO-1: each dp rank keeps and updates 1/dp of the AdamW moments, then\n"
       "                     all-gathers the parameters (same steps; checkpoints as without)\n"
+      "  --deterministic    bitwise-identical results on every mesh (docs/determinism.md): every\n"
+      "                     sum in a canonical order fixed by the global problem; slower\n"
       "  --trace FILE       write a timeline of every device's ops and collectives (Chrome trace JSON,\n"
       "                     for Perfetto and scripts/trace_breakdown.py; one file per rank under mpirun)\n"
       "  --quiet            no progress line (on a terminal a live line, else a plain line per second at most)\n");
@@ -194,6 +196,8 @@ void sample_help() {
       "  --top-p P          then among the most likely tokens holding P of the probability,\n"
       "                     in (0, 1]                                     (default 1)\n"
       "  --ignore-eos       with --tokenizer: do not stop at the config's eos_token_id\n"
+      "  --deterministic    bitwise-identical results on every mesh (docs/determinism.md): every\n"
+      "                     sum in a canonical order fixed by the global problem; slower\n"
       "  --seed S           sampling seed                                 (default 0)\n"
       "  --tokenizer FILE   the tokenizer.json the model was trained with (default: bytes)\n"
       "  --trace FILE       write a timeline of the devices' ops and collectives (as for gptj train)\n");
@@ -221,6 +225,7 @@ int run_train(int argc, char** argv) {
                {"--allow-extend-steps", set_true(o.allow_extend_steps)},
                {"--remat", set_true(o.remat)},
                {"--zero", set_true(o.zero)},
+               {"--deterministic", set_true(o.deterministic)},
                {"--quiet", set_true(o.quiet)}});
   if (!o.init_from.empty() && std::any_of(argv + 2, argv + argc, [](const char* a) { return std::string_view(a) == "--config"; }))
     nax::fail("gptj", "--config and --init-from: the config comes from '{}/config.json', give one of them", o.init_from);
@@ -279,14 +284,14 @@ void compare_help() {
       "  --install-jax      with --with-jax: install JAX from PyPI into .venv-jax/ when it is missing\n"
       "  --trace FILE       write a timeline of both models' steps (as for gptj train; each step slice\n"
       "                     names its sharding, scripts/trace_breakdown.py puts them side by side)\n"
+      "  --deterministic    both models in deterministic mode, as for gptj train\n"
       "  --quiet            no progress line\n\n"
       "gptj compare --meshes A,B [--deterministic] [flags]: the locator instead. Runs --steps (default 1)\n"
       "training steps of the hand-coded model on meshes A and B (DPxMP, e.g. 1x1,2x2), every op's values\n"
       "recorded on every device, rebuilt as global tensors and compared op by op; prints the first op whose\n"
       "value differs (its position, name, shape, elements differing, first difference, largest difference)\n"
       "and exits 1, or prints \"no difference in N ops\" and exits 0 (docs/locator.md). Use small configs.\n"
-      "  --meshes A,B       the two meshes, DPxMP each\n"
-      "  --deterministic    deterministic mode (bitwise-identical results on every mesh; docs/determinism.md)\n");
+      "  --meshes A,B       the two meshes, DPxMP each\n");
 }
 
 int run_compare(int argc, char** argv) {
@@ -306,7 +311,7 @@ int run_compare(int argc, char** argv) {
               compare_help,
               {{"--with-jax", set_true(c.with_jax)},
                {"--install-jax", set_true(c.install_jax)},
-               {"--deterministic", set_true(c.deterministic)},
+               {"--deterministic", set_true(o.deterministic)},
                {"--quiet", set_true(o.quiet)}});
   if (!meshes.empty()) {
     c.meshes = gptj::split_meshes(meshes);
@@ -343,7 +348,11 @@ int run_logits(int argc, char** argv) {
                {"--mesh", set(o.mesh)},
                {"--prompt", set(o.prompt)},
                {"--tokenizer", set(o.tokenizer)}},
-              [] { fmt::print("usage: gptj logits --ckpt DIR --prompt TEXT [--mesh SPEC] [--tokenizer FILE]\nPrints the logits of every prompt position as JSON.\n"); });
+              [] {
+                fmt::print("usage: gptj logits --ckpt DIR --prompt TEXT [--mesh SPEC] [--tokenizer FILE] [--deterministic]\nPrints the "
+                           "logits of every prompt position as JSON (--deterministic: the same bits on every mesh).\n");
+              },
+              {{"--deterministic", set_true(o.deterministic)}});
   const auto rows = gptj::prompt_logits(o);
   if (nax::process_index() != 0) return 0;
   std::vector<std::string> lines;
@@ -416,7 +425,8 @@ int run_sample(int argc, char** argv) {
                {"--top-p", set_double("--top-p", o.top_p)},
                {"--seed", set_int("--seed", o.seed)},
                {"--tokenizer", set(o.tokenizer)}},
-              sample_help, {{"--ignore-eos", [&](const std::string&) { o.stop_at_eos = false; }}});
+              sample_help,
+              {{"--ignore-eos", [&](const std::string&) { o.stop_at_eos = false; }}, {"--deterministic", set_true(o.deterministic)}});
   trace.start();
   if (o.prompts.empty()) o.prompts.push_back("");
   const auto texts = gptj::sample_batch(o);

@@ -101,7 +101,7 @@ std::string text_of(const Loaded& m, const std::vector<std::int32_t>& tokens) { 
 std::vector<std::vector<double>> prompt_logits(const SampleOptions& o) {
   const Loaded m = load_for_inference(o);
   const auto tokens = prompt_tokens(o, o.prompt, m, 0);
-  Runtime rt = Runtime::from_env(m.mesh, runtime_options(o.backend));
+  Runtime rt = Runtime::from_env(m.mesh, runtime_options(o.backend, o.deterministic));
   return rt.run([&](Shard& s) {
     NoGrad no_grad;
     Model model = model_on(s, m);
@@ -150,7 +150,7 @@ std::vector<std::string> sample_batch(const SampleOptions& o) {
   const bool stop = o.stop_at_eos && !o.tokenizer.empty();
   const auto eos = static_cast<std::int32_t>(m.files.config.eos_token_id);
   const AxisRules& rules = m.rules;
-  Runtime rt = Runtime::from_env(m.mesh, runtime_options(o.backend));
+  Runtime rt = Runtime::from_env(m.mesh, runtime_options(o.backend, o.deterministic));
   return rt.run([&](Shard& s) {
     NoGrad no_grad;
     Model model = model_on(s, m);

@@ -196,9 +196,21 @@ void check_memory(const Config& config, std::int64_t batch, std::int64_t seq) {
          config.name, batch, seq, need * 1e-9, have * 1e-9);
 }
 
-RuntimeOptions runtime_options(Backend backend) {
+// What --deterministic cannot make mesh-independent is refused, naming the flag.
+void check_deterministic(const TrainOptions& o) {
+  if (!o.deterministic) return;
+  if (o.dtype == DType::bf16)
+    fail("train", "--deterministic needs --dtype f32: bf16 rounds each device's partial sums before their psum, so the bits would "
+         "depend on the mesh");
+  if (o.micro_batches > 1)
+    fail("train", "--deterministic with --micro-batches {}: a micro-batch holds different sequences on meshes of different dp, so "
+         "the accumulated gradient would be rounded differently; use --micro-batches 1", o.micro_batches);
+}
+
+RuntimeOptions runtime_options(Backend backend, bool deterministic) {
   RuntimeOptions options;
   options.backend = backend;
+  options.deterministic = deterministic;
   return options;
 }
 
@@ -219,6 +231,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
   if (o.micro_batches < 1 || (o.batch / mesh.axis_size("dp")) % o.micro_batches != 0)
     fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, o.batch / mesh.axis_size("dp"));
   if (o.seq > config.max_seq) fail("train", "--seq {} exceeds the config's maximum {}", o.seq, config.max_seq);
+  check_deterministic(o);
   const auto specs = parameter_specs(config);
   if (o.resume && o.ckpt_dir.empty()) fail("train", "--resume needs --ckpt-dir");
   std::optional<ckpt::RunFolder> folder;  // process 0 writes the checkpoints, holding the folder's lock
@@ -239,7 +252,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
   TrainResult result;
   result.peak_gflops = peak_gflops(o, mesh.size());
   const double flops_per_step = flops_per_token(config, o.seq) * static_cast<double>(o.batch * o.seq);
-  Runtime rt = Runtime::from_env(mesh, runtime_options(o.backend));  // one process per device under mpirun, threads otherwise
+  Runtime rt = Runtime::from_env(mesh, runtime_options(o.backend, o.deterministic));  // one process per device under mpirun, threads otherwise
   const AxisRules rules = axis_rules(mesh);
   Progress progress(o.quiet || !lead_process, o.steps);
   progress.message(fmt::format("gptj train: config {} ({:.2f}M parameters), mesh {}, batch {} x seq {}, {} steps, {} compute, "

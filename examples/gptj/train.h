@@ -50,6 +50,8 @@ struct TrainOptions {
   bool remat = false;
   // ZeRO-1: AdamW's moments cut over dp (nn::AdamWConfig::shard_state_over).
   bool zero = false;
+  // nax::RuntimeOptions::deterministic: the same bits on every mesh (docs/determinism.md).
+  bool deterministic = false;
 };
 
 struct TrainResult {
@@ -77,7 +79,7 @@ void check_memory(const Config& config, std::int64_t batch, std::int64_t seq);
 TrainResult train(const TrainOptions& options, const TextData& data);
 
 // The runtime options of a --backend.
-nax::RuntimeOptions runtime_options(nax::Backend backend);
+nax::RuntimeOptions runtime_options(nax::Backend backend, bool deterministic = false);
 
 struct SampleOptions {
   nax::Backend backend = nax::Backend::cpu;
@@ -96,6 +98,7 @@ struct SampleOptions {
   bool stop_at_eos = true;
   std::uint64_t seed = 0;
   std::string tokenizer;  // the tokenizer.json the model was trained with; empty: bytes
+  bool deterministic = false;  // nax::RuntimeOptions::deterministic
 };
 
 // Checks --tokens, --temperature, --top-k and --top-p.

@@ -73,6 +73,12 @@ class Tensor {
   const std::shared_ptr<autodiff::Node>& grad_node() const;
   Tensor with_grad_node(std::shared_ptr<autodiff::Node> node) const;
 
+  // Deterministic mode (internal, docs/determinism.md): the partial sums whose sum this value is,
+  // in order, so that psum can finish each in the canonical tree and add them in that order
+  // whatever the mesh; empty for other values. A new vary type drops them.
+  const std::vector<Tensor>& partial_terms() const;
+  Tensor with_partial_terms(std::vector<Tensor> terms) const;
+
  private:
   struct Impl;
   explicit Tensor(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}

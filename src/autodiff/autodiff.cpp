@@ -45,9 +45,74 @@ std::pair<Tensor, std::vector<std::string>> align(const Tensor& g_in, const Tens
 
 void accumulate(Pending& p, const Tensor& g_in, const std::string& op) {
   auto [g, axes] = align(g_in, p.like, op);
+  if (detail::deterministic()) {
+    p.terms.emplace_back(std::move(axes), std::move(g));
+    return;
+  }
   auto [slot, fresh] = p.sums.try_emplace(axes, g);
   if (!fresh) slot->second = add(slot->second, g);
 }
+
+namespace {
+
+// The same tensors, laid end to end in one buffer, psummed together (the bucket), and cut apart.
+std::vector<Tensor> psum_together(const std::vector<Tensor>& parts, const std::vector<std::string>& axes) {
+  if (parts.size() == 1) return {psum(parts[0], axes)};
+  std::int64_t total = 0;
+  for (const auto& t : parts) total += t.numel();
+  VaryType varying;
+  for (const auto& m : axes) varying.set_varying(m);
+  const DType dtype = parts[0].dtype();
+  Tensor flat = Tensor::empty(Shape{{"bucket", total}}, dtype, parts[0].device_ptr());
+  auto& kernels = flat.device().kernels();
+  std::size_t offset = 0;
+  for (const auto& t : parts) {
+    kernels.copy_bytes(static_cast<char*>(flat.raw_mutable()) + offset, t.raw(), t.nbytes());
+    offset += t.nbytes();
+  }
+  const Tensor reduced = psum(flat.with_vary(varying), axes);
+  std::vector<Tensor> out;
+  offset = 0;
+  for (const auto& t : parts) {
+    Tensor piece = Tensor::empty(t.shape(), dtype, t.device_ptr());
+    kernels.copy_bytes(piece.raw_mutable(), static_cast<const char*>(reduced.raw()) + offset, t.nbytes());
+    offset += t.nbytes();
+    out.push_back(piece);
+  }
+  return out;
+}
+
+// Deterministic mode: each value's contributions, those still varying psummed (bucketed as below:
+// a bucket's psum adds each element over the ranks exactly as its own psum would), then added in
+// arrival order, which is the same on every mesh.
+std::vector<Tensor> finish_in_order(const std::vector<const Pending*>& pendings) {
+  std::vector<std::vector<Tensor>> parts(pendings.size());
+  std::map<std::pair<std::vector<std::string>, DType>, std::vector<std::pair<std::size_t, std::size_t>>> buckets;
+  for (std::size_t i = 0; i < pendings.size(); ++i) {
+    if (pendings[i] == nullptr) continue;
+    std::vector<std::pair<std::vector<std::string>, Tensor>> all(pendings[i]->sums.begin(), pendings[i]->sums.end());
+    all.insert(all.end(), pendings[i]->terms.begin(), pendings[i]->terms.end());
+    for (const auto& [axes, g] : all) {
+      parts[i].push_back(g);
+      if (!axes.empty()) buckets[{axes, g.dtype()}].push_back({i, parts[i].size() - 1});
+    }
+  }
+  for (const auto& [key, places] : buckets) {
+    std::vector<Tensor> summed;
+    for (const auto& [i, j] : places) summed.push_back(parts[i][j]);
+    summed = psum_together(summed, key.first);
+    for (std::size_t p = 0; p < places.size(); ++p) parts[places[p].first][places[p].second] = summed[p];
+  }
+  std::vector<Tensor> out(pendings.size());
+  for (std::size_t i = 0; i < pendings.size(); ++i)
+    for (const auto& g : parts[i]) {
+      const Tensor whole = g.with_vary(pendings[i]->like.vary());
+      out[i] = out[i].defined() ? add(out[i], whole).with_partial_terms({}) : whole;
+    }
+  return out;
+}
+
+}  // namespace
 
 // Finished gradients. Where a value is Invariant over a mesh axis but a contribution varies (the
 // value met a varying one: an implicit pvary), that contribution is summed over the axis, once for
@@ -55,6 +120,7 @@ void accumulate(Pending& p, const Tensor& g_in, const std::string& op) {
 // mesh axes (and dtype) go as one all-reduce of the gradients laid end to end, as DDP buckets them:
 // fewer, larger collectives (each element is summed over the same devices in the same order).
 std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings) {
+  if (detail::deterministic()) return finish_in_order(pendings);
   std::vector<Tensor> out(pendings.size());
   std::map<std::pair<std::vector<std::string>, DType>, std::vector<std::pair<std::size_t, Tensor>>> buckets;
   for (std::size_t i = 0; i < pendings.size(); ++i) {
@@ -154,13 +220,13 @@ Grads backpropagate(const Tensor& root, const Tensor& seed, const std::unordered
     Node* node = owned.get();
     auto it = grads.find(node);
     if (node->leaf || it == grads.end()) continue;
-    if (node->passes_partial_sums && !wanted.count(node)) {
+    if (node->passes_partial_sums && !wanted.count(node) && !detail::deterministic()) {
       const Pending pending = std::move(it->second);
       grads.erase(it);
       for (const auto& [axes, sum] : pending.sums) propagate(node, axes.empty() ? sum.with_vary(pending.like.vary()) : sum);
     } else {
       const Tensor g = finish(it->second);
-      if (wanted.count(node)) it->second.sums = {{{}, g}};
+      if (wanted.count(node)) it->second.sums = {{{}, g}}, it->second.terms.clear();
       else grads.erase(it);
       propagate(node, g);
     }

@@ -19,6 +19,10 @@ namespace nax::autodiff {
 struct Pending {
   std::map<std::vector<std::string>, Tensor> sums;  // by the mesh axes still to psum over
   Tensor like;
+  // Deterministic mode: every contribution apart, in arrival order, with the mesh axes it still
+  // needs a psum over; finished by psum-ing each and adding them in that order, as one device
+  // adds them (summing partial contributions before their psum would depend on the mesh).
+  std::vector<std::pair<std::vector<std::string>, Tensor>> terms;
 };
 
 using Grads = std::unordered_map<Node*, Pending>;

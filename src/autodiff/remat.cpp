@@ -14,7 +14,9 @@ using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 // A gradient as the outer walk accumulates it: still unsummed over the mesh axes where the value
 // is Invariant but the contributions vary (the outer pass psums it once, bucketed with the other
 // gradients), unless parts already whole and parts still to sum met: those are finished here.
-Tensor as_contribution(const autodiff::Pending& p) { return p.sums.size() == 1 ? p.sums.begin()->second : autodiff::finish(p); }
+Tensor as_contribution(const autodiff::Pending& p) {
+  return p.sums.size() == 1 && p.terms.empty() ? p.sums.begin()->second : autodiff::finish(p);
+}
 
 // d loss / d captured from d loss / d y: runs fn again, recording, and backpropagates g through
 // the nodes it made (those made from `floor` on), stopping at the values from outside.

@@ -168,6 +168,42 @@ Assembly assemble(const Mesh& mesh, const std::string& mesh_name, const std::vec
   return out;
 }
 
+// A value kept as terms (deterministic mode's sum of partial sums) as psum finishes it: each term
+// rebuilt (its ranks added in the tree), then the terms added in order.
+Assembly assemble_value(const Mesh& mesh, const std::string& mesh_name, const std::vector<const OpValue*>& held) {
+  const std::size_t n = held[0]->terms.size();
+  for (const OpValue* v : held)
+    if (v->terms.size() != n) {
+      Assembly out;
+      out.skipped = "its devices kept different numbers of partial-sum terms";
+      return out;
+    }
+  if (n == 0) return assemble(mesh, mesh_name, held);
+  Assembly total;
+  for (std::size_t t = 0; t < n; ++t) {
+    std::vector<const OpValue*> term;
+    for (const OpValue* v : held) term.push_back(&v->terms[t]);
+    Assembly part = assemble(mesh, mesh_name, term);
+    if (!part.global) return part;
+    if (!total.global) {
+      total = std::move(part);
+      continue;
+    }
+    Global& sum = *total.global;
+    const Global& add = *part.global;
+    if (!(add.shape == sum.shape) || add.per_device_axes != sum.per_device_axes || add.by_coords.size() != sum.by_coords.size()) {
+      Assembly out;
+      out.skipped = "its partial-sum terms are held differently";
+      return out;
+    }
+    for (auto& [coords, values] : sum.by_coords) {
+      const std::vector<double>& more = add.by_coords.at(coords);
+      for (std::size_t i = 0; i < values.size(); ++i) values[i] = add_as(sum.dtype, values[i], more[i]);
+    }
+  }
+  return total;
+}
+
 std::string per_device_name(const std::vector<std::string>& axes, const std::vector<int>& coords) {
   std::vector<std::string> parts;
   for (std::size_t i = 0; i < axes.size(); ++i) parts.push_back(fmt::format("{}={}", axes[i], coords[i]));
@@ -256,7 +292,7 @@ Comparison compare_records(const MeshRecords& a, const MeshRecords& b) {
         note(fmt::format("op {} ({}): its devices kept different numbers of values: not compared", i, x.op));
         break;
       }
-      Assembly ga = assemble(a.mesh, a_name, held_a), gb = assemble(b.mesh, b_name, held_b);
+      Assembly ga = assemble_value(a.mesh, a_name, held_a), gb = assemble_value(b.mesh, b_name, held_b);
       for (auto* g : {&ga, &gb})
         if (g->disagreement) {
           c.first = *g->disagreement;

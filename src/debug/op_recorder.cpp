@@ -33,6 +33,8 @@ struct OpRecorder::Observer final : trace::SpanObserver, detail::ResultObserver 
   int exceptions_at_open = 0;
   bool reading = false;         // copying values: the reads' own slices and tensors are not the program's
   std::vector<Tensor> made_now;  // by the outermost open op
+  std::vector<Tensor> kept_last;  // the values recorded of the last op, until the next begins
+  std::vector<std::pair<Tensor, std::vector<Tensor>>> terms_now;  // terms kept by values of the open op
   bool filled_later_now = false;
   trace::SpanObserver* previous_spans = nullptr;
   detail::ResultObserver* previous_results = nullptr;
@@ -50,6 +52,8 @@ struct OpRecorder::Observer final : trace::SpanObserver, detail::ResultObserver 
       if (s.context) r.context += (r.context.empty() ? "" : "/") + s.name;
     records.push_back(std::move(r));
     made_now.clear();
+    kept_last.clear();
+    terms_now.clear();
     filled_later_now = false;
     exceptions_at_open = std::uncaught_exceptions();
   }
@@ -68,6 +72,32 @@ struct OpRecorder::Observer final : trace::SpanObserver, detail::ResultObserver 
   void filled_later() override {
     if (!reading && ops_open > 0) filled_later_now = true;
   }
+  // add keeps the terms after its slice has closed (or inside an enclosing op's).
+  void terms_kept(const Tensor& sum, const std::vector<Tensor>& terms) override {
+    if (reading) return;
+    if (ops_open > 0) {
+      terms_now.emplace_back(sum, terms);
+      return;
+    }
+    if (records.empty()) return;
+    attach_terms(records.back(), kept_last, sum, terms);
+  }
+
+  static OpValue value_of(const Tensor& t) { return {t.shape(), t.dtype(), t.vary(), t.to_vector<double>(), {}}; }
+
+  void attach_terms(OpRecord& r, const std::vector<Tensor>& kept, const Tensor& sum, const std::vector<Tensor>& terms) {
+    reading = true;
+    try {
+      for (std::size_t k = 0; k < kept.size() && k < r.values.size(); ++k) {
+        if (!kept[k].same_storage(sum) || !r.values[k].terms.empty()) continue;
+        for (const Tensor& t : terms) r.values[k].terms.push_back(value_of(t));
+        break;
+      }
+    } catch (const std::exception& e) {
+      r.unread = fmt::format("reading its terms failed: {}", e.what());
+    }
+    reading = false;
+  }
 
   // The values of the op that just returned: those it made that are still held elsewhere.
   void finish(OpRecord& r) {
@@ -79,12 +109,13 @@ struct OpRecorder::Observer final : trace::SpanObserver, detail::ResultObserver 
     reading = true;
     try {
       for (const Tensor& t : made)
-        if (t.referenced_elsewhere()) r.values.push_back({t.shape(), t.dtype(), t.vary(), t.to_vector<double>()});
+        if (t.referenced_elsewhere()) r.values.push_back(value_of(t)), kept_last.push_back(t);
     } catch (const std::exception& e) {
       r.values.clear();
       r.unread = fmt::format("reading it failed: {}", e.what());
     }
     reading = false;
+    for (const auto& [sum, terms] : std::exchange(terms_now, {})) attach_terms(r, kept_last, sum, terms);
   }
 };
 

@@ -10,6 +10,7 @@
 #include "nax/index_ops.h"
 #include "nax/nn/optim.h"
 #include "nax/ops.h"
+#include "nax/runtime.h"
 #include "nn/zero_layout.h"
 
 namespace nax::nn {
@@ -140,11 +141,28 @@ std::size_t AdamW::state_bytes() const {
 
 // Each gradient's sum of squares, added up locally per set of mesh axes it is cut over, then one
 // psum per set adds the other blocks' squares: a few scalar all-reduces, not one per gradient.
+namespace {
+
+// g's sum of squares in f64. Deterministic mode sums the whole axes first, then each cut axis
+// alone, so that every sum over a cut axis is one block of its canonical tree.
+Tensor sum_of_squares(const Tensor& g) {
+  const Tensor squares = square(cast(g, DType::f64));
+  const Shard* shard = Shard::current();
+  if (shard == nullptr || !shard->deterministic()) return sum(squares, g.shape().names());
+  std::vector<std::string> whole, cut;
+  for (const auto& axis : g.shape().names()) (g.vary().split_mesh_axes(axis).empty() ? whole : cut).push_back(axis);
+  Tensor total = whole.empty() ? squares : sum(squares, whole);
+  for (const auto& axis : cut) total = sum(total, axis);
+  return total;
+}
+
+}  // namespace
+
 Tensor global_norm(const std::vector<Tensor>& grads) {
   NoGrad no_grad;
   std::map<std::vector<std::string>, Tensor> by_axes;
   for (const auto& g : grads) {
-    Tensor squares = sum(square(cast(g, DType::f64)), g.shape().names());
+    Tensor squares = sum_of_squares(g);
     std::vector<std::string> axes;
     for (const auto& e : squares.vary().entries()) axes.push_back(e.mesh_axis);
     std::sort(axes.begin(), axes.end());

@@ -134,6 +134,62 @@ void refuse_local_mean(std::string_view op, const Tensor& x, const std::string& 
          "is {} times the mean; use pmean over '{}'", x.str(), m, axis_size(m), axis_size(m), m);
 }
 
+// Deterministic mode (docs/determinism.md): the ranks' values, gathered rank-major `stride`
+// elements apart, are added over the ranks in the halving order of the canonical tree (pairs,
+// then pairs of pairs) at `offset`..`offset + count` within each: ranks hold the global blocks in
+// rank order, so the bits do not depend on the mesh nor on the backend's reduction algorithm.
+// The sum is left in rank 0's part.
+void add_ranks_in_tree(Tensor& gathered, int n, std::int64_t stride, std::int64_t offset, std::int64_t count) {
+  auto& kernels = detail::kernels_of(gathered);
+  const std::size_t es = dtype_size(gathered.dtype());
+  auto* base = static_cast<char*>(gathered.raw_mutable());
+  auto at = [&](int rank) { return base + (static_cast<std::int64_t>(rank) * stride + offset) * static_cast<std::int64_t>(es); };
+  for (int step = 1; step < n; step *= 2)
+    for (int i = 0; i + step < n; i += 2 * step)
+      kernels.accumulate(ReduceOp::sum, gathered.dtype(), at(i), at(i + step), static_cast<std::size_t>(count));
+}
+
+// The parts of x that psum finishes one by one in deterministic mode: its partial terms when each
+// is a partial sum over every reduced mesh axis, else x itself.
+std::vector<Tensor> psum_terms(const Tensor& x, const Names& mesh_axes) {
+  const auto& terms = x.partial_terms();
+  if (terms.empty()) return {x};
+  for (const auto& t : terms)
+    for (const auto& m : mesh_axes.list())
+      if (t.vary().kind(m) != Vary::Varying || t.vary().reason(m) != VaryReason::partial_sum) return {x};
+  return terms;
+}
+
+// psum in deterministic mode: every term's ranks added in the canonical tree, then the terms in
+// order (a + b summed over ranks as sum(a) + sum(b), as one device computes it). One all_gather
+// of all terms: n times the data of an all-reduce, the price of a fixed order.
+Tensor tree_psum(Context& c, const Tensor& x_in, const Names& mesh_axes, const VaryType& vary, detail::Launch& launch) {
+  const std::vector<Tensor> terms = psum_terms(x_in, mesh_axes);
+  const Tensor first = summed_form(terms[0]);
+  const DType dtype = first.dtype();
+  const std::int64_t count = x_in.numel(), total = count * static_cast<std::int64_t>(terms.size());
+  const std::size_t es = dtype_size(dtype);
+  Tensor stacked = Tensor::empty(Shape{{"terms", total}}, dtype, x_in.device_ptr());
+  for (std::size_t t = 0; t < terms.size(); ++t) {
+    const Tensor term = t == 0 ? first : summed_form(terms[t]);
+    detail::kernels_of(stacked).copy_bytes(static_cast<char*>(stacked.raw_mutable()) + t * count * es, term.raw(), count * es);
+  }
+  Tensor gathered = Tensor::empty(Shape{{"ranks", c.n}, {"terms", total}}, dtype, x_in.device_ptr());
+  launch.keep({stacked, gathered});
+  launch.all_gather(c.comm, stacked.raw(), gathered.raw_mutable(), static_cast<std::size_t>(total), dtype);
+  return launch.then([gathered, n = c.n, count, total, terms = terms.size(), shape = x_in.shape(), vary, dtype = x_in.dtype()]() mutable {
+    add_ranks_in_tree(gathered, n, total, 0, total);
+    auto& kernels = detail::kernels_of(gathered);
+    const std::size_t es = dtype_size(gathered.dtype());
+    auto* sums = static_cast<char*>(gathered.raw_mutable());
+    for (std::size_t t = 1; t < terms; ++t)
+      kernels.accumulate(ReduceOp::sum, gathered.dtype(), sums, sums + t * count * es, static_cast<std::size_t>(count));
+    Tensor out = detail::make_result(shape, gathered.dtype(), vary, gathered.device_ptr());
+    kernels.copy_bytes(out.raw_mutable(), sums, count * es);
+    return detail::narrow_to(out, dtype);
+  });
+}
+
 }  // namespace
 
 // Each collective below is one block: its vary rule and data movement (the forward), then the
@@ -163,6 +219,7 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
     vary.set_invariant(m);
   }
   if (c.n == 1) return x_in.with_vary(vary);  // a group of one: nothing to reduce, nothing sent
+  if (reduce == ReduceOp::sum && detail::deterministic()) return tree_psum(c, x_in, mesh_axes, vary, launch);
   Tensor x = reduce == ReduceOp::sum ? summed_form(x_in) : x_in;
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
   launch.keep({x});
@@ -359,6 +416,7 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
     refuse_local_mean("psum_scatter", x_in, m);
   }
   for (const auto& m : mesh_axes.list()) vary.set_split(m, axis);  // most minor cuts of `axis`
+  if (!x_in.partial_terms().empty()) detail::refuse_unfinished_terms("psum_scatter", x_in);
   if (c.n == 1) return x_in.with_vary(vary);
 
   Tensor x = summed_form(x_in);
@@ -367,6 +425,23 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
   Tensor out = detail::make_result(Shape(axes), x.dtype(), vary, x.device_ptr());
   const std::int64_t outer = outer_size(x.shape(), axis);
   const std::size_t block = static_cast<std::size_t>(out.numel());
+  if (detail::deterministic()) {  // every rank's whole x, then this rank's block added over ranks in the tree
+    Tensor staging = x;
+    if (outer != 1) {
+      staging = Tensor::empty(Shape{{"rank", c.n}, {"block", out.numel()}}, x.dtype(), x.device_ptr());
+      regroup(x, staging, outer, c.n, out.numel() / outer, false);
+    }
+    Tensor gathered = Tensor::empty(Shape{{"ranks", c.n}, {"all", x.numel()}}, x.dtype(), x.device_ptr());
+    launch.keep({staging, gathered});
+    launch.all_gather(c.comm, staging.raw(), gathered.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype());
+    return launch.then([gathered, out, n = c.n, rank = c.comm.rank(), block, dtype = x_in.dtype()]() mutable {
+      const auto b = static_cast<std::int64_t>(block);
+      add_ranks_in_tree(gathered, n, n * b, rank * b, b);
+      const std::size_t es = dtype_size(gathered.dtype());
+      detail::kernels_of(out).copy_bytes(out.raw_mutable(), static_cast<const char*>(gathered.raw()) + rank * block * es, block * es);
+      return detail::narrow_to(out, dtype);
+    });
+  }
   if (outer == 1) {
     launch.keep({x});
     launch.reduce_scatter(c.comm, x.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);

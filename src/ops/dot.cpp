@@ -139,6 +139,11 @@ Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract
       fail("dot", "axis '{}' contracted twice in {}: {}", k, contract.str(), detail::describe({&a_in, &b_in}));
   }
   VaryType vary = detail::merge_vary("dot", {&a_in, &b_in}, contract.list());
+  if (a_in.dtype() == DType::bf16 && detail::deterministic())
+    for (const auto& e : vary.entries())
+      if (e.kind == Vary::Varying && e.reason == VaryReason::partial_sum)
+        fail("dot", "deterministic mode: {} gives a bf16 partial sum over mesh axis '{}', rounded to bf16 before its psum: the "
+             "bits would depend on how many devices share the sum; compute in f32", detail::describe({&a_in, &b_in}), e.mesh_axis);
   if (detail::needs_widening(a_in))
     return detail::narrow_to(dot_forward(detail::widen(a_in), detail::widen(b_in), contract), DType::bf16);
 

@@ -115,7 +115,12 @@ Tensor constant_like(const Tensor& x, double value) {
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::add, a, b); }
+// Deterministic mode: a sum of partial sums remembers its terms for psum (docs/determinism.md).
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = binary(kernels::BinaryOp::add, a, b);
+  std::vector<Tensor> terms = detail::partial_terms_of_sum(a, b);
+  return terms.empty() ? out : out.with_partial_terms(std::move(terms));
+}
 Tensor sub(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::sub, a, b); }
 Tensor mul(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::mul, a, b); }
 Tensor div(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::div, a, b); }

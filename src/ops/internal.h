@@ -22,6 +22,8 @@ class ResultObserver {
   virtual void made(const Tensor& result) = 0;
   // The running op's result is filled after the op returns (a started collective): not readable yet.
   virtual void filled_later() = 0;
+  // `sum` (an op's result) keeps `terms` for psum (deterministic mode: Tensor::partial_terms).
+  virtual void terms_kept(const Tensor& sum, const std::vector<Tensor>& terms) = 0;
 };
 extern thread_local ResultObserver* t_result_observer;
 // Sets the calling thread's observer (nullptr: none) and returns the previous one.
@@ -47,6 +49,12 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
 // Strides of `x`'s axes in the order of `axes` (0 for axes x lacks): for broadcasting.
 kernels::Dims strides_in_order(const Shape& x, const std::vector<Axis>& axes);
 kernels::Dims sizes_of(const std::vector<Axis>& axes);
+
+// Deterministic mode: the terms of a + b when both are partial sums over a common mesh axis (each
+// operand's own terms, or itself), else none. merge_vary refuses any op but add on a value with
+// terms (refuse_unfinished_terms): only psum may finish them.
+std::vector<Tensor> partial_terms_of_sum(const Tensor& a, const Tensor& b);
+[[noreturn]] void refuse_unfinished_terms(std::string_view op, const Tensor& x);
 
 // Whether the shard running this thread computes in deterministic mode (RuntimeOptions::deterministic).
 bool deterministic();

@@ -29,6 +29,7 @@ struct Tensor::Impl {
   std::shared_ptr<Device> device;
   std::shared_ptr<Buffer> buffer;
   std::shared_ptr<autodiff::Node> grad_node;
+  std::shared_ptr<const std::vector<Tensor>> partial_terms;
 };
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, std::shared_ptr<Device> device) {
@@ -104,7 +105,20 @@ double Tensor::item() const {
 
 Tensor Tensor::with_vary(VaryType vary) const {
   auto impl = std::make_shared<Impl>(*impl_);
+  if (!(impl->vary == vary)) impl->partial_terms = nullptr;
   impl->vary = std::move(vary);
+  return Tensor(std::move(impl));
+}
+
+const std::vector<Tensor>& Tensor::partial_terms() const {
+  static const std::vector<Tensor> none;
+  return impl_ && impl_->partial_terms ? *impl_->partial_terms : none;
+}
+
+Tensor Tensor::with_partial_terms(std::vector<Tensor> terms) const {
+  auto impl = std::make_shared<Impl>(*impl_);
+  if (detail::t_result_observer != nullptr && !terms.empty()) detail::t_result_observer->terms_kept(*this, terms);
+  impl->partial_terms = terms.empty() ? nullptr : std::make_shared<const std::vector<Tensor>>(std::move(terms));
   return Tensor(std::move(impl));
 }
 

@@ -20,6 +20,9 @@ struct OpValue {
   DType dtype = DType::f32;
   VaryType vary;
   std::vector<double> values;
+  // Deterministic mode's sum of partial sums (Tensor::partial_terms): the terms psum will finish
+  // one by one, in order; their sum is `values`.
+  std::vector<OpValue> terms;
 };
 
 // One op as one device ran it.

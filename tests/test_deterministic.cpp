@@ -1,0 +1,159 @@
+// Deterministic mode (RuntimeOptions::deterministic, docs/determinism.md) at the op layer: psum adds
+// the ranks in the canonical tree, a sum of partial sums is finished term by term, gradients and
+// values come out bit-identical on every mesh, and what the mode cannot make mesh-independent is
+// an error naming it. The whole GPT-J run is tests/determinism/meshes.sh.
+#include <cstring>
+
+#include "helpers.h"
+#include "nax/core/sum_tree.h"
+
+using namespace nax;
+
+namespace {
+
+const std::vector<std::string> kMeshes = {"dp=1,mp=1", "dp=1,mp=2", "dp=2,mp=1", "dp=2,mp=2", "dp=1,mp=4", "dp=4,mp=1"};
+
+Runtime deterministic(const std::string& mesh) { return Runtime::local(Mesh::parse(mesh), {.deterministic = true}); }
+
+// Values whose sum depends on the order of addition in f32: magnitudes from 1e-3 to 1e8, both signs.
+Tensor spread_values(const Shape& shape, std::uint64_t seed) {
+  const Tensor u = random_uniform(shape, seed, "spread", -1.0, 1.0, DType::f64);
+  const Tensor e = random_uniform(shape, seed, "exponent", -3.0, 8.0, DType::f64);
+  std::vector<float> out(static_cast<std::size_t>(shape.numel()));
+  const auto uv = u.to_vector<double>(), ev = e.to_vector<double>();
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(uv[i] * std::pow(10.0, ev[i]));
+  return from_vector(shape, out);
+}
+
+std::vector<std::uint32_t> bits(const Tensor& t) {
+  const auto v = t.to_vector<float>();
+  std::vector<std::uint32_t> out(v.size());
+  std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
+  return out;
+}
+
+float host_tree(const std::vector<float>& x) { return tree_sum(x.data(), static_cast<std::int64_t>(x.size()), SumTree{.on = true}); }
+
+}  // namespace
+
+TEST_CASE("deterministic psum adds the ranks pairwise, then the pairs, whatever the backend would do", "[mesh][deterministic]") {
+  const Shape shape{{"i", 64}};
+  std::vector<Tensor> inputs;
+  for (int d = 0; d < 4; ++d) inputs.push_back(spread_values(shape, 100 + static_cast<std::uint64_t>(d)));
+  std::vector<float> want(64);
+  for (std::size_t i = 0; i < 64; ++i) {
+    float v[4];
+    for (int d = 0; d < 4; ++d) v[d] = inputs[static_cast<std::size_t>(d)].to_vector<float>()[i];
+    want[i] = (v[0] + v[1]) + (v[2] + v[3]);
+  }
+  Runtime rt = deterministic("mp=4");
+  const auto got = rt.run([&](Shard& s) { return bits(psum(pvary(s.shard(inputs[static_cast<std::size_t>(s.device())], {}), "mp"), "mp")); });
+  std::vector<std::uint32_t> want_bits(64);
+  std::memcpy(want_bits.data(), want.data(), sizeof(float) * 64);
+  for (const auto& g : got) REQUIRE(g == want_bits);
+}
+
+TEST_CASE("deterministic psum_scatter gives each rank its block added in the same tree", "[mesh][deterministic]") {
+  const Shape shape{{"i", 8}, {"j", 4}};
+  std::vector<Tensor> inputs;
+  for (int d = 0; d < 4; ++d) inputs.push_back(spread_values(shape, 200 + static_cast<std::uint64_t>(d)));
+  Runtime rt = deterministic("mp=4");
+  const auto got = rt.run([&](Shard& s) {
+    return bits(psum_scatter(pvary(s.shard(inputs[static_cast<std::size_t>(s.device())], {}), "mp"), "mp", "i"));
+  });
+  for (int d = 0; d < 4; ++d)
+    for (std::size_t e = 0; e < 8; ++e) {  // rank d holds rows 2d, 2d+1
+      const std::size_t global = static_cast<std::size_t>(d) * 8 + e;
+      float v[4];
+      for (int r = 0; r < 4; ++r) v[r] = inputs[static_cast<std::size_t>(r)].to_vector<float>()[global];
+      const float want = (v[0] + v[1]) + (v[2] + v[3]);
+      std::uint32_t want_bits;
+      std::memcpy(&want_bits, &want, sizeof want);
+      REQUIRE(got[static_cast<std::size_t>(d)][e] == want_bits);
+    }
+}
+
+TEST_CASE("deterministic sums over a cut axis equal one device's canonical tree, even summed together before psum",
+          "[mesh][deterministic]") {
+  const Shape global{{"k", 64}, {"i", 3}};
+  const Tensor x = spread_values(global, 7), y = spread_values(global, 8);
+  // The canonical trees of x's and y's columns, computed here on the host.
+  std::vector<float> want(3);
+  for (std::int64_t i = 0; i < 3; ++i) {
+    std::vector<float> cx, cy;
+    for (std::int64_t k = 0; k < 64; ++k) {
+      cx.push_back(x.to_vector<float>()[static_cast<std::size_t>(k * 3 + i)]);
+      cy.push_back(y.to_vector<float>()[static_cast<std::size_t>(k * 3 + i)]);
+    }
+    want[static_cast<std::size_t>(i)] = host_tree(cx) + host_tree(cy);
+  }
+  std::vector<std::uint32_t> want_bits(3);
+  std::memcpy(want_bits.data(), want.data(), sizeof(float) * 3);
+  for (const std::string mesh : {"mp=1", "mp=2", "mp=4"}) {
+    INFO("mesh " << mesh);
+    Runtime rt = deterministic(mesh);
+    const AxisRules rules{{"k", "mp"}};
+    const auto got = rt.run([&](Shard& s) { return bits(psum(sum(s.shard(x, rules), "k") + sum(s.shard(y, rules), "k"), "mp")); });
+    for (const auto& g : got) REQUIRE(g == want_bits);
+  }
+}
+
+TEST_CASE("deterministic gradients of a tensor-parallel MLP are bit-identical on every mesh", "[mesh][deterministic]") {
+  const Tensor x = spread_values(Shape{{"batch", 8}, {"embed", 16}}, 1);
+  const Tensor w1 = random_normal(Shape{{"embed", 16}, {"mlp", 64}}, 2, "w1", 0.3);
+  const Tensor w2 = random_normal(Shape{{"mlp", 64}, {"embed", 16}}, 3, "w2", 0.3);
+  const AxisRules rules{{"batch", "dp"}, {"mlp", "mp"}};
+  std::vector<std::vector<std::uint32_t>> first;
+  for (const auto& mesh : kMeshes) {
+    INFO("mesh " << mesh);
+    Runtime rt = deterministic(mesh);
+    const auto results = rt.run([&](Shard& s) {
+      const Tensor xs = s.shard(x, rules);
+      auto [loss, grads] = value_and_grad(
+          [&](const std::vector<Tensor>& p) {
+            const Tensor y = psum(dot(gelu(dot(xs, p[0], "embed")), p[1], "mlp"), "mp");
+            return pmean(mean(square(y), {"batch", "embed"}), "dp");
+          },
+          {s.shard(w1, rules), s.shard(w2, rules)});
+      std::vector<std::vector<std::uint32_t>> out{bits(loss)};
+      for (const auto& g : grads) out.push_back(bits(s.gather(g)));
+      return out;
+    });
+    for (const auto& r : results) {
+      if (first.empty()) first = r;
+      REQUIRE(r == first);
+    }
+  }
+}
+
+TEST_CASE("deterministic mode refuses what it cannot make mesh-independent, naming it", "[mesh][deterministic][errors]") {
+  using Catch::Matchers::Contains;
+  REQUIRE_THROWS_WITH(deterministic("dp=3"), Contains("power of two") && Contains("'dp'"));
+
+  Runtime rt = deterministic("dp=2,mp=2");
+  const AxisRules rules{{"k", "mp"}, {"batch", "dp"}};
+  const Tensor x = random_normal(Shape{{"k", 8}, {"i", 4}}, 1, "x");
+  SECTION("an op other than add or psum on a sum of partial sums") {
+    REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
+                          const Tensor a = sum(s.shard(x, rules), "k");
+                          return psum((a + a) * 2.0, "mp");
+                        }),
+                        Contains("mul") && Contains("no psum has finished"));
+  }
+  SECTION("a bf16 partial sum") {
+    REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
+                          const Tensor a = cast(s.shard(x, rules), DType::bf16);
+                          return dot(a, a, "k");
+                        }),
+                        Contains("dot") && Contains("compute in f32"));
+  }
+  SECTION("a local mean over a count that is not a power of two") {
+    const Tensor b = random_normal(Shape{{"batch", 6}, {"j", 1}}, 2, "b");
+    REQUIRE_THROWS_WITH(rt.run([&](Shard& s) { return mean(s.shard(b, rules), "batch"); }), Contains("mean") && Contains("power of two"));
+  }
+  SECTION("a sum whose cut axis is not the first it walks") {
+    const Tensor c = random_normal(Shape{{"i", 4}, {"k", 8}}, 3, "c");
+    REQUIRE_THROWS_WITH(rt.run([&](Shard& s) { return sum(s.shard(c, rules), {"i", "k"}); }),
+                        Contains("sum") && Contains("'k'") && Contains("behind another axis"));
+  }
+}
