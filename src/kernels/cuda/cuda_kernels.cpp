@@ -20,10 +20,6 @@ namespace nax::cuda {
 
 namespace {
 
-[[noreturn]] void refuse_deterministic(std::string_view kernel) {
-  fail(kernel, "deterministic mode (RuntimeOptions::deterministic) has no CUDA {} kernel in the canonical sum order yet", kernel);
-}
-
 int multiprocessor_count(int gpu) {
   int count = 0;
   NAX_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, gpu));
@@ -223,7 +219,6 @@ std::int64_t CudaKernels::attention_backward_scratch(const kernels::AttentionSiz
 void CudaKernels::causal_attention_forward(const kernels::AttentionSizes& sizes, const kernels::InMatrices& q,
                                            const kernels::InMatrices& k, const kernels::InMatrices& v, const kernels::OutMatrices& out,
                                            void* lse, void* scratch) {
-  if (sizes.tree.on) refuse_deterministic("causal_attention_forward");
   DeviceGuard guard(gpu_);
   cuda::attention_forward(stream(), sizes, q, k, v, out, lse, scratch);
 }
@@ -232,7 +227,6 @@ void CudaKernels::causal_attention_backward(const kernels::AttentionSizes& sizes
                                             const kernels::InMatrices& k, const kernels::InMatrices& v, const kernels::InMatrices& out,
                                             const kernels::InMatrices& dout, const void* lse, const kernels::OutMatrices& dq,
                                             const kernels::OutMatrices& dk, const kernels::OutMatrices& dv, void* scratch) {
-  if (sizes.tree.on) refuse_deterministic("causal_attention_backward");
   DeviceGuard guard(gpu_);
   cuda::attention_backward(stream(), sizes, q, k, v, out, dout, lse, dq, dk, dv, scratch);
 }

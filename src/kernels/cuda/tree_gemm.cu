@@ -1,9 +1,9 @@
 // The tree GEMM: a block of 16 x 16 threads computes a 16 x 16 tile of C, one element a thread.
 // The block walks k in steps of 16, staging the A and B tiles in shared memory (loaded so that
 // neighbouring threads read neighbouring addresses whatever the transposes); every thread then
-// runs the same k sequence: acc = fma(a, b, acc), and at each leaf's end the leaf goes onto the
-// thread's TreeStack and acc restarts from +0. Simple rather than fast: deterministic mode's
-// price, paid only when asked for.
+// feeds the same k sequence to its TreeDot (tree_sum.cuh): acc = fma(a, b, acc), and at each
+// leaf's end the leaf goes onto the thread's TreeStack and acc restarts from +0. Simple rather
+// than fast: deterministic mode's price, paid only when asked for.
 #include "kernels/cuda/tree_gemm.h"
 
 #include <algorithm>
@@ -71,27 +71,18 @@ __global__ void __launch_bounds__(kTile* kTile)
         const T* at = a + t * p.stride_a;
         const T* bt = b + t * p.stride_b;
         const std::int64_t row0 = tm * kTile, col0 = tn * kTile;
-        detail::TreeStack<Acc> stack;
-        Acc acc = 0;
-        std::int64_t in_leaf = 0, leaf = 0;
+        detail::TreeDot<Acc> dot(p.tree.leaf);
         for (std::int64_t k0 = 0; k0 < p.k; k0 += kTile) {
           load_tiles(p, at, bt, row0, col0, k0, as, bs);
           __syncthreads();
           const int steps = static_cast<int>(min(static_cast<std::int64_t>(kTile), p.k - k0));
-          for (int s = 0; s < steps; ++s) {
-            acc = detail::fma_rn(as[y][s], bs[s][x], acc);
-            if (++in_leaf == p.tree.leaf) {
-              stack.push(acc, leaf++);
-              acc = 0;
-              in_leaf = 0;
-            }
-          }
+          for (int s = 0; s < steps; ++s) dot.add(as[y][s], bs[s][x]);
           __syncthreads();  // every thread is done with the tiles before the next load
         }
         const std::int64_t row = row0 + y, col = col0 + x;
         if (row < p.m && col < p.n) {
           T* out = c + t * p.stride_c + row * p.ldc + col;
-          Acc sum = stack.result();
+          Acc sum = dot.result();
           if (p.beta != 0.0) sum = detail::add_rn(sum, detail::mul_rn(static_cast<Acc>(p.beta), widen(*out)));
           *out = narrow<T>(sum);
         }

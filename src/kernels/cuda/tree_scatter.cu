@@ -1,6 +1,5 @@
-// The tree scatter. A dense tree whose absent terms are +0 is evaluated sparsely: a leaf folds its
-// terms from its first one, an absent term (or a run of them) adding +0, which only turns -0 into
-// +0; the runs of leaves that pick nothing enter the TreeStack as aligned +0 blocks.
+// The tree scatter: a dense tree whose absent terms are +0, evaluated sparsely (sparse_tree_sum in
+// tree_sum.cuh: only the positions that pick the row are visited).
 #include "kernels/cuda/tree_scatter.h"
 
 #include <cub/device/device_radix_sort.cuh>
@@ -29,33 +28,6 @@ __global__ void positions_kernel(std::int32_t* positions, std::int64_t count) {
     positions[i] = static_cast<std::int32_t>(i);
 }
 
-// Column `col` of the tree sum over the ascending positions pos[0, picks) (every other position
-// contributes +0).
-template <typename T>
-__device__ compute_t<T> sparse_tree_sum(const std::int32_t* pos, std::int64_t picks, TreeShape shape, const T* grad, std::int64_t row,
-                                        std::int64_t col) {
-  using Acc = compute_t<T>;
-  detail::TreeStack<Acc> stack;
-  std::int64_t next_leaf = 0, j = 0;
-  while (j < picks) {
-    std::int64_t p = pos[j];
-    const std::int64_t leaf = p / shape.leaf, first = leaf * shape.leaf, last = first + shape.leaf - 1;
-    stack.push_zeros(next_leaf, leaf);
-    const Acc term = detail::widen(grad[p * row + col]);
-    Acc acc = p == first ? term : detail::add_rn(Acc{0}, term);  // the leaf's first terms were +0
-    for (++j; j < picks && pos[j] <= last; ++j) {
-      if (pos[j] > p + 1) acc = detail::add_rn(acc, Acc{0});
-      p = pos[j];
-      acc = detail::add_rn(acc, detail::widen(grad[p * row + col]));
-    }
-    if (p < last) acc = detail::add_rn(acc, Acc{0});
-    stack.push(acc, leaf);
-    next_leaf = leaf + 1;
-  }
-  stack.push_zeros(next_leaf, shape.leaves());
-  return stack.result();
-}
-
 // One block per run of equal sorted ids (from its first entry); runs of ids outside the range
 // are skipped. Within a run the positions ascend (the sort is stable).
 template <typename T>
@@ -68,8 +40,10 @@ __global__ void __launch_bounds__(kThreads)
     std::int64_t end = s + 1;
     while (end < count && sorted_ids[end] == id) ++end;
     T* dst = table_grad + (id - range.start) * row;
-    for (std::int64_t col = threadIdx.x; col < row; col += blockDim.x)
-      dst[col] = detail::narrow<T>(sparse_tree_sum(positions + s, end - s, shape, grad, row, col));
+    for (std::int64_t col = threadIdx.x; col < row; col += blockDim.x) {
+      const auto term = [=](std::int64_t p) { return detail::widen(grad[p * row + col]); };
+      dst[col] = detail::narrow<T>(detail::sparse_tree_sum<compute_t<T>>(positions + s, end - s, shape, term));
+    }
   }
 }
 

@@ -1,81 +1,18 @@
 #pragma once
-// Deterministic mode's sums on the GPU (nax::SumTree, docs in include/nax/core/sum_tree.h). A tree
-// over n terms halves every node the same way, so it is a perfect binary tree of 2^levels leaves
-// of `leaf` consecutive terms each. Kernels fold a leaf in index order and combine leaf sums with
-// a TreeStack (the carries of a binary counter: node = left + right as soon as both exist), or
-// level by level (tree_sums below). Every operation is a correctly rounded intrinsic (__fadd_rn,
-// __fmaf_rn, ...) that nvcc may neither contract nor reorder, so the bits equal the CPU's.
+// Deterministic mode's sums for many outputs at once, level by level (tree_sums below): one
+// thread per (output, leaf) folds the leaves, then one launch per level adds pairs of nodes.
+// The tree and its one-output walks: tree_walk.h.
 #include <cstdint>
 #include <utility>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/map.cuh"
 #include "kernels/cuda/resources.h"
-#include "nax/core/error.h"
+#include "kernels/cuda/tree_walk.h"
 #include "nax/core/sum_tree.h"
 
 namespace nax::cuda::detail {
 
-// Deep enough for 2^39 leaves; tree_shape refuses more.
-constexpr int kTreeStackDepth = 40;
-
-struct TreeShape {
-  int levels = 0;
-  std::int64_t leaf = 0;  // terms per leaf; 0 for an empty sum
-  __host__ __device__ std::int64_t leaves() const { return std::int64_t{1} << levels; }
-};
-
-inline TreeShape tree_shape(SumTree tree, std::int64_t n, const char* kernel) {
-  TreeShape shape;
-  while (tree.halves(n)) {
-    n /= 2;
-    tree = tree.half();
-    ++shape.levels;
-  }
-  shape.leaf = n;
-  if (shape.levels >= kTreeStackDepth) fail(kernel, "a sum tree of {} levels is deeper than the CUDA kernels take", shape.levels);
-  return shape;
-}
-
-__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
-__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(a, b); }
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
-__device__ __forceinline__ double fma_rn(double a, double b, double c) { return __fma_rn(a, b, c); }
-
-// The open nodes of a tree walked left to right: after the leaves (or aligned blocks of leaves)
-// [0, p) the stack holds one sum per set bit of p, the largest block first.
-template <typename Acc>
-struct TreeStack {
-  Acc values[kTreeStackDepth];
-  int size = 0;
-
-  // Adds the sum of the aligned block `index` of 2^level leaves (leaves [index << level, ...)),
-  // the next one after those pushed so far: a right child closes its parent, and so on upwards.
-  __device__ void push(Acc value, std::int64_t index) {
-    for (; index & 1; index >>= 1) value = add_rn(values[--size], value);
-    values[size++] = value;
-  }
-
-  // Leaves [from, to) that hold no term: each aligned block of them is a +0 subtree, still added
-  // to its sibling (x + 0 turns -0 into +0, as the dense tree would).
-  __device__ void push_zeros(std::int64_t from, std::int64_t to) {
-    while (from < to) {
-      int level = from == 0 ? 62 : __ffsll(static_cast<long long>(from)) - 1;
-      while ((std::int64_t{1} << level) > to - from) --level;
-      push(Acc{0}, from >> level);
-      from += std::int64_t{1} << level;
-    }
-  }
-
-  __device__ Acc result() const { return values[0]; }  // after all the leaves
-};
-
-// --- level by level, many outputs at once ---
-//
 // Terms: a functor with `Acc operator()(o, i) const` (term i of output o, i in [0, n)) and
 // `void finish(o, Acc sum) const` (stores output o). Partial sums live in the workspace as
 // [node][output], so neighbouring threads take neighbouring outputs.
