@@ -6,7 +6,8 @@
 // soon as both exist). On the device every operation is a correctly rounded intrinsic
 // (__fadd_rn, __fmaf_rn, ...) that nvcc may neither contract nor reorder, so the bits equal the
 // CPU's. Host and device code: test_cuda_tree_walk runs these walks on the CPU against
-// nax::tree_sum, where the operations are the plain, equally rounded C++ ones.
+// nax::tree_sum, where the operations are the plain, equally rounded C++ ones (compiled with
+// -ffp-contract=off: GCC would otherwise fuse a multiply and an add into one FMA).
 #include <cuda_runtime.h>
 
 #include <cmath>
