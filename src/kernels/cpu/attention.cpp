@@ -52,10 +52,13 @@ Block block_at(const AttentionSizes& s, std::int64_t begin) {
 // Keys query row `row` sees: those up to its position row + tk - tq.
 std::int64_t visible_keys(const AttentionSizes& s, std::int64_t row) { return row + s.tk - s.tq + 1; }
 
+// Deterministic mode (sizes.tree on, the full canonical tree from the op layer): every GEMM sums
+// in that tree, so that no result depends on OpenBLAS's size-dependent paths or threads. The rest
+// of the kernel works row by row (softmax, lse, delta), each row from its own data.
 template <typename T>
-void gemm_of(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t lda, const T* b,
-             std::int64_t ldb, T* c, std::int64_t ldc, double beta = 0.0) {
-  gemm(dtype_of<T>(), trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, beta);
+void gemm_of(const AttentionSizes& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
+             std::int64_t lda, const T* b, std::int64_t ldb, T* c, std::int64_t ldc, double beta = 0.0) {
+  gemm(dtype_of<T>(), trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, beta, s.tree);
 }
 
 // Row of raw scores -> probabilities over the first `visible` entries, zeros after; returns the
@@ -82,11 +85,11 @@ template <typename T>
 void forward_block(const AttentionSizes& s, std::int64_t b, const Block& blk, const InMatrices& q, const InMatrices& k,
                    const InMatrices& v, const OutMatrices& out, T* lse, T* scores) {
   const std::int64_t d = s.head_dim, n = blk.keys;
-  gemm_of<T>(false, true, blk.rows(), n, d, matrix<T>(q, b) + blk.begin * q.row_stride, q.row_stride, matrix<T>(k, b), k.row_stride,
+  gemm_of<T>(s, false, true, blk.rows(), n, d, matrix<T>(q, b) + blk.begin * q.row_stride, q.row_stride, matrix<T>(k, b), k.row_stride,
              scores, n);
   for (std::int64_t i = blk.begin; i < blk.end; ++i)
     lse[b * s.tq + i] = softmax_row(scores + (i - blk.begin) * n, visible_keys(s, i), n, static_cast<T>(s.scale));
-  gemm_of<T>(false, false, blk.rows(), d, n, scores, n, matrix<T>(v, b), v.row_stride, matrix<T>(out, b) + blk.begin * out.row_stride,
+  gemm_of<T>(s, false, false, blk.rows(), d, n, scores, n, matrix<T>(v, b), v.row_stride, matrix<T>(out, b) + blk.begin * out.row_stride,
              out.row_stride);
 }
 
@@ -118,20 +121,20 @@ void backward_block(const AttentionSizes& s, std::int64_t b, const Block& blk, c
   const T* out_rows = matrix<T>(g.out, b) + blk.begin * g.out.row_stride;
   for (std::int64_t a = 0; a < rows; ++a) delta[a] = dot_of(do_rows + a * g.dout.row_stride, out_rows + a * g.out.row_stride, d);
 
-  gemm_of<T>(false, true, rows, n, d, q_rows, q.row_stride, matrix<T>(k, b), k.row_stride, p, n);
+  gemm_of<T>(s, false, true, rows, n, d, q_rows, q.row_stride, matrix<T>(k, b), k.row_stride, p, n);
   for (std::int64_t a = 0; a < rows; ++a)
     probabilities_row(p + a * n, visible_keys(s, blk.begin + a), n, scale, lse[b * s.tq + blk.begin + a]);
-  gemm_of<T>(true, false, n, d, rows, p, n, do_rows, g.dout.row_stride, matrix<T>(g.dv, b), g.dv.row_stride, 1.0);
+  gemm_of<T>(s, true, false, n, d, rows, p, n, do_rows, g.dout.row_stride, matrix<T>(g.dv, b), g.dv.row_stride, 1.0);
 
-  gemm_of<T>(false, true, rows, n, d, do_rows, g.dout.row_stride, matrix<T>(v, b), v.row_stride, ds, n);
+  gemm_of<T>(s, false, true, rows, n, d, do_rows, g.dout.row_stride, matrix<T>(v, b), v.row_stride, ds, n);
   for (std::int64_t a = 0; a < rows; ++a) {
     T* ds_row = ds + a * n;
     const T* p_row = p + a * n;
     for (std::int64_t j = 0; j < n; ++j) ds_row[j] = p_row[j] * (ds_row[j] - delta[a]) * scale;
   }
-  gemm_of<T>(false, false, rows, d, n, ds, n, matrix<T>(k, b), k.row_stride, matrix<T>(g.dq, b) + blk.begin * g.dq.row_stride,
+  gemm_of<T>(s, false, false, rows, d, n, ds, n, matrix<T>(k, b), k.row_stride, matrix<T>(g.dq, b) + blk.begin * g.dq.row_stride,
              g.dq.row_stride);
-  gemm_of<T>(true, false, n, d, rows, ds, n, q_rows, q.row_stride, matrix<T>(g.dk, b), g.dk.row_stride, 1.0);
+  gemm_of<T>(s, true, false, n, d, rows, ds, n, q_rows, q.row_stride, matrix<T>(g.dk, b), g.dk.row_stride, 1.0);
 }
 
 template <typename T>

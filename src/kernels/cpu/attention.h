@@ -1,6 +1,7 @@
 #pragma once
 // CPU kernels of attention: fused causal softmax attention (forward and backward, flash-attention
-// style over blocks of query rows, GEMMs through OpenBLAS) and the rotary position embedding.
+// style over blocks of query rows, GEMMs through OpenBLAS, or through tree_gemm when sizes.tree is
+// on) and the rotary position embedding.
 // f32 and f64; the op layer computes bf16 in f32.
 #include <cstdint>
 #include <vector>

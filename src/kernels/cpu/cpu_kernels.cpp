@@ -50,6 +50,7 @@ class CpuKernels final : public Kernels {
   }
 
   void gemm(DType dtype, const GemmShape& g, const void* a, const void* b, void* c) override {
+    if (g.tree.on) return cpu::tree_gemm(dtype, g, a, b, c);
     const std::size_t es = dtype_size(dtype);
     for (std::int64_t t = 0; t < g.batch; ++t)
       cpu::gemm(dtype, g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<const char*>(a) + t * g.stride_a * es, g.lda,

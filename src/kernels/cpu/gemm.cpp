@@ -5,7 +5,12 @@
 namespace nax::cpu {
 
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-          const void* a, std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc, double beta) {
+          const void* a, std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc, double beta,
+          const SumTree& tree) {
+  if (tree.on)
+    return tree_gemm(dtype, {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
+                             .beta = beta, .tree = tree},
+                     a, b, c);
   const auto ta = trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = trans_b ? CblasTrans : CblasNoTrans;
   const auto M = static_cast<blasint>(m), N = static_cast<blasint>(n), K = static_cast<blasint>(k);

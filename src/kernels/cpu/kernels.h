@@ -23,6 +23,9 @@ void fill(DType dtype, void* out, std::int64_t n, double value);
 // the input's, strides[1] the output's (0 along reduced dimensions). out is initialised here.
 void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const Layout<2>& layout,
             const SumTree& tree);
+// The sum of reduce with `tree.on`: each output's inputs, row-major over the reduced dimensions,
+// added in the tree's order (leaves from their first term).
+void tree_sum(DType dtype, const void* in, void* out, std::int64_t out_count, const Layout<2>& layout, const SumTree& tree);
 
 // dst = src element by element, src read with strides[0], dst written with strides[1].
 void copy(std::size_t element_size, const void* src, void* dst, const Layout<2>& layout);
@@ -34,11 +37,16 @@ void convert(DType from, const void* src, DType to, void* dst, std::int64_t n);
 // dst[i] = op(dst[i], src[i]) (the communicator's reduction).
 void accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n);
 
-// C (m x n, row stride ldc) = A (m x k) * B (k x n), row-major, each operand optionally
-// transposed in memory. f32 and f64 through OpenBLAS.
+// C (m x n, row stride ldc) = A (m x k) * B (k x n) + beta C, row-major, each operand optionally
+// transposed in memory. f32 and f64 through OpenBLAS, or with `tree.on` through tree_gemm.
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
           const void* a, std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc,
-          double beta = 0.0);
+          double beta = 0.0, const SumTree& tree = {});
+
+using kernels::GemmShape;
+// Deterministic mode's GEMM (shape.tree on, f32 and f64): each C element its sum over k in the
+// tree's order (leaves by fused multiply-adds from zero), then + beta C; the batch included.
+void tree_gemm(DType dtype, const GemmShape& shape, const void* a, const void* b, void* c);
 
 // Index ops' row kernels (kernels/kernels.h says what they compute), f32, f64 and i32.
 void scan_rows(DType dtype, std::int64_t rows, std::int64_t n, const void* x, void* y, bool exclusive, bool reverse);

@@ -46,7 +46,8 @@ void gather_rows(const std::int32_t* ids, std::int64_t count, VocabRange range, 
 }
 
 void scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, VocabRange range, const void* grad,
-                      std::int64_t row, void* table_grad, const SumTree& /*tree*/) {
+                      std::int64_t row, void* table_grad, const SumTree& tree) {
+  if (tree.on) return tree_scatter_add_rows(dtype, ids, count, range, grad, row, table_grad, tree);
   with_floating_type(dtype, "scatter_add_rows", [&](auto zero) {
     using T = decltype(zero);
     scatter_add_typed<T>(ids, count, range, static_cast<const T*>(grad), row, static_cast<T*>(table_grad));

@@ -20,6 +20,9 @@ void gather_rows(const std::int32_t* ids, std::int64_t count, VocabRange range, 
 // table_grad (local x row elements) = 0, then table_grad row ids[i] - start += grad row i.
 void scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, VocabRange range, const void* grad,
                       std::int64_t row, void* table_grad, const SumTree& tree);
+// The same with `tree.on` (nax/kernels/kernels.h says the order; absent terms are +0).
+void tree_scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, VocabRange range, const void* grad,
+                           std::int64_t row, void* table_grad, const SumTree& tree);
 
 using kernels::PickLayout;
 

@@ -36,12 +36,15 @@ void layer_norm_rows(std::int64_t rows, std::int64_t n, const T* x, const T* sca
 }
 
 // With xhat = (x - mean) * rstd and h = dy * scale: dx = rstd * (h - mean(h) - xhat * mean(h * xhat)).
+// kSumParams: dscale and dbias summed over rows in row order, in the same pass.
 // The outputs are fresh buffers (__restrict: too many pointers for the compiler's alias checks).
-template <typename T>
+template <typename T, bool kSumParams>
 void layer_norm_backward_rows(std::int64_t rows, std::int64_t n, const T* x, const T* scale, const T* mean, const T* rstd,
                               const T* dy, T* __restrict dx, T* __restrict dscale, T* __restrict dbias) {
-  std::fill(dscale, dscale + n, T{0});
-  std::fill(dbias, dbias + n, T{0});
+  if constexpr (kSumParams) {
+    std::fill(dscale, dscale + n, T{0});
+    std::fill(dbias, dbias + n, T{0});
+  }
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;
     const T* gr = dy + r * n;
@@ -55,8 +58,10 @@ void layer_norm_backward_rows(std::int64_t rows, std::int64_t n, const T* x, con
     for (std::int64_t i = 0; i < n; ++i) {
       const T xhat = (xr[i] - mu) * rs;
       dxr[i] = rs * (gr[i] * scale[i] - h_mean - xhat * hx_mean);
-      dscale[i] += gr[i] * xhat;
-      dbias[i] += gr[i];
+      if constexpr (kSumParams) {
+        dscale[i] += gr[i] * xhat;
+        dbias[i] += gr[i];
+      }
     }
   }
 }
@@ -107,12 +112,18 @@ void layer_norm_forward(DType dtype, std::int64_t rows, std::int64_t n, const vo
 }
 
 void layer_norm_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* mean,
-                         const void* rstd, const void* dy, void* dx, void* dscale, void* dbias, const SumTree& /*rows_tree*/) {
+                         const void* rstd, const void* dy, void* dx, void* dscale, void* dbias, const SumTree& rows_tree) {
   with_floating_type(dtype, "layer_norm_backward", [&](auto zero) {
     using T = decltype(zero);
-    layer_norm_backward_rows<T>(rows, n, static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(mean),
-                                static_cast<const T*>(rstd), static_cast<const T*>(dy), static_cast<T*>(dx),
-                                static_cast<T*>(dscale), static_cast<T*>(dbias));
+    const auto* xt = static_cast<const T*>(x);
+    const auto* mt = static_cast<const T*>(mean);
+    const auto* rt = static_cast<const T*>(rstd);
+    const auto* gt = static_cast<const T*>(dy);
+    if (!rows_tree.on)
+      return layer_norm_backward_rows<T, true>(rows, n, xt, static_cast<const T*>(scale), mt, rt, gt, static_cast<T*>(dx),
+                                               static_cast<T*>(dscale), static_cast<T*>(dbias));
+    layer_norm_backward_rows<T, false>(rows, n, xt, static_cast<const T*>(scale), mt, rt, gt, static_cast<T*>(dx), nullptr, nullptr);
+    tree_layer_norm_param_grads(dtype, rows, n, x, mean, rstd, dy, dscale, dbias, rows_tree);
   });
 }
 

@@ -17,6 +17,10 @@ void layer_norm_forward(DType dtype, std::int64_t rows, std::int64_t n, const vo
 void layer_norm_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* mean,
                          const void* rstd, const void* dy, void* dx, void* dscale, void* dbias,
                          const SumTree& rows_tree);
+// dscale and dbias of layer_norm_backward with `rows_tree.on`: each column's terms summed over rows
+// in the tree's order.
+void tree_layer_norm_param_grads(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* mean, const void* rstd,
+                                 const void* dy, void* dscale, void* dbias, const SumTree& rows_tree);
 
 // y = softmax(x) per row, or log_softmax(x) when `log`; stable (the row's max is subtracted).
 void softmax_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, void* y, bool log);

@@ -56,7 +56,8 @@ void accumulate_typed(T* dst, const T* src, std::size_t n) {
 }  // namespace
 
 void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const Layout<2>& layout,
-            const SumTree& /*tree*/) {
+            const SumTree& tree) {
+  if (op == ReduceOp::sum && tree.on) return tree_sum(dtype, in, out, out_count, layout, tree);
   NAX_DISPATCH_NUMERIC(dtype, "reduce", T, {
     const T* pi = static_cast<const T*>(in);
     T* po = static_cast<T*>(out);

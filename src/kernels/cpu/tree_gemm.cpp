@@ -1,0 +1,219 @@
+// Deterministic mode's GEMM (GemmShape::tree): every C element is its sum over k in the SumTree's
+// order, a leaf accumulated by fused multiply-adds from zero in index order, a node left + right,
+// then + beta C. Each element's operation sequence is fixed by k and the tree alone, so it does
+// not depend on m, n, the batch, the layouts, the alignment or threads (OpenBLAS's order can
+// depend on any of them). Blocked as usual: op(B) packed into panels of a tile's columns, op(A)
+// into panels of its rows, the tile's accumulators in registers; the tree's pending partial sums
+// wait on a small stack beside the tile. Vector lanes and the zero padding of edge tiles do
+// exactly what a scalar std::fma would, so edge elements get the same bits as the others.
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cpu/fma_vector.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/sum_schedule.h"
+
+namespace nax::cpu {
+
+namespace {
+
+// A register tile of `rows` x `vectors` vectors of C. With `hold_left`, the newest pending partial
+// sum stays in registers too (a second set of accumulators): a leaf that completes a node then adds
+// its left sibling without a trip through memory, which pays when leaves are short; long leaves
+// prefer more rows (fewer loads of B per multiply-add).
+template <typename T, bool kHoldLeft>
+struct Tile {
+  using Value = T;
+  using Vec = FmaVector<T>;
+  static constexpr bool hold_left = kHoldLeft;
+  static constexpr int vectors = Vec::width == 1 ? 4 : 2;
+  static constexpr int rows = Vec::width == 1 ? 4 : sizeof(typename Vec::V) == 64 ? (kHoldLeft ? 6 : 8) : (kHoldLeft ? 3 : 6);
+  static constexpr int cols = vectors * Vec::width;
+};
+
+// One operand as the product sees it: op(X)(r, c) with op the transpose when `trans`.
+template <typename T>
+struct Operand {
+  const T* data;
+  std::int64_t ld;
+  bool trans;
+  T at(std::int64_t r, std::int64_t c) const { return trans ? data[c * ld + r] : data[r * ld + c]; }
+};
+
+// Rows [row0, row0 + rows) of op(A) (m x k) as panels of the tile's rows R, each k x R (k-major);
+// rows past m are zero.
+template <typename Tile, typename T = typename Tile::Value>
+void pack_a(const Operand<T>& a, std::int64_t m, std::int64_t k, std::int64_t row0, std::int64_t rows, T* out) {
+  constexpr int R = Tile::rows;
+  for (std::int64_t p = 0; p < rows; p += R, out += k * R)
+    for (int r = 0; r < R; ++r) {
+      const std::int64_t i = row0 + p + r;
+      if (i < m) {
+        for (std::int64_t kk = 0; kk < k; ++kk) out[kk * R + r] = a.at(i, kk);
+      } else {
+        for (std::int64_t kk = 0; kk < k; ++kk) out[kk * R + r] = T(0);
+      }
+    }
+}
+
+// Columns [col0, col0 + cols) of op(B) (k x n) as panels of the tile's columns C, each k x C
+// (row-major); columns past n are zero.
+template <typename Tile, typename T = typename Tile::Value>
+void pack_b(const Operand<T>& b, std::int64_t k, std::int64_t n, std::int64_t col0, std::int64_t cols, T* out) {
+  constexpr int C = Tile::cols;
+  for (std::int64_t j0 = col0; j0 < col0 + cols; j0 += C, out += k * C)
+    for (std::int64_t kk = 0; kk < k; ++kk)
+      for (int j = 0; j < C; ++j) out[kk * C + j] = j0 + j < n ? b.at(kk, j0 + j) : T(0);
+}
+
+// The tile's sums over k in the schedule's tree: a (k x rows) and b (k x cols) packed panels, out
+// rows x cols row-major; stack holds (schedule.depth - 1) tiles of pending partial sums.
+template <typename Tile, typename T = typename Tile::Value>
+void tile_sums(const T* a, const T* b, const SumSchedule& schedule, T* stack, T* out) {
+  using Vec = typename Tile::Vec;
+  using V = typename Vec::V;
+  constexpr int R = Tile::rows, NV = Tile::vectors, C = Tile::cols, W = Vec::width;
+  V acc[R][NV], left[Tile::hold_left ? R : 1][NV];
+  for (auto& row : acc)
+    for (auto& x : row) x = Vec::zero();
+  for (auto& row : left)
+    for (auto& x : row) x = Vec::zero();
+  T* pending = stack;  // past the partial sums waiting in memory
+  bool left_held = false, first = true;
+  for (const SumLeaf& leaf : schedule.leaves) {
+    if (!first) {  // the previous node waits as a left half
+      if (!Tile::hold_left || left_held) {
+        for (int r = 0; r < R; ++r)
+          for (int v = 0; v < NV; ++v) Vec::store(pending + r * C + v * W, Tile::hold_left ? left[r][v] : acc[r][v]);
+        pending += R * C;
+      }
+      if constexpr (Tile::hold_left) {
+        for (int r = 0; r < R; ++r)
+          for (int v = 0; v < NV; ++v) left[r][v] = acc[r][v];
+        left_held = true;
+      }
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < NV; ++v) acc[r][v] = Vec::zero();
+    }
+    first = false;
+    const T* ak = a + leaf.begin * R;
+    const T* bk = b + leaf.begin * C;
+    for (std::int64_t kk = 0; kk < leaf.length; ++kk, ak += R, bk += C) {
+      V bv[NV];
+      for (int v = 0; v < NV; ++v) bv[v] = Vec::load(bk + v * W);
+      for (int r = 0; r < R; ++r) {
+        const V av = Vec::splat(ak[r]);
+        for (int v = 0; v < NV; ++v) acc[r][v] = Vec::fma(av, bv[v], acc[r][v]);
+      }
+    }
+    for (int m = 0; m < leaf.merges; ++m) {
+      if (left_held) {
+        for (int r = 0; r < R; ++r)
+          for (int v = 0; v < NV; ++v) acc[r][v] = Vec::add(left[r][v], acc[r][v]);
+        left_held = false;
+      } else {
+        pending -= R * C;
+        for (int r = 0; r < R; ++r)
+          for (int v = 0; v < NV; ++v) acc[r][v] = Vec::add(Vec::load(pending + r * C + v * W), acc[r][v]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) Vec::store(out + r * C + v * W, acc[r][v]);
+}
+
+// C's block (rows x cols of the tile) = tile, or tile + beta C.
+template <typename Tile, typename T = typename Tile::Value>
+void store_tile(const T* tile, std::int64_t rows, std::int64_t cols, T beta, T* c, std::int64_t ldc) {
+  constexpr int C = Tile::cols;
+  for (std::int64_t r = 0; r < rows; ++r, c += ldc, tile += C) {
+    if (beta == T(0)) {
+      for (std::int64_t j = 0; j < cols; ++j) c[j] = tile[j];
+    } else {
+      for (std::int64_t j = 0; j < cols; ++j) c[j] = tile[j] + beta * c[j];
+    }
+  }
+}
+
+// Rows of op(A) per packed block: about 256 KiB of it, reused by every column panel of a block
+// of op(B).
+template <typename Tile, typename T = typename Tile::Value>
+std::int64_t block_rows(std::int64_t k) {
+  constexpr int R = Tile::rows;
+  const std::int64_t rows = std::clamp<std::int64_t>(
+      (std::int64_t{1} << 18) / static_cast<std::int64_t>(sizeof(T)) / std::max<std::int64_t>(k, 1), R, 1024);
+  return rows / R * R;
+}
+
+// Columns of op(B) per packed block: about 2 MiB of it (the packed copy of a large B, a vocabulary
+// projection's, stays small), reused by every row block of op(A).
+template <typename Tile, typename T = typename Tile::Value>
+std::int64_t block_cols(std::int64_t k) {
+  constexpr int C = Tile::cols;
+  const std::int64_t cols =
+      std::max<std::int64_t>((std::int64_t{1} << 21) / static_cast<std::int64_t>(sizeof(T)) / std::max<std::int64_t>(k, 1), C);
+  return cols / C * C;
+}
+
+template <typename Tile, typename T = typename Tile::Value>
+void tree_gemm_one(const GemmShape& g, const Operand<T>& a, const Operand<T>& b, T* c, std::vector<T>& a_packed,
+                   std::vector<T>& b_packed, const SumSchedule& schedule, T* stack) {
+  constexpr int R = Tile::rows, C = Tile::cols;
+  const std::int64_t k = g.k, mc = block_rows<Tile>(k), nc = block_cols<Tile>(k);
+  T tile[R * C];
+  for (std::int64_t col0 = 0; col0 < g.n; col0 += nc) {
+    const std::int64_t cols = std::min(nc, g.n - col0);
+    pack_b<Tile>(b, k, g.n, col0, cols, b_packed.data());
+    for (std::int64_t i0 = 0; i0 < g.m; i0 += mc) {
+      const std::int64_t rows = std::min(mc, g.m - i0);
+      pack_a<Tile>(a, g.m, k, i0, rows, a_packed.data());
+      for (std::int64_t j0 = 0; j0 < cols; j0 += C) {
+        const T* b_panel = b_packed.data() + (j0 / C) * k * C;
+        for (std::int64_t p = 0; p < rows; p += R) {
+          tile_sums<Tile>(a_packed.data() + (p / R) * k * R, b_panel, schedule, stack, tile);
+          store_tile<Tile>(tile, std::min<std::int64_t>(R, rows - p), std::min<std::int64_t>(C, cols - j0),
+                           static_cast<T>(g.beta), c + (i0 + p) * g.ldc + col0 + j0, g.ldc);
+        }
+      }
+    }
+  }
+}
+
+template <typename Tile, typename T = typename Tile::Value>
+void tree_gemm_tiled(const GemmShape& g, const T* a, const T* b, T* c, const SumSchedule& schedule) {
+  constexpr int R = Tile::rows, C = Tile::cols;
+  const std::int64_t mc = std::min(block_rows<Tile>(g.k), g.m), nc = std::min(block_cols<Tile>(g.k), g.n);
+  std::vector<T> a_packed(static_cast<std::size_t>(std::max<std::int64_t>(1, (mc + R - 1) / R * R * g.k)));
+  std::vector<T> b_packed(static_cast<std::size_t>(std::max<std::int64_t>(1, (nc + C - 1) / C * C * g.k)));
+  std::vector<T> stack(static_cast<std::size_t>(std::max(1, schedule.depth) * R * C));
+  for (std::int64_t t = 0; t < g.batch; ++t)
+    tree_gemm_one<Tile>(g, {a + t * g.stride_a, g.lda, g.trans_a}, {b + t * g.stride_b, g.ldb, g.trans_b}, c + t * g.stride_c,
+                        a_packed, b_packed, schedule, stack.data());
+}
+
+// Leaves of 8 or more (a k of 512 and up in the full tree) amortise a trip through memory per node.
+template <typename T>
+void tree_gemm_typed(const GemmShape& g, const T* a, const T* b, T* c) {
+  if (g.m <= 0 || g.n <= 0) return;
+  const SumSchedule schedule = sum_schedule(g.k, g.tree);
+  const bool long_leaves = !schedule.leaves.empty() && g.k >= 8 * static_cast<std::int64_t>(schedule.leaves.size());
+  if (long_leaves)
+    tree_gemm_tiled<Tile<T, false>>(g, a, b, c, schedule);
+  else
+    tree_gemm_tiled<Tile<T, true>>(g, a, b, c, schedule);
+}
+
+}  // namespace
+
+void tree_gemm(DType dtype, const GemmShape& shape, const void* a, const void* b, void* c) {
+  switch (dtype) {
+    case DType::f32:
+      return tree_gemm_typed(shape, static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(c));
+    case DType::f64:
+      return tree_gemm_typed(shape, static_cast<const double*>(a), static_cast<const double*>(b), static_cast<double*>(c));
+    default:
+      fail("gemm", "deterministic mode: unsupported dtype {}", dtype_name(dtype));
+  }
+}
+
+}  // namespace nax::cpu
