@@ -10,6 +10,7 @@ The layers, lowest first (docs/architecture.md describes each):
   ops       include/nax/{ops,collectives,async_collectives,index_ops,transformer_ops,autodiff}.h,
             src/ops (the ops, their backward functions and the tape they record on)
   autodiff  src/autodiff (the backward pass over the tape: grad, value_and_grad)
+  debug     include/nax/debug, src/debug (the op recorder and the mesh-comparison locator; ops, runtime, trace)
   global    include/nax/global, src/global
   nn        include/nax/nn, src/nn
   checkpoint include/nax/checkpoint.h, include/nax/checkpoint, src/checkpoint (files, safetensors, sharded)
@@ -25,7 +26,7 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["core", "trace", "kernels", "comm", "runtime", "ops", "autodiff", "global", "nn", "checkpoint", "text"]
+LAYERS = ["core", "trace", "kernels", "comm", "runtime", "ops", "autodiff", "debug", "global", "nn", "checkpoint", "text"]
 TOP_LEVEL_HEADERS = {
     "tensor.h": "core",  # the value type; its methods are defined by the op layer (src/ops/tensor.cpp)
     "trace.h": "trace",

@@ -18,6 +18,8 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "comparison.h"
@@ -768,19 +770,22 @@ std::vector<double> rows_of(const std::vector<double>& all, const Operand& o, st
   return v;
 }
 
-void check_attention(DType d, std::int64_t batches, std::int64_t tq, std::int64_t tk, std::int64_t head_dim, std::int64_t pad) {
+void check_attention(DType d, std::int64_t batches, std::int64_t tq, std::int64_t tk, std::int64_t head_dim, std::int64_t pad,
+                     bool deterministic = false) {
   kn::AttentionSizes s;
   s.dtype = d, s.batches = batches, s.tq = tq, s.tk = tk, s.head_dim = head_dim, s.scale = 1.0 / std::sqrt(double(head_dim));
+  if (deterministic) s.tree = nax::SumTree::canonical_for_block_of(1);
   const Operand oq = operand(batches, tq, head_dim + pad), okv = operand(batches, tk, head_dim + pad);
   const auto q = rounded(normal(oq.elements), d), k = rounded(normal(okv.elements), d), v = rounded(normal(okv.elements), d);
   const auto dout = rounded(normal(oq.elements), d);
   const DType lse_dtype = d == DType::bf16 ? DType::f32 : d;
   const auto lse_count = static_cast<std::size_t>(batches * tq);
   std::ostringstream what;
-  what << "attention batches=" << batches << " tq=" << tq << " tk=" << tk << " head_dim=" << head_dim << " pad=" << pad;
+  what << (deterministic ? "deterministic " : "") << "attention batches=" << batches << " tq=" << tq << " tk=" << tk << " head_dim=" << head_dim << " pad=" << pad;
 
   kn::AttentionSizes s64 = s;
   s64.dtype = DType::f64;
+  s64.tree = nax::SumTree{};  // the reference in the CPU's default order
   Host hq(q, d), hk(k, d), hv(v, d), hdout(dout, d), hout(oq.elements, d), hlse(lse_count, d);
   Host hscratch(static_cast<std::size_t>(std::max(cpu().attention_forward_scratch(s64), cpu().attention_backward_scratch(s64))), d);
   cpu().causal_attention_forward(s64, in(hq.data(), oq), in(hk.data(), okv), in(hv.data(), okv), out(hout.data(), oq), hlse.data(),
@@ -817,6 +822,512 @@ TEST_CASE("cuda kernels: causal attention forward and backward", "[cuda][attenti
       check_attention(d, 2, 100, 100, head_dim, 64);  // rows apart by more than head_dim (a fused qkv)
       check_attention(d, 1, 1, 1, head_dim, 0);
     }
+}
+
+// --- deterministic mode (nax::SumTree): bitwise against host references of the tree ---
+
+namespace {
+
+using nax::SumTree;
+
+// The tree's value over terms [begin, begin + n): leaf(begin, length) for a leaf, left + right for
+// a node, recursively (the GPU walks it with a stack instead).
+template <typename T, typename Leaf>
+T tree_apply(std::int64_t begin, std::int64_t n, SumTree tree, const Leaf& leaf) {
+  if (tree.halves(n)) {
+    const T left = tree_apply<T>(begin, n / 2, tree.half(), leaf);
+    const T right = tree_apply<T>(begin + n / 2, n / 2, tree.half(), leaf);
+    return left + right;
+  }
+  return leaf(begin, n);
+}
+
+// The values of `v` rounded to T, as T.
+template <typename T>
+std::vector<T> as(const std::vector<double>& v) {
+  return std::vector<T>(v.begin(), v.end());
+}
+
+template <typename T>
+Bytes bytes_of(const std::vector<T>& v) {
+  Bytes b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+template <typename T>
+std::vector<T> from_bytes(const Bytes& b) {
+  std::vector<T> v(b.size() / sizeof(T));
+  std::memcpy(v.data(), b.data(), b.size());
+  return v;
+}
+
+// Same bytes element by element (so -0 differs from +0 and a NaN never matches a number).
+void check_bits(const Bytes& got, const Bytes& want, std::size_t element_size, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); i += element_size)
+    if (std::memcmp(got.data() + i, want.data() + i, element_size) != 0) ++bad;
+  INFO(what << ": " << bad << " of " << got.size() / element_size << " elements differ in their bits");
+  CHECK(bad == 0);
+}
+
+// (b0 + b1) for 2 blocks, (b0 + b1) + (b2 + b3) for 4: the psum's halving order.
+template <typename T>
+std::vector<T> pairwise(std::vector<std::vector<T>> blocks) {
+  while (blocks.size() > 1) {
+    std::vector<std::vector<T>> next;
+    for (std::size_t b = 0; b < blocks.size(); b += 2) {
+      std::vector<T> sum(blocks[b].size());
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = blocks[b][i] + blocks[b + 1][i];
+      next.push_back(std::move(sum));
+    }
+    blocks = std::move(next);
+  }
+  return blocks[0];
+}
+
+template <typename T>
+constexpr DType dtype_of() {
+  return std::is_same_v<T, float> ? DType::f32 : DType::f64;
+}
+
+struct TreeGemmCase {
+  std::int64_t m, n, k;
+  bool ta, tb;
+  std::int64_t batch;
+  double beta;
+};
+
+// C of every batch, in T, by the host tree: leaves fma from +0 in k order, then + beta C_old.
+template <typename T>
+std::vector<T> host_tree_gemm(const kn::GemmShape& s, const std::vector<T>& a, const std::vector<T>& b, std::vector<T> c) {
+  for (std::int64_t t = 0; t < s.batch; ++t)
+    for (std::int64_t i = 0; i < s.m; ++i)
+      for (std::int64_t j = 0; j < s.n; ++j) {
+        auto at = [&](std::int64_t kk) { return a[t * s.stride_a + (s.trans_a ? kk * s.lda + i : i * s.lda + kk)]; };
+        auto bt = [&](std::int64_t kk) { return b[t * s.stride_b + (s.trans_b ? j * s.ldb + kk : kk * s.ldb + j)]; };
+        const T sum = tree_apply<T>(0, s.k, s.tree, [&](std::int64_t begin, std::int64_t len) {
+          T acc = 0;
+          for (std::int64_t kk = begin; kk < begin + len; ++kk) acc = std::fma(at(kk), bt(kk), acc);
+          return acc;
+        });
+        T& out = c[t * s.stride_c + i * s.ldc + j];
+        out = s.beta != 0.0 ? sum + static_cast<T>(s.beta) * out : sum;
+      }
+  return c;
+}
+
+kn::GemmShape gemm_shape(const TreeGemmCase& g, SumTree tree) {
+  kn::GemmShape s;
+  s.trans_a = g.ta, s.trans_b = g.tb, s.m = g.m, s.n = g.n, s.k = g.k;
+  s.lda = (g.ta ? g.m : g.k) + 2, s.ldb = (g.tb ? g.k : g.n) + 1, s.ldc = g.n + 3;
+  s.batch = g.batch;
+  s.stride_a = (g.ta ? g.k : g.m) * s.lda + 5, s.stride_b = (g.tb ? g.n : g.k) * s.ldb, s.stride_c = g.m * s.ldc + 1;
+  s.beta = g.beta;
+  s.tree = tree;
+  return s;
+}
+
+// The device's C (all of it, padding included) for inputs a, b and initial c.
+template <typename T>
+std::vector<T> device_gemm(const kn::GemmShape& s, const std::vector<T>& a, const std::vector<T>& b, const std::vector<T>& c) {
+  const DType d = dtype_of<T>();
+  Device da(a.size(), d), db(b.size(), d), dc(c.size(), d);
+  da.upload(bytes_of(a)), db.upload(bytes_of(b)), dc.upload(bytes_of(c));
+  gpu().gemm(d, s, da.get(), db.get(), dc.get());
+  return from_bytes<T>(dc.raw());
+}
+
+template <typename T>
+void check_tree_gemm(const TreeGemmCase& g, SumTree tree) {
+  const kn::GemmShape s = gemm_shape(g, tree);
+  const std::size_t a_size = static_cast<std::size_t>(s.batch * s.stride_a), b_size = static_cast<std::size_t>(s.batch * s.stride_b);
+  const auto a = as<T>(normal(a_size)), b = as<T>(normal(b_size)), c = as<T>(normal(static_cast<std::size_t>(s.batch * s.stride_c)));
+  std::ostringstream what;
+  what << "tree gemm " << nax::dtype_name(dtype_of<T>()) << " m=" << g.m << " n=" << g.n << " k=" << g.k << " ta=" << g.ta
+       << " tb=" << g.tb << " batch=" << g.batch << " beta=" << g.beta << " forced=" << tree.forced;
+  check_bits(bytes_of(device_gemm(s, a, b, c)), bytes_of(host_tree_gemm(s, a, b, c)), sizeof(T), what.str());
+}
+
+// k cut into p blocks, each computed with canonical_for_block_of(p) and added pairwise, gives the
+// whole computation's bits (canonical_for_block_of(1)).
+template <typename T>
+void check_tree_gemm_split(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t p) {
+  TreeGemmCase whole_case{m, n, k, false, false, 1, 0.0};
+  const kn::GemmShape whole = gemm_shape(whole_case, SumTree::canonical_for_block_of(1));
+  const auto a = as<T>(normal(static_cast<std::size_t>(whole.stride_a)));
+  const auto b = as<T>(normal(static_cast<std::size_t>(whole.stride_b)));
+  const auto c = as<T>(normal(static_cast<std::size_t>(whole.stride_c)));
+  const std::vector<T> want = device_gemm(whole, a, b, c);
+  std::vector<std::vector<T>> blocks;
+  const std::int64_t kb = k / p;
+  for (std::int64_t j = 0; j < p; ++j) {
+    kn::GemmShape part = whole;
+    part.k = kb;
+    part.tree = SumTree::canonical_for_block_of(p);
+    // A's columns and B's rows [j kb, (j + 1) kb): the same matrices from an offset.
+    std::vector<T> a_part(a.begin() + j * kb, a.end()), b_part(b.begin() + j * kb * whole.ldb, b.end());
+    a_part.resize(a.size()), b_part.resize(b.size());
+    blocks.push_back(device_gemm(part, a_part, b_part, c));
+  }
+  // The m x n elements (the padding between rows holds c, which the sum of blocks adds p times).
+  auto elements = [&](const std::vector<T>& all) {
+    std::vector<T> v;
+    for (std::int64_t i = 0; i < m; ++i) v.insert(v.end(), all.begin() + i * whole.ldc, all.begin() + i * whole.ldc + n);
+    return v;
+  };
+  std::ostringstream what;
+  what << "tree gemm split " << nax::dtype_name(dtype_of<T>()) << " m=" << m << " n=" << n << " k=" << k << " p=" << p;
+  check_bits(bytes_of(elements(pairwise(blocks))), bytes_of(elements(want)), sizeof(T), what.str());
+}
+
+// Each output's terms in row-major order over the reduced dimensions, tree-summed from the first.
+template <typename T>
+std::vector<T> host_tree_reduce(const std::vector<T>& x, const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& strides,
+                                const std::vector<bool>& reduced, SumTree tree) {
+  std::vector<std::int64_t> kept_sizes, red_sizes, kept_strides, red_strides;
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    (reduced[d] ? red_sizes : kept_sizes).push_back(sizes[d]);
+    (reduced[d] ? red_strides : kept_strides).push_back(strides[d]);
+  }
+  auto offset = [](std::int64_t flat, const std::vector<std::int64_t>& sz, const std::vector<std::int64_t>& st) {
+    std::int64_t off = 0;
+    for (std::size_t d = sz.size(); d-- > 0;) {
+      off += flat % sz[d] * st[d];
+      flat /= sz[d];
+    }
+    return off;
+  };
+  std::int64_t outputs = 1, terms = 1;
+  for (auto s : kept_sizes) outputs *= s;
+  for (auto s : red_sizes) terms *= s;
+  std::vector<T> out(static_cast<std::size_t>(outputs));
+  for (std::int64_t o = 0; o < outputs; ++o) {
+    const std::int64_t base = offset(o, kept_sizes, kept_strides);
+    out[static_cast<std::size_t>(o)] = tree_apply<T>(0, terms, tree, [&](std::int64_t begin, std::int64_t len) {
+      T acc = x[base + offset(begin, red_sizes, red_strides)];
+      for (std::int64_t i = begin + 1; i < begin + len; ++i) acc += x[base + offset(i, red_sizes, red_strides)];
+      return acc;
+    });
+  }
+  return out;
+}
+
+// The device's reduce of x (sizes, input strides; outputs contiguous over the kept dimensions).
+template <typename T>
+std::vector<T> device_tree_reduce(const std::vector<T>& x, const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& strides,
+                                  const std::vector<bool>& reduced, SumTree tree) {
+  kn::Layout<2> l;
+  l.rank = static_cast<int>(sizes.size());
+  std::int64_t outputs = 1;
+  for (int d = l.rank - 1; d >= 0; --d) {
+    l.sizes[d] = sizes[d];
+    l.strides[0][d] = strides[d];
+    l.strides[1][d] = reduced[d] ? 0 : outputs;
+    if (!reduced[d]) outputs *= sizes[d];
+  }
+  const DType d = dtype_of<T>();
+  Device dx(x.size(), d), dout(static_cast<std::size_t>(outputs), d);
+  dx.upload(bytes_of(x));
+  gpu().reduce(ReduceOp::sum, d, dx.get(), dout.get(), outputs, l, tree);
+  return from_bytes<T>(dout.raw());
+}
+
+template <typename T>
+void check_tree_reduce() {
+  struct Case {
+    std::vector<std::int64_t> sizes, strides;
+    std::vector<bool> reduced;
+  };
+  const std::vector<Case> cases{
+      {{96, 33}, {33, 1}, {true, false}},            // over rows
+      {{33, 100}, {100, 1}, {false, true}},          // over columns
+      {{64, 37}, {37, 1}, {true, true}},             // everything
+      {{8, 5, 12}, {1, 96, 8}, {true, false, true}},  // strided, two reduced axes
+      {{2048}, {1}, {true}},                         // many leaves
+      {{3, 1}, {1, 1}, {true, false}},
+  };
+  for (const Case& c : cases)
+    for (SumTree tree : {SumTree::canonical_for_block_of(1), SumTree::canonical_for_block_of(4), SumTree{.on = true, .forced = 0}}) {
+      std::int64_t span_size = 1;
+      for (std::size_t d = 0; d < c.sizes.size(); ++d) span_size += (c.sizes[d] - 1) * c.strides[d];
+      const auto x = as<T>(normal(static_cast<std::size_t>(span_size), 1.0, 0.5));
+      std::ostringstream what;
+      what << "tree reduce " << nax::dtype_name(dtype_of<T>()) << " case " << (&c - cases.data()) << " forced=" << tree.forced;
+      check_bits(bytes_of(device_tree_reduce(x, c.sizes, c.strides, c.reduced, tree)),
+                 bytes_of(host_tree_reduce(x, c.sizes, c.strides, c.reduced, tree)), sizeof(T), what.str());
+    }
+  // The leading axis cut in p blocks, each reduced with canonical_for_block_of(p), added pairwise.
+  for (std::int64_t p : {2, 4}) {
+    const std::int64_t rows = 4 * 24, cols = 17;
+    const auto x = as<T>(normal(static_cast<std::size_t>(rows * cols)));
+    const auto want = device_tree_reduce(x, {rows, cols}, {cols, 1}, {true, false}, SumTree::canonical_for_block_of(1));
+    std::vector<std::vector<T>> blocks;
+    for (std::int64_t j = 0; j < p; ++j) {
+      const std::vector<T> part(x.begin() + j * rows / p * cols, x.begin() + (j + 1) * rows / p * cols);
+      blocks.push_back(device_tree_reduce(part, {rows / p, cols}, {cols, 1}, {true, false}, SumTree::canonical_for_block_of(p)));
+    }
+    check_bits(bytes_of(pairwise(blocks)), bytes_of(want), sizeof(T), "tree reduce split p=" + std::to_string(p));
+  }
+}
+
+struct NormGrads {
+  Bytes dx, dscale, dbias;
+};
+
+template <typename T>
+NormGrads device_norm_backward(std::int64_t rows, std::int64_t n, const std::vector<T>& x, const std::vector<T>& scale,
+                               const std::vector<T>& mean, const std::vector<T>& rstd, const std::vector<T>& dy, SumTree tree) {
+  const DType d = dtype_of<T>();
+  Device gx(x.size(), d), gscale(scale.size(), d), gmean(mean.size(), d), grstd(rstd.size(), d), gdy(dy.size(), d);
+  gx.upload(bytes_of(x)), gscale.upload(bytes_of(scale)), gmean.upload(bytes_of(mean)), grstd.upload(bytes_of(rstd)), gdy.upload(bytes_of(dy));
+  Device gdx(x.size(), d), gdscale(static_cast<std::size_t>(n), d), gdbias(static_cast<std::size_t>(n), d);
+  gpu().layer_norm_backward(d, rows, n, gx.get(), gscale.get(), gmean.get(), grstd.get(), gdy.get(), gdx.get(), gdscale.get(),
+                            gdbias.get(), tree);
+  return {gdx.raw(), gdscale.raw(), gdbias.raw()};
+}
+
+template <typename T>
+void check_tree_layer_norm() {
+  for (std::int64_t rows : {1, 7, 96, 1000})
+    for (std::int64_t n : {1, 33, 256}) {
+      const auto x = as<T>(normal(static_cast<std::size_t>(rows * n), 1.0, 0.3)), dy = as<T>(normal(static_cast<std::size_t>(rows * n)));
+      const auto scale = as<T>(normal(static_cast<std::size_t>(n), 0.5, 1.0));
+      const auto mean = as<T>(normal(static_cast<std::size_t>(rows), 0.1));
+      const auto rstd = as<T>(away_from_zero(static_cast<std::size_t>(rows), true));
+      const SumTree tree = SumTree::canonical_for_block_of(1);
+      const NormGrads got = device_norm_backward(rows, n, x, scale, mean, rstd, dy, tree);
+      std::vector<T> dscale(static_cast<std::size_t>(n)), dbias(static_cast<std::size_t>(n));
+      for (std::int64_t j = 0; j < n; ++j) {
+        auto at = [&](std::int64_t r) { return static_cast<std::size_t>(r * n + j); };
+        dscale[j] = tree_apply<T>(0, rows, tree, [&](std::int64_t begin, std::int64_t len) {
+          auto term = [&](std::int64_t r) { return dy[at(r)] * ((x[at(r)] - mean[r]) * rstd[r]); };
+          T acc = term(begin);
+          for (std::int64_t r = begin + 1; r < begin + len; ++r) acc += term(r);
+          return acc;
+        });
+        dbias[j] = tree_apply<T>(0, rows, tree, [&](std::int64_t begin, std::int64_t len) {
+          T acc = dy[at(begin)];
+          for (std::int64_t r = begin + 1; r < begin + len; ++r) acc += dy[at(r)];
+          return acc;
+        });
+      }
+      const std::string what = std::string("tree layer_norm_backward ") + std::string(nax::dtype_name(dtype_of<T>())) + " rows=" + std::to_string(rows) +
+                               " n=" + std::to_string(n);
+      check_bits(got.dscale, bytes_of(dscale), sizeof(T), what + " dscale");
+      check_bits(got.dbias, bytes_of(dbias), sizeof(T), what + " dbias");
+      // dx is per row: the tree changes nothing there.
+      check_bits(got.dx, device_norm_backward(rows, n, x, scale, mean, rstd, dy, SumTree{}).dx, sizeof(T), what + " dx");
+    }
+  // Row blocks with canonical_for_block_of(p), added pairwise.
+  for (std::int64_t p : {2, 4}) {
+    const std::int64_t rows = 4 * 40, n = 19;
+    const auto x = as<T>(normal(static_cast<std::size_t>(rows * n))), dy = as<T>(normal(static_cast<std::size_t>(rows * n)));
+    const auto scale = as<T>(normal(static_cast<std::size_t>(n))), mean = as<T>(normal(static_cast<std::size_t>(rows)));
+    const auto rstd = as<T>(away_from_zero(static_cast<std::size_t>(rows), true));
+    const NormGrads whole = device_norm_backward(rows, n, x, scale, mean, rstd, dy, SumTree::canonical_for_block_of(1));
+    std::vector<std::vector<T>> scales, biases;
+    const std::int64_t rb = rows / p;
+    for (std::int64_t j = 0; j < p; ++j) {
+      auto slice = [&](const std::vector<T>& v, std::int64_t width) {
+        return std::vector<T>(v.begin() + j * rb * width, v.begin() + (j + 1) * rb * width);
+      };
+      const NormGrads part = device_norm_backward(rb, n, slice(x, n), scale, slice(mean, 1), slice(rstd, 1), slice(dy, n),
+                                                  SumTree::canonical_for_block_of(p));
+      scales.push_back(from_bytes<T>(part.dscale));
+      biases.push_back(from_bytes<T>(part.dbias));
+    }
+    check_bits(bytes_of(pairwise(scales)), whole.dscale, sizeof(T), "tree layer_norm split dscale p=" + std::to_string(p));
+    check_bits(bytes_of(pairwise(biases)), whole.dbias, sizeof(T), "tree layer_norm split dbias p=" + std::to_string(p));
+  }
+}
+
+template <typename T>
+std::vector<T> device_tree_scatter(const std::vector<std::int32_t>& ids, kn::VocabRange range, const std::vector<T>& grad,
+                                   std::int64_t row, SumTree tree) {
+  const DType d = dtype_of<T>();
+  Device dids(ids.size(), DType::i32), dgrad(grad.size(), d), dtable(static_cast<std::size_t>(range.local * row), d);
+  dids.upload(bytes_of(ids)), dgrad.upload(bytes_of(grad));
+  gpu().scatter_add_rows(d, static_cast<const std::int32_t*>(dids.get()), static_cast<std::int64_t>(ids.size()), range, dgrad.get(), row,
+                         dtable.get(), tree);
+  return from_bytes<T>(dtable.raw());
+}
+
+// Each table row: the dense tree over all positions, +0 where the id does not pick the row.
+template <typename T>
+std::vector<T> host_tree_scatter(const std::vector<std::int32_t>& ids, kn::VocabRange range, const std::vector<T>& grad,
+                                 std::int64_t row, SumTree tree) {
+  std::vector<T> table(static_cast<std::size_t>(range.local * row), T{0});
+  const auto count = static_cast<std::int64_t>(ids.size());
+  for (std::int64_t r = 0; r < range.local; ++r) {
+    bool picked = false;
+    for (std::int32_t id : ids) picked = picked || id == range.start + r;
+    if (!picked) continue;
+    for (std::int64_t c = 0; c < row; ++c) {
+      auto term = [&](std::int64_t i) { return ids[i] == range.start + r ? grad[i * row + c] : T{0}; };
+      table[r * row + c] = tree_apply<T>(0, count, tree, [&](std::int64_t begin, std::int64_t len) {
+        T acc = term(begin);
+        for (std::int64_t i = begin + 1; i < begin + len; ++i) acc += term(i);
+        return acc;
+      });
+    }
+  }
+  return table;
+}
+
+template <typename T>
+void check_tree_scatter() {
+  const kn::VocabRange range{100, 50};
+  for (std::int64_t row : {1, 7, 130})
+    for (std::int64_t count : {1, 2, 5, 64, 333, 1024}) {
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(count));
+      std::uniform_int_distribution<int> pick(80, 170);  // some outside the block, some repeated
+      for (auto& id : ids) id = pick(rng());
+      for (std::size_t i = 0; i < ids.size(); i += 3) ids[i] = 105;  // one id many times
+      auto grad = as<T>(normal(static_cast<std::size_t>(count * row)));
+      for (std::size_t i = 0; i < grad.size(); i += 7) grad[i] = -T{0};  // signed zeros: +0 subtrees turn them into +0
+      for (SumTree tree : {SumTree::canonical_for_block_of(1), SumTree::canonical_for_block_of(2), SumTree{.on = true, .forced = 0}}) {
+        std::ostringstream what;
+        what << "tree scatter_add_rows " << nax::dtype_name(dtype_of<T>()) << " row=" << row << " count=" << count
+             << " forced=" << tree.forced;
+        check_bits(bytes_of(device_tree_scatter(ids, range, grad, row, tree)), bytes_of(host_tree_scatter(ids, range, grad, row, tree)),
+                   sizeof(T), what.str());
+      }
+    }
+  // Id blocks with canonical_for_block_of(p), added pairwise; the first block picks nothing.
+  for (std::int64_t p : {2, 4}) {
+    const std::int64_t count = 4 * 48, row = 9;
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(count));
+    std::uniform_int_distribution<int> pick(95, 160);
+    for (auto& id : ids) id = pick(rng());
+    for (std::int64_t i = 0; i < count / p; ++i) ids[i] = 7;  // outside the range
+    const auto grad = as<T>(normal(static_cast<std::size_t>(count * row)));
+    const auto want = device_tree_scatter(ids, range, grad, row, SumTree::canonical_for_block_of(1));
+    std::vector<std::vector<T>> blocks;
+    const std::int64_t cb = count / p;
+    for (std::int64_t j = 0; j < p; ++j) {
+      const std::vector<std::int32_t> part_ids(ids.begin() + j * cb, ids.begin() + (j + 1) * cb);
+      const std::vector<T> part_grad(grad.begin() + j * cb * row, grad.begin() + (j + 1) * cb * row);
+      blocks.push_back(device_tree_scatter(part_ids, range, part_grad, row, SumTree::canonical_for_block_of(p)));
+    }
+    check_bits(bytes_of(pairwise(blocks)), bytes_of(want), sizeof(T), "tree scatter_add_rows split p=" + std::to_string(p));
+  }
+}
+
+struct AttentionBits {
+  Bytes out, lse, dq, dk, dv;
+};
+
+// Forward then backward of `heads` heads starting at head `first` of [4 x t x row_stride] operands.
+AttentionBits device_attention(DType d, std::int64_t first, std::int64_t heads, std::int64_t t, std::int64_t head_dim,
+                               std::int64_t row_stride, const std::vector<double>& q, const std::vector<double>& k,
+                               const std::vector<double>& v, const std::vector<double>& dout) {
+  kn::AttentionSizes s;
+  s.dtype = d, s.batches = heads, s.tq = t, s.tk = t, s.head_dim = head_dim, s.scale = 1.0 / std::sqrt(double(head_dim));
+  s.tree = SumTree::canonical_for_block_of(1);
+  Operand o{{}, row_stride, q.size()};
+  for (std::int64_t h = first; h < first + heads; ++h) o.offsets.push_back(h * t * row_stride);
+  const DType lse_dtype = d == DType::bf16 ? DType::f32 : d;
+  Device gq(q, d), gk(k, d), gv(v, d), gdout(dout, d), gout(q.size(), d), glse(static_cast<std::size_t>(heads * t), lse_dtype);
+  Device fscratch(static_cast<std::size_t>(std::max<std::int64_t>(gpu().attention_forward_scratch(s), 1)), d);
+  gpu().causal_attention_forward(s, in(gq.get(), o), in(gk.get(), o), in(gv.get(), o), out(gout.get(), o), glse.get(), fscratch.get());
+  Device gdq(q.size(), d), gdk(q.size(), d), gdv(q.size(), d);
+  Device bscratch(static_cast<std::size_t>(std::max<std::int64_t>(gpu().attention_backward_scratch(s), 1)), d);
+  gpu().causal_attention_backward(s, in(gq.get(), o), in(gk.get(), o), in(gv.get(), o), in(gout.get(), o), in(gdout.get(), o), glse.get(),
+                                  out(gdq.get(), o), out(gdk.get(), o), out(gdv.get(), o), bscratch.get());
+  // The heads' rows only (the rest of the buffers is the poison).
+  auto rows = [&](const Device& g) {
+    const Bytes all = g.raw();
+    const std::size_t row_bytes = static_cast<std::size_t>(head_dim) * nax::dtype_size(d);
+    Bytes picked;
+    for (std::int64_t offset : o.offsets)
+      for (std::int64_t r = 0; r < t; ++r) {
+        const auto at = all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(offset + r * row_stride) * nax::dtype_size(d));
+        picked.insert(picked.end(), at, at + static_cast<std::ptrdiff_t>(row_bytes));
+      }
+    return picked;
+  };
+  return {rows(gout), glse.raw(), rows(gdq), rows(gdk), rows(gdv)};
+}
+
+}  // namespace
+
+TEST_CASE("cuda kernels: deterministic gemm is the host tree's bits", "[cuda][deterministic]") {
+  const std::int64_t sizes[] = {1, 3, 8, 33, 100};
+  for (std::int64_t m : sizes)
+    for (std::int64_t n : sizes)
+      for (std::int64_t k : sizes) {
+        // Every transpose pair and both betas across the shapes, a batch on some.
+        const bool ta = (m + k) % 2 == 1, tb = (n + k / 3) % 2 == 1;
+        const std::int64_t batch = (m * n * k) % 3 == 0 ? 3 : 1;
+        for (double beta : {0.0, 1.0}) {
+          check_tree_gemm<float>({m, n, k, ta, tb, batch, beta}, SumTree::canonical_for_block_of(1));
+          check_tree_gemm<double>({m, n, k, !ta, !tb, batch, beta}, SumTree::canonical_for_block_of(1));
+        }
+      }
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (SumTree tree : {SumTree::canonical_for_block_of(4), SumTree{.on = true, .forced = 0}}) {
+        check_tree_gemm<float>({37, 45, 96, ta, tb, 2, 1.0}, tree);
+        check_tree_gemm<double>({37, 45, 1000, ta, tb, 1, 0.0}, tree);
+      }
+}
+
+TEST_CASE("cuda kernels: deterministic gemm over k blocks added pairwise is the whole gemm", "[cuda][deterministic]") {
+  for (std::int64_t p : {2, 4}) {
+    check_tree_gemm_split<float>(19, 23, 100, p);
+    check_tree_gemm_split<float>(5, 70, 4 * 96, p);
+    check_tree_gemm_split<double>(19, 23, 4 * 33, p);
+  }
+}
+
+TEST_CASE("cuda kernels: deterministic reduce is the host tree's bits, split or whole", "[cuda][deterministic]") {
+  check_tree_reduce<float>();
+  check_tree_reduce<double>();
+}
+
+TEST_CASE("cuda kernels: deterministic layer_norm_backward parameter gradients", "[cuda][deterministic]") {
+  check_tree_layer_norm<float>();
+  check_tree_layer_norm<double>();
+}
+
+TEST_CASE("cuda kernels: deterministic scatter_add_rows is the dense tree's bits", "[cuda][deterministic]") {
+  check_tree_scatter<float>();
+  check_tree_scatter<double>();
+}
+
+TEST_CASE("cuda kernels: deterministic attention matches the CPU and gives a head the same bits in any batch", "[cuda][deterministic]") {
+  for (DType d : {DType::f32, DType::bf16})
+    for (std::int64_t head_dim : {64, 128, 256}) {
+      const std::int64_t t = 150, row_stride = head_dim + 8, heads = 4;
+      const auto n = static_cast<std::size_t>(heads * t * row_stride);
+      const auto q = rounded(normal(n), d), k = rounded(normal(n), d), v = rounded(normal(n), d), dout = rounded(normal(n), d);
+      const AttentionBits all = device_attention(d, 0, heads, t, head_dim, row_stride, q, k, v, dout);
+      const AttentionBits again = device_attention(d, 0, heads, t, head_dim, row_stride, q, k, v, dout);
+      const std::string what = std::string("deterministic attention ") + std::string(nax::dtype_name(d)) + " head_dim=" + std::to_string(head_dim);
+      const std::size_t es = nax::dtype_size(d), lse_es = d == DType::bf16 ? 4 : es;
+      check_bits(again.dq, all.dq, es, what + " dq run to run");
+      check_bits(again.dk, all.dk, es, what + " dk run to run");
+      AttentionBits one;
+      for (std::int64_t h = 0; h < heads; ++h) {
+        const AttentionBits part = device_attention(d, h, 1, t, head_dim, row_stride, q, k, v, dout);
+        for (auto [to, from] : {std::pair{&one.out, &part.out}, std::pair{&one.lse, &part.lse}, std::pair{&one.dq, &part.dq},
+                                std::pair{&one.dk, &part.dk}, std::pair{&one.dv, &part.dv}})
+          to->insert(to->end(), from->begin(), from->end());
+      }
+      check_bits(one.out, all.out, es, what + " out, 1 head vs 4");
+      check_bits(one.lse, all.lse, lse_es, what + " lse, 1 head vs 4");
+      check_bits(one.dq, all.dq, es, what + " dq, 1 head vs 4");
+      check_bits(one.dk, all.dk, es, what + " dk, 1 head vs 4");
+      check_bits(one.dv, all.dv, es, what + " dv, 1 head vs 4");
+    }
+  // The deterministic dq path against the CPU reference (f64), as the default path is checked.
+  for (DType d : {DType::f32, DType::bf16}) {
+    check_attention(d, 3, 37, 53, 64, 0, true);
+    check_attention(d, 2, 100, 100, 128, 64, true);
+    check_attention(d, 1, 1, 1, 64, 0, true);
+  }
 }
 
 TEST_CASE("cuda kernels: bad arguments are errors", "[cuda]") {

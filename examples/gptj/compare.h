@@ -19,6 +19,8 @@ struct CompareOptions {
   bool with_jax = false;          // also run bench/jax_baseline.py (scripts/jax_baseline.sh)
   bool install_jax = false;       // let the script install JAX from PyPI when missing
   double projected_mfu = 0.4;     // compute efficiency assumed for the cluster projections
+  // The mesh-comparison locator instead (compare_meshes): two meshes as DPxMP, e.g. {"1x1", "2x2"}.
+  std::vector<std::string> meshes;
 };
 
 // One row of the comparison.
@@ -55,6 +57,13 @@ struct Projection {
 Projection project(const CompareRow& row, const Cluster& cluster, const CompareOptions& options);
 
 std::vector<CompareRow> compare(const CompareOptions& options, const TextData& data);
+
+// --meshes "1x1,2x2" as its two meshes, checked.
+std::vector<std::string> split_meshes(const std::string& list);
+// The same train.steps (hand sharding) on options.meshes, every op recorded on every device, then
+// the first op whose global value differs between them printed (nax/debug/locator.h): 1 when one
+// does, else 0 ("no difference in N ops over K step(s)").
+int compare_meshes(const CompareOptions& options, const TextData& data);
 void print_comparison(const std::vector<CompareRow>& rows, const CompareOptions& options);
 void write_comparison_json(const std::vector<CompareRow>& rows, const CompareOptions& options, const std::string& path);
 

@@ -285,13 +285,20 @@ void compare_help() {
       "  --trace FILE       write a timeline of both models' steps (as for gptj train; each step slice\n"
       "                     names its sharding, scripts/trace_breakdown.py puts them side by side)\n"
       "  --deterministic    both models in deterministic mode, as for gptj train\n"
-      "  --quiet            no progress line\n");
+      "  --quiet            no progress line\n\n"
+      "gptj compare --meshes A,B [--deterministic] [flags]: the locator instead. Runs --steps (default 1)\n"
+      "training steps of the hand-coded model on meshes A and B (DPxMP, e.g. 1x1,2x2), every op's values\n"
+      "recorded on every device, rebuilt as global tensors and compared op by op; prints the first op whose\n"
+      "value differs (its position, name, shape, elements differing, first difference, largest difference)\n"
+      "and exits 1, or prints \"no difference in N ops\" and exits 0 (docs/locator.md). Use small configs.\n"
+      "  --meshes A,B       the two meshes, DPxMP each\n");
 }
 
 int run_compare(int argc, char** argv) {
   gptj::CompareOptions c;
   gptj::TrainOptions& o = c.train;
   o.steps = 20;
+  std::string meshes;
   TraceFile trace;
   parse_flags(argc, argv, 2,
               run_flags(o, {{"--trace", trace.flag()},
@@ -299,12 +306,19 @@ int run_compare(int argc, char** argv) {
                             {"--json", set(c.json)},
                             {"--cost-model", set(c.cost_model)},
                             {"--mfu", set_double("--mfu", c.projected_mfu)},
+                            {"--meshes", set(meshes)},
                             {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }}}),
               compare_help,
               {{"--with-jax", set_true(c.with_jax)},
                {"--install-jax", set_true(c.install_jax)},
                {"--deterministic", set_true(o.deterministic)},
                {"--quiet", set_true(o.quiet)}});
+  if (!meshes.empty()) {
+    c.meshes = gptj::split_meshes(meshes);
+    if (std::none_of(argv + 2, argv + argc, [](const char* a) { return std::string_view(a) == "--steps"; })) o.steps = 1;
+    gptj::check_options(o);
+    return gptj::compare_meshes(c, gptj::TextData::load(o.data));
+  }
   gptj::check_options(o);
   if (c.timing_skip < 0 || c.timing_skip >= o.steps) nax::fail("gptj", "--warmup-steps must be at least 0 and below --steps ({})", o.steps);
   if (c.projected_mfu <= 0 || c.projected_mfu > 1) nax::fail("gptj", "--mfu must be in (0, 1]");

@@ -15,6 +15,8 @@
 #include "nax/core/rng.h"
 #include "nax/core/shape.h"
 #include "nax/core/vary.h"
+#include "nax/debug/locator.h"
+#include "nax/debug/op_recorder.h"
 #include "nax/index_ops.h"
 #include "nax/ops.h"
 #include "nax/runtime.h"

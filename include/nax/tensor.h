@@ -63,6 +63,9 @@ class Tensor {
   std::string format(int max_values = 64) const;   // str() plus the values
 
   bool same_storage(const Tensor& other) const;
+  // Whether a Tensor other than this one holds its storage (the op recorder, nax/debug/op_recorder.h,
+  // tells an op's returned result from the temporaries it made and dropped).
+  bool referenced_elsewhere() const;
 
   // Autodiff: whether gradients flow to or through this value (see nax/autodiff.h).
   bool requires_grad() const;

@@ -4,7 +4,7 @@
 // bytes; time spent waiting for peers a "wait" slice inside its collective; phases (forward,
 // backward, optimizer) and steps as enclosing slices.
 //
-// Off, every hook costs one relaxed atomic load. The recorder is process-wide: under mpirun each
+// Off, every hook costs one relaxed atomic load (and a thread-local pointer test for a SpanObserver). The recorder is process-wide: under mpirun each
 // process writes its own file (pid = rank) on process 0's clock (CLOCK_MONOTONIC, shared by the
 // processes of a node; a process on another host shifts its timestamps by set_clock_offset), and
 // scripts/trace_breakdown.py --merge joins them.
@@ -16,8 +16,11 @@
 
 namespace nax::trace {
 
+class SpanObserver;
+
 namespace detail {
 extern std::atomic<bool> g_enabled;
+extern thread_local SpanObserver* t_observer;
 }
 
 // Whether spans are recorded now.
@@ -64,6 +67,17 @@ class Scope {
   std::string path_, process_;
 };
 
+// Told of every span the calling thread opens and closes while it is set, whether or not the trace
+// records (the op recorder, nax/debug/op_recorder.h, learns each op's and collective's extent so).
+class SpanObserver {
+ public:
+  virtual ~SpanObserver() = default;
+  virtual void opened(std::string_view category, std::string_view name) = 0;
+  virtual void closed() = 0;
+};
+// Sets the calling thread's observer (nullptr: none) and returns the previous one.
+SpanObserver* set_thread_observer(SpanObserver* observer);
+
 // A slice on the calling thread's track, from construction to destruction. `category` is one of
 // "op", "collective", "wait", "phase", "step" (a string literal: it is kept as a view; the
 // breakdown script reads them). Arguments
@@ -72,15 +86,17 @@ class Span {
  public:
   Span(std::string_view category, std::string_view name) {
     if (enabled()) begin(category, name);
+    observe(category, name);
   }
   template <typename MakeArgs>
   Span(std::string_view category, std::string_view name, MakeArgs&& make_args) {
     if (enabled()) begin(category, name), args_ = std::forward<MakeArgs>(make_args)();
+    observe(category, name);
   }
   ~Span() { close(); }
   Span(Span&& other) noexcept
       : category_(other.category_), name_(std::move(other.name_)), args_(std::move(other.args_)), start_ns_(other.start_ns_),
-        active_(std::exchange(other.active_, false)) {}
+        active_(std::exchange(other.active_, false)), observer_(std::exchange(other.observer_, nullptr)) {}
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
   Span& operator=(Span&&) = delete;
@@ -91,16 +107,21 @@ class Span {
   // Ends the slice now, before the destructor would.
   void close() {
     if (active_) record();
+    if (observer_ != nullptr) std::exchange(observer_, nullptr)->closed();
   }
 
  private:
   void begin(std::string_view category, std::string_view name);
   void record();
+  void observe(std::string_view category, std::string_view name) {
+    if (detail::t_observer != nullptr) observer_ = detail::t_observer, observer_->opened(category, name);
+  }
 
   std::string_view category_;
   std::string name_, args_;
   std::int64_t start_ns_ = 0;
   bool active_ = false;
+  SpanObserver* observer_ = nullptr;  // told when this span closes
 };
 
 // A JSON string literal of `text` (quoted, escaped), for span arguments.

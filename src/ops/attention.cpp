@@ -41,7 +41,6 @@ void check_not_cut(const Tensor& x, const char* name, const std::string& axis) {
 }
 
 AttentionAxes check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const std::string& seq, const std::string& head_dim) {
-  const auto op_span = detail::enter_op(kOp, {&q, &k, &v});
   detail::check_same_dtype(kOp, q, k);
   detail::check_same_dtype(kOp, q, v);
   if (!is_floating(q.dtype())) fail(kOp, "needs a floating dtype (f32, f64, bf16): {}", detail::describe({&q, &k, &v}));
@@ -159,6 +158,7 @@ std::vector<Tensor> attention_backward(const Tensor& g_in, const Tensor& q_in, c
 
 // The backward recomputes the probabilities from q, k and the saved log-sum-exp of each row.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, const std::string& seq, const std::string& head_dim) {
+  const auto op_span = detail::enter_op(kOp, {&q, &k, &v});
   const AttentionAxes axes = check_attention(q, k, v, seq, head_dim);
   const VaryType vary = detail::merge_vary(kOp, {&q, &k, &v});
   Forward f = attention_forward(q, k, v, axes, vary);

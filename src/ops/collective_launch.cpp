@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "nax/trace.h"
+#include "ops/internal.h"
 
 namespace nax::detail {
 
@@ -33,6 +34,7 @@ void Launch::keep(std::initializer_list<Tensor> buffers) {
 
 Tensor Launch::then(std::function<Tensor()> finish) {
   if (request_ == nullptr) return finish();
+  if (t_result_observer != nullptr) t_result_observer->filled_later();
   finish_ = std::move(finish);
   return Tensor();
 }

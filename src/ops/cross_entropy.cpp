@@ -18,7 +18,6 @@ namespace {
 
 // targets must have exactly the logits' axes other than `vocab`, of equal sizes (in any order).
 void check_targets(std::string_view op, const Tensor& logits, const Tensor& targets, const std::string& vocab) {
-  const auto op_span = detail::enter_op(op, {&logits, &targets});
   detail::check_floating(op, logits);
   logits.shape().require(vocab, op);
   const Shape expected = detail::shape_without(logits.shape(), vocab);
@@ -62,6 +61,7 @@ void check_mesh_axes(const Tensor& logits, const std::string& vocab, const std::
 }  // namespace
 
 Tensor pick(const Tensor& logits, const Tensor& targets, const std::string& vocab) {
+  const auto op_span = detail::enter_op("pick", {&logits, &targets});
   check_targets("pick", logits, targets, vocab);
   const detail::VocabBlock block = detail::vocab_block("pick", logits, vocab);
   detail::check_ids("pick", "target", targets, block, logits, vocab);
@@ -78,6 +78,7 @@ Tensor pick(const Tensor& logits, const Tensor& targets, const std::string& voca
 
 Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets, const std::string& vocab,
                      const std::vector<std::string>& mesh_axes) {
+  const auto op_span = detail::enter_op("cross_entropy", {&logits_in, &targets});
   check_targets("cross_entropy", logits_in, targets, vocab);
   check_mesh_axes(logits_in, vocab, mesh_axes);
   const Tensor logits = detail::widen(logits_in);  // bf16 computes in f32 (the cast is differentiable)

@@ -36,7 +36,6 @@ Tensor with_start_vary(std::string_view op, const Tensor& out, const Tensor& sta
 }
 
 void check_update(const Tensor& x, const Tensor& update, const std::string& axis) {
-  const auto op_span = detail::enter_op("dynamic_update_slice", {&x, &update});
   detail::check_same_dtype("dynamic_update_slice", x, update);
   x.shape().require(axis, "dynamic_update_slice");
   bool same = x.rank() == update.rank();
@@ -61,8 +60,9 @@ Tensor dynamic_slice(const Tensor& x, const std::string& axis, const Tensor& sta
 }
 
 Tensor dynamic_update_slice(const Tensor& x, const Tensor& update, const std::string& axis, const Tensor& start) {
+  const auto op_span = detail::enter_op("dynamic_update_slice", {&x, &update});
   check_update(x, update, axis);
-  const auto op_span = detail::enter_op("dynamic_update_slice", {&x, &start});
+  detail::check_operands("dynamic_update_slice", {&x, &start});
   const std::int64_t u = update.size(axis);
   const std::int64_t s = checked_start("dynamic_update_slice", x, axis, start, u);
   const Tensor out = with_start_vary("dynamic_update_slice", write_block(stop_gradient(x), stop_gradient(update), axis, s), start);

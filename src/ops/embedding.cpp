@@ -19,7 +19,6 @@ Shape vocab_first(const Shape& table, const std::string& vocab) {
 }
 
 void check_embedding(const Tensor& table, const Tensor& ids, const std::string& vocab) {
-  const auto op_span = detail::enter_op("embedding", {&table, &ids});
   detail::check_floating("embedding", table);
   table.shape().require(vocab, "embedding");
   for (const auto& a : ids.shape().axes())
@@ -40,6 +39,7 @@ Tensor embedding_backward(const Tensor& g, const Tensor& table, const Tensor& id
 }  // namespace
 
 Tensor embedding(const Tensor& table, const Tensor& ids, const std::string& vocab) {
+  const auto op_span = detail::enter_op("embedding", {&table, &ids});
   check_embedding(table, ids, vocab);
   const detail::VocabBlock block = detail::vocab_block("embedding", table, vocab);
   detail::check_ids("embedding", "id", ids, block, table, vocab);

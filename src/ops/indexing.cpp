@@ -106,7 +106,6 @@ TopK composed_top_k(const Tensor& x, const std::string& axis, std::int64_t k, co
 std::string names_of(const Shape& shape) { return fmt::format("{}", fmt::join(shape.names(), ", ")); }
 
 void check_scatter(const Tensor& target, const std::string& axis, const Tensor& ids, const Tensor& updates) {
-  const auto op_span = detail::enter_op("scatter_add", {&target, &ids, &updates});
   check_ids("scatter_add", ids);
   detail::check_same_dtype("scatter_add", target, updates);
   detail::check_floating("scatter_add", target);
@@ -195,6 +194,7 @@ TopK top_k(const Tensor& x, const std::string& axis, std::int64_t k, const std::
 }
 
 Tensor scatter_add(const Tensor& target, const std::string& axis, const Tensor& ids, const Tensor& updates) {
+  const auto op_span = detail::enter_op("scatter_add", {&target, &ids, &updates});
   check_scatter(target, axis, ids, updates);
   const Tensor out = detail::compute_values(target) + added_rows(detail::compute_values(updates), target.shape(), axis, ids);
   const Tensor result = detail::narrow_to(out, target.dtype());

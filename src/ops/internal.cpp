@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
 
 
 namespace nax::detail {
@@ -13,9 +14,15 @@ const std::shared_ptr<Device>& current_device() {
   return Device::host();
 }
 
+thread_local ResultObserver* t_result_observer = nullptr;
+
+ResultObserver* set_result_observer(ResultObserver* observer) { return std::exchange(t_result_observer, observer); }
+
 Tensor make_result(const Shape& shape, DType dtype, VaryType vary, const std::shared_ptr<Device>& device) {
   Tensor t = Tensor::empty(shape, dtype, device);
-  return vary.invariant() ? t : t.with_vary(std::move(vary));
+  if (!vary.invariant()) t = t.with_vary(std::move(vary));
+  if (t_result_observer != nullptr) t_result_observer->made(t);
+  return t;
 }
 
 std::string describe(const std::vector<const Tensor*>& operands) {

@@ -14,6 +14,21 @@ namespace nax::detail {
 // The current shard's device, or the host outside Runtime::run.
 const std::shared_ptr<Device>& current_device();
 
+// Told of every tensor make_result makes on the calling thread while it is set: the op recorder
+// (nax/debug/op_recorder.h), which learns the ops' extents from their trace spans (trace::SpanObserver).
+class ResultObserver {
+ public:
+  virtual ~ResultObserver() = default;
+  virtual void made(const Tensor& result) = 0;
+  // The running op's result is filled after the op returns (a started collective): not readable yet.
+  virtual void filled_later() = 0;
+  // `sum` (an op's result) keeps `terms` for psum (deterministic mode: Tensor::partial_terms).
+  virtual void terms_kept(const Tensor& sum, const std::vector<Tensor>& terms) = 0;
+};
+extern thread_local ResultObserver* t_result_observer;
+// Sets the calling thread's observer (nullptr: none) and returns the previous one.
+ResultObserver* set_result_observer(ResultObserver* observer);
+
 // A fresh tensor for an op's result, on `device`.
 Tensor make_result(const Shape& shape, DType dtype, VaryType vary, const std::shared_ptr<Device>& device);
 

@@ -10,7 +10,6 @@ namespace nax {
 namespace {
 
 void check_layer_norm(const Tensor& x, const std::string& axis, const Tensor& scale, const Tensor& bias) {
-  const auto op_span = detail::enter_op("layer_norm", {&x, &scale, &bias});
   detail::check_floating("layer_norm", x);
   detail::check_same_dtype("layer_norm", x, scale);
   detail::check_same_dtype("layer_norm", x, bias);
@@ -69,6 +68,7 @@ std::vector<Tensor> layer_norm_backward(const Tensor& g, const Tensor& x, const 
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const std::string& axis, const Tensor& scale, const Tensor& bias, double eps) {
+  const auto op_span = detail::enter_op("layer_norm", {&x, &scale, &bias});
   check_layer_norm(x, axis, scale, bias);
   Statistics stats;
   Tensor out = layer_norm_forward(x, axis, scale, bias, eps, stats);

@@ -20,7 +20,6 @@ struct RotaryArgs {
 };
 
 void check_rotary(const Tensor& x, const RotaryArgs& a) {
-  const auto op_span = detail::enter_op(kOp, {&x});
   if (!is_floating(x.dtype())) fail(kOp, "needs a floating dtype (f32, f64, bf16): {}", x.str());
   if (a.seq == a.head_dim) fail(kOp, "seq and head_dim are the same axis '{}': {}", a.seq, x.str());
   x.shape().require(a.seq, kOp);
@@ -66,6 +65,7 @@ Tensor rotate(const Tensor& x_in, const RotaryArgs& a, double direction) {
 Tensor rotary(const Tensor& x, const std::string& seq, const std::string& head_dim, std::int64_t rotary_dims, std::int64_t position_offset,
               double base) {
   const RotaryArgs args{seq, head_dim, rotary_dims, position_offset, base};
+  const auto op_span = detail::enter_op(kOp, {&x});
   check_rotary(x, args);
   Tensor out = rotate(x, args, 1.0);
   if (!autodiff::any_requires_grad({&x})) return out;

@@ -117,6 +117,7 @@ const std::vector<Tensor>& Tensor::partial_terms() const {
 
 Tensor Tensor::with_partial_terms(std::vector<Tensor> terms) const {
   auto impl = std::make_shared<Impl>(*impl_);
+  if (detail::t_result_observer != nullptr && !terms.empty()) detail::t_result_observer->terms_kept(*this, terms);
   impl->partial_terms = terms.empty() ? nullptr : std::make_shared<const std::vector<Tensor>>(std::move(terms));
   return Tensor(std::move(impl));
 }
@@ -131,6 +132,8 @@ Tensor Tensor::with_shape(Shape shape) const {
 bool Tensor::same_storage(const Tensor& other) const {
   return impl_ && other.impl_ && impl_->buffer == other.impl_->buffer;
 }
+
+bool Tensor::referenced_elsewhere() const { return impl_ && (impl_.use_count() > 1 || impl_->buffer.use_count() > 1); }
 
 bool Tensor::requires_grad() const { return impl_ && impl_->grad_node != nullptr; }
 

@@ -17,7 +17,10 @@ namespace nax::trace {
 
 namespace detail {
 std::atomic<bool> g_enabled{false};
+thread_local SpanObserver* t_observer = nullptr;
 }
+
+SpanObserver* set_thread_observer(SpanObserver* observer) { return std::exchange(detail::t_observer, observer); }
 
 namespace {
 

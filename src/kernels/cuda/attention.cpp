@@ -204,12 +204,15 @@ void attention_backward(cudaStream_t stream, const AttentionSizes& s, const kern
   p.dq_stride = ad::dq_accum_stride(s.head_dim);
 
   const bool bf16 = s.dtype == DType::bf16;
-  // Key tiles have at least 32 keys and head_dim chunks 64 columns; row kernels take 8 rows a block.
+  p.deterministic = s.tree.on ? 1 : 0;
+  // Key and query tiles have at least 32 rows and head_dim chunks 64 columns; row kernels take 8
+  // rows a block.
   const std::int64_t blocks = std::max(ceil_div(s.tk, 32) * std::max<std::int64_t>(1, ceil_div(s.head_dim, 64)), ceil_div(s.tq, 8));
   for_batch_groups(s, p, operands, blocks, [&](const ad::Params& group) {
     ad::launch_backward_delta(stream, bf16, group);
     ad::launch_backward_main(stream, bf16, group);
-    ad::launch_backward_dq(stream, bf16, group);
+    if (group.deterministic) ad::launch_backward_dq_deterministic(stream, bf16, group);
+    else ad::launch_backward_dq(stream, bf16, group);
   });
 }
 

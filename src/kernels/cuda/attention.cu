@@ -24,6 +24,12 @@ __global__ void __launch_bounds__(32 * W) backward_kernel(const __grid_constant_
   backward_block<T, D, DC, W>(p, smem, static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x));
 }
 
+template <typename T, int D, int BN, int DC, int W>
+__global__ void __launch_bounds__(32 * W) deterministic_dq_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(16) char smem[];
+  dq_block<T, D, BN, DC, W>(p, smem, static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x));
+}
+
 template <typename T>
 __global__ void __launch_bounds__(32 * kRowWarps) delta_kernel(const __grid_constant__ Params p) {
   delta_rows<T, kRowWarps>(p, static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x));
@@ -72,6 +78,19 @@ void backward_typed(cudaStream_t stream, const Params& p) {
   });
 }
 
+template <typename T>
+void deterministic_dq_typed(cudaStream_t stream, const Params& p) {
+  Tiles<T>::dq(p.head_dim, [&](auto shape) {
+    using Shape = decltype(shape);
+    const std::int64_t blocks = dq_blocks<Shape>(p);
+    if (blocks == 0) return;
+    auto kernel = deterministic_dq_kernel<T, Shape::kD, Shape::kBN, Shape::kDC, Shape::kW>;
+    allow_smem(kernel, Shape::kSmem);
+    kernel<<<grid(blocks), Shape::kThreads, Shape::kSmem, stream>>>(p);
+    NAX_CUDA_CHECK_LAUNCH();
+  });
+}
+
 }  // namespace
 
 std::int64_t dq_accum_stride(std::int64_t head_dim) { return (head_dim + 7) / 8 * 8; }
@@ -106,6 +125,11 @@ void launch_backward_dq(cudaStream_t stream, bool bf16, const Params& p) {
   if (bf16) dq_kernel<bf16_t><<<grid(blocks), 32 * kRowWarps, 0, stream>>>(p);
   else dq_kernel<float><<<grid(blocks), 32 * kRowWarps, 0, stream>>>(p);
   NAX_CUDA_CHECK_LAUNCH();
+}
+
+void launch_backward_dq_deterministic(cudaStream_t stream, bool bf16, const Params& p) {
+  if (bf16) deterministic_dq_typed<bf16_t>(stream, p);
+  else deterministic_dq_typed<float>(stream, p);
 }
 
 }  // namespace nax::cuda::attention_detail

@@ -54,6 +54,7 @@ struct Params {
   float scale = 1.0f;       // the scores' scale
   float scale_log2 = 1.0f;  // scale * log2(e): the kernels work in base 2
   int vector = 0;           // 1: q, k, v (and dout) rows allow 16-byte loads
+  int deterministic = 0;    // 1: dq by launch_backward_dq_deterministic, no atomics
   BatchMap map;
 };
 
@@ -70,5 +71,8 @@ void launch_backward_delta(cudaStream_t stream, bool bf16, const Params& p);
 void launch_backward_main(cudaStream_t stream, bool bf16, const Params& p);
 // dq = dq_accum in the operands' dtype.
 void launch_backward_dq(cudaStream_t stream, bool bf16, const Params& p);
+// Deterministic mode (p.deterministic): dq computed per query tile, key tiles in order (after
+// launch_backward_delta), in place of launch_backward_dq.
+void launch_backward_dq_deterministic(cudaStream_t stream, bool bf16, const Params& p);
 
 }  // namespace nax::cuda::attention_detail

@@ -13,15 +13,12 @@
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/reduce.h"
 #include "kernels/cuda/rotary.h"
+#include "kernels/cuda/tree_gemm.h"
 #include "nax/core/error.h"
 
 namespace nax::cuda {
 
 namespace {
-
-[[noreturn]] void refuse_deterministic(std::string_view kernel) {
-  fail(kernel, "deterministic mode (RuntimeOptions::deterministic) has no CUDA {} kernel in the canonical sum order yet", kernel);
-}
 
 int multiprocessor_count(int gpu) {
   int count = 0;
@@ -116,9 +113,8 @@ void CudaKernels::where(DType dtype, const void* cond, const void* a, const void
 
 void CudaKernels::reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const kernels::Layout<2>& layout,
                          const SumTree& tree) {
-  if (tree.on) refuse_deterministic("reduce");
   DeviceGuard guard(gpu_);
-  cuda::reduce(stream(), workspace_, multiprocessors_, op, dtype, in, out, out_count, layout);
+  cuda::reduce(stream(), workspace_, multiprocessors_, op, dtype, in, out, out_count, layout, tree);
 }
 
 void CudaKernels::accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n) {
@@ -137,7 +133,6 @@ void CudaKernels::adamw(std::int64_t n, const float* p, const float* m, const fl
 }
 
 void CudaKernels::gemm(DType dtype, const kernels::GemmShape& shape, const void* a, const void* b, void* c) {
-  if (shape.tree.on) refuse_deterministic("gemm");
   DeviceGuard guard(gpu_);
   if (shape.m <= 0 || shape.n <= 0 || shape.batch <= 0) return;
   if (shape.k <= 0) {  // an empty sum: C = beta C
@@ -148,6 +143,7 @@ void CudaKernels::gemm(DType dtype, const kernels::GemmShape& shape, const void*
     cuda::scale(stream(), dtype, c, matrices, shape.beta);
     return;
   }
+  if (shape.tree.on) return tree_gemm(stream(), dtype, shape, a, b, c);
   if (shape.batch > std::numeric_limits<int>::max()) fail("gemm", "a batch of {} matrices is too many for cuBLASLt", shape.batch);
   GemmArgs args;
   args.m = shape.m, args.n = shape.n, args.k = shape.k;
@@ -197,9 +193,9 @@ void CudaKernels::layer_norm_forward(DType dtype, std::int64_t rows, std::int64_
 
 void CudaKernels::layer_norm_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* mean,
                                       const void* rstd, const void* dy, void* dx, void* dscale, void* dbias, const SumTree& rows_tree) {
-  if (rows_tree.on) refuse_deterministic("layer_norm_backward");
   DeviceGuard guard(gpu_);
-  cuda::layer_norm_backward(stream(), workspace_, multiprocessors_, dtype, rows, n, x, scale, mean, rstd, dy, dx, dscale, dbias);
+  cuda::layer_norm_backward(stream(), workspace_, multiprocessors_, dtype, rows, n, x, scale, mean, rstd, dy, dx, dscale, dbias,
+                            rows_tree);
 }
 
 void CudaKernels::softmax_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, void* y, bool log) {
@@ -223,7 +219,6 @@ std::int64_t CudaKernels::attention_backward_scratch(const kernels::AttentionSiz
 void CudaKernels::causal_attention_forward(const kernels::AttentionSizes& sizes, const kernels::InMatrices& q,
                                            const kernels::InMatrices& k, const kernels::InMatrices& v, const kernels::OutMatrices& out,
                                            void* lse, void* scratch) {
-  if (sizes.tree.on) refuse_deterministic("causal_attention_forward");
   DeviceGuard guard(gpu_);
   cuda::attention_forward(stream(), sizes, q, k, v, out, lse, scratch);
 }
@@ -232,7 +227,6 @@ void CudaKernels::causal_attention_backward(const kernels::AttentionSizes& sizes
                                             const kernels::InMatrices& k, const kernels::InMatrices& v, const kernels::InMatrices& out,
                                             const kernels::InMatrices& dout, const void* lse, const kernels::OutMatrices& dq,
                                             const kernels::OutMatrices& dk, const kernels::OutMatrices& dv, void* scratch) {
-  if (sizes.tree.on) refuse_deterministic("causal_attention_backward");
   DeviceGuard guard(gpu_);
   cuda::attention_backward(stream(), sizes, q, k, v, out, dout, lse, dq, dk, dv, scratch);
 }
@@ -256,9 +250,8 @@ void CudaKernels::gather_rows(const std::int32_t* ids, std::int64_t count, kerne
 
 void CudaKernels::scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, kernels::VocabRange range, const void* grad,
                                    std::int64_t row, void* table_grad, const SumTree& tree) {
-  if (tree.on) refuse_deterministic("scatter_add_rows");
   DeviceGuard guard(gpu_);
-  cuda::scatter_add_rows(stream(), workspace_, dtype, ids, count, range, grad, row, table_grad);
+  cuda::scatter_add_rows(stream(), workspace_, dtype, ids, count, range, grad, row, table_grad, tree);
 }
 
 void CudaKernels::pick_forward(const std::int32_t* targets, kernels::VocabRange range, const kernels::PickLayout& where,

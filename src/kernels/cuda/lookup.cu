@@ -12,6 +12,7 @@
 #include "kernels/cuda/map.cuh"
 #include "kernels/cuda/numeric.cuh"
 #include "kernels/cuda/strided.cuh"
+#include "kernels/cuda/tree_scatter.h"
 
 namespace nax::cuda {
 
@@ -123,7 +124,8 @@ void gather_rows(cudaStream_t stream, const std::int32_t* ids, std::int64_t coun
 }
 
 void scatter_add_rows(cudaStream_t stream, Workspace& workspace, DType dtype, const std::int32_t* ids, std::int64_t count,
-                      VocabRange range, const void* grad, std::int64_t row, void* table_grad) {
+                      VocabRange range, const void* grad, std::int64_t row, void* table_grad, const SumTree& tree) {
+  if (tree.on) return tree_scatter_add_rows(stream, workspace, dtype, ids, count, range, grad, row, table_grad, tree);
   const std::int64_t elements = range.local * row;
   if (elements <= 0) return;
   detail::with_floating_dtype(dtype, "scatter_add_rows", [&](auto tag) {

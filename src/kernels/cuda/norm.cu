@@ -2,7 +2,8 @@
 // each thread striding over the row, the row's sums combined across the group (group_reduce.cuh).
 // Rows are re-read from global memory (L1/L2) for each pass rather than staged in shared memory.
 // layer_norm's parameter gradients are column sums over rows: a second kernel gives each block
-// 32 columns and a chunk of rows, and the chunks' partials are added in chunk order.
+// 32 columns and a chunk of rows, and the chunks' partials are added in chunk order; in
+// deterministic mode they are tree sums over rows instead (tree_sums, one output per column).
 #include "kernels/cuda/norm.h"
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/group_reduce.cuh"
 #include "kernels/cuda/numeric.cuh"
+#include "kernels/cuda/tree_sum.cuh"
 #include "nax/core/error.h"
 
 namespace nax::cuda {
@@ -186,6 +188,36 @@ void layer_norm_params(cudaStream_t stream, Workspace& workspace, int multiproce
   NAX_CUDA_CHECK_LAUNCH();
 }
 
+// Deterministic mode's parameter gradients: column o's term of row i, dy * xhat (the CPU's
+// rounding: xhat = (x - mean) * rstd first) or dy.
+template <typename T, bool Scale>
+struct LayerNormParamTerms {
+  std::int64_t n;
+  const T* x;
+  const compute_t<T>* mean;
+  const compute_t<T>* rstd;
+  const T* dy;
+  T* out;
+  __device__ compute_t<T> operator()(std::int64_t o, std::int64_t i) const {
+    const compute_t<T> g = widen(dy[i * n + o]);
+    if constexpr (!Scale) return g;
+    const compute_t<T> xhat = detail::mul_rn(detail::sub_rn(widen(x[i * n + o]), mean[i]), rstd[i]);
+    return detail::mul_rn(g, xhat);
+  }
+  __device__ void finish(std::int64_t o, compute_t<T> sum) const { out[o] = narrow<T>(sum); }
+};
+
+template <typename T>
+void layer_norm_params_tree(cudaStream_t stream, Workspace& workspace, std::int64_t rows, std::int64_t n, const T* x,
+                            const compute_t<T>* mean, const compute_t<T>* rstd, const T* dy, T* dscale, T* dbias,
+                            const SumTree& tree) {
+  using C = compute_t<T>;
+  const LayerNormParamTerms<T, true> scale_terms{n, x, mean, rstd, dy, dscale};
+  detail::tree_sums<C>(stream, workspace, scale_terms, n, rows, tree, "layer_norm_backward");
+  const LayerNormParamTerms<T, false> bias_terms{n, x, mean, rstd, dy, dbias};
+  detail::tree_sums<C>(stream, workspace, bias_terms, n, rows, tree, "layer_norm_backward");
+}
+
 template <typename T, int Group>
 __global__ void __launch_bounds__(kThreads)
     softmax_forward_kernel(std::int64_t rows, std::int64_t n, const T* __restrict__ x, T* __restrict__ y, bool log) {
@@ -251,7 +283,7 @@ void layer_norm_forward(cudaStream_t stream, DType dtype, std::int64_t rows, std
 
 void layer_norm_backward(cudaStream_t stream, Workspace& workspace, int multiprocessors, DType dtype, std::int64_t rows,
                          std::int64_t n, const void* x, const void* scale, const void* mean, const void* rstd, const void* dy,
-                         void* dx, void* dscale, void* dbias) {
+                         void* dx, void* dscale, void* dbias, const SumTree& rows_tree) {
   if (n <= 0) return;
   if (rows <= 0) {  // empty sums
     NAX_CUDA_CHECK(cudaMemsetAsync(dscale, 0, static_cast<std::size_t>(n) * dtype_size(dtype), stream));
@@ -269,8 +301,12 @@ void layer_norm_backward(cudaStream_t stream, Workspace& workspace, int multipro
           rows, n, px, static_cast<const T*>(scale), pmean, prstd, pdy, static_cast<T*>(dx));
       NAX_CUDA_CHECK_LAUNCH();
     });
-    layer_norm_params(stream, workspace, multiprocessors, rows, n, px, pmean, prstd, pdy, static_cast<T*>(dscale),
-                      static_cast<T*>(dbias));
+    if (rows_tree.on)
+      layer_norm_params_tree(stream, workspace, rows, n, px, pmean, prstd, pdy, static_cast<T*>(dscale), static_cast<T*>(dbias),
+                             rows_tree);
+    else
+      layer_norm_params(stream, workspace, multiprocessors, rows, n, px, pmean, prstd, pdy, static_cast<T*>(dscale),
+                        static_cast<T*>(dbias));
   });
 }
 

@@ -4,7 +4,9 @@
 // thread when the kept ones are (neighbouring threads read neighbouring outputs' elements). When
 // the outputs are too few to fill the GPU, the reduced range is also split over blockIdx.y; the
 // splits' partial results (in the accumulation type) go to the workspace, and a second pass
-// combines them in a fixed order, so the result does not depend on timing.
+// combines them in a fixed order, so the result does not depend on timing. Deterministic mode's
+// sums (tree.on) go through tree_sums instead: one thread per (output, leaf), then one launch per
+// level of the tree.
 #include "kernels/cuda/reduce.h"
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include "kernels/cuda/layout.h"
 #include "kernels/cuda/numeric.cuh"
 #include "kernels/cuda/strided.cuh"
+#include "kernels/cuda/tree_sum.cuh"
 #include "nax/core/error.h"
 
 namespace nax::cuda {
@@ -162,6 +165,20 @@ void reduce_typed(cudaStream_t stream, Workspace& workspace, int multiprocessors
   launch<Acc, Acc, T, op>(stream, plan.outputs >= 2048 ? 1 : 32, second, 1, partials, out);
 }
 
+// Term i of output o: the input element at row-major index i over the reduced dimensions.
+template <typename T>
+struct ReduceTerms {
+  ReducePlan plan;
+  const T* in;
+  T* out;
+  __device__ compute_t<T> operator()(std::int64_t o, std::int64_t i) const {
+    const std::int64_t base = detail::offsets_of(plan.kept, o).at[0];
+    const std::int64_t at = plan.reduced.rank == 1 ? i * plan.reduced.strides[0][0] : detail::offsets_of(plan.reduced, i).at[0];
+    return convert_to<compute_t<T>>(in[base + at]);
+  }
+  __device__ void finish(std::int64_t o, compute_t<T> sum) const { out[detail::offsets_of(plan.kept, o).at[1]] = convert_to<T>(sum); }
+};
+
 double identity_value(ReduceOp op, DType dtype) {
   const bool integer = dtype == DType::i32;
   switch (op) {
@@ -175,11 +192,19 @@ double identity_value(ReduceOp op, DType dtype) {
 }  // namespace
 
 void reduce(cudaStream_t stream, Workspace& workspace, int multiprocessors, ReduceOp op, DType dtype, const void* in, void* out,
-            std::int64_t out_count, const kernels::Layout<2>& layout) {
+            std::int64_t out_count, const kernels::Layout<2>& layout, const SumTree& tree) {
   const kernels::Layout<2> l = kernels::coalesce(layout);
   const ReducePlan plan = split_dimensions(l);
   if (detail::element_count(l) == 0 || plan.outputs < out_count) fill(stream, dtype, out, out_count, identity_value(op, dtype));
   if (detail::element_count(l) == 0) return;
+  if (op == ReduceOp::sum && tree.on && dtype != DType::i32) {
+    detail::with_floating_dtype(dtype, "reduce", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const ReduceTerms<T> terms{plan, static_cast<const T*>(in), static_cast<T*>(out)};
+      detail::tree_sums<compute_t<T>>(stream, workspace, terms, plan.outputs, plan.reduce_count, tree, "reduce");
+    });
+    return;
+  }
   detail::with_dtype(dtype, "reduce", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const auto* pi = static_cast<const T*>(in);

@@ -10,12 +10,14 @@
 #include "nax/kernels/kernels.h"
 #include "nax/core/reduce_op.h"
 #include "nax/core/dtype.h"
+#include "nax/core/sum_tree.h"
 
 namespace nax::cuda {
 
 // `multiprocessors` sizes the split of long reductions; the partial results of a split live in
-// `workspace`.
+// `workspace`. A floating sum with `tree.on` adds each output's inputs (row-major over the reduced
+// dimensions) in the tree's order instead (tree_sum.cuh); integer sums are exact in any order.
 void reduce(cudaStream_t stream, Workspace& workspace, int multiprocessors, ReduceOp op, DType dtype, const void* in, void* out,
-            std::int64_t out_count, const kernels::Layout<2>& layout);
+            std::int64_t out_count, const kernels::Layout<2>& layout, const SumTree& tree);
 
 }  // namespace nax::cuda
