@@ -6,9 +6,8 @@
 //
 //   build/bin/bench_tree_gemm [--shapes 256x256x256,1024x1024x256,4096x64x64] [--reps 9] [--json FILE]
 #include <cblas.h>
-#include <nax/kernels/kernels.h>
-
 #include <fmt/format.h>
+#include <nax/kernels/kernels.h>
 
 #include <algorithm>
 #include <random>
@@ -54,13 +53,17 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--shapes") o.shapes = split(bench::flag_value(argc, argv, i));
-    else if (arg == "--reps") o.reps = static_cast<int>(bench::parse_integer(bench::flag_value(argc, argv, i), "--reps"));
-    else if (arg == "--json") o.json = bench::flag_value(argc, argv, i);
+    if (arg == "--shapes")
+      o.shapes = split(bench::flag_value(argc, argv, i));
+    else if (arg == "--reps")
+      o.reps = static_cast<int>(bench::parse_integer(bench::flag_value(argc, argv, i), "--reps"));
+    else if (arg == "--json")
+      o.json = bench::flag_value(argc, argv, i);
     else if (arg == "--help") {
       fmt::print("bench_tree_gemm [--shapes MxNxK,...] [--reps N] [--json FILE]\n");
       std::exit(0);
-    } else nax::fail(arg, "unknown flag (try --help)");
+    } else
+      nax::fail(arg, "unknown flag (try --help)");
   }
   if (o.reps < 1) nax::fail("--reps", "needs at least 1");
   return o;
@@ -97,13 +100,19 @@ int main(int argc, char** argv) {
       }
       const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
       const double tree = flops / bench::median(tree_times) / 1e9, blas = flops / bench::median(blas_times) / 1e9;
-      const double best = *std::min_element(blas_times.begin(), blas_times.end()) / *std::min_element(tree_times.begin(), tree_times.end());
+      const double best =
+          *std::min_element(blas_times.begin(), blas_times.end()) / *std::min_element(tree_times.begin(), tree_times.end());
       fmt::print("{:>16} {:>14.1f} {:>14.1f} {:>8.2f} {:>11.2f}\n", text, tree, blas, tree / blas, best);
-      rows.push_back(bench::JsonObject().add("shape", text).add("tree_gflops", tree).add("blas_gflops", blas).add("ratio", tree / blas)
+      rows.push_back(bench::JsonObject()
+                         .add("shape", text)
+                         .add("tree_gflops", tree)
+                         .add("blas_gflops", blas)
+                         .add("ratio", tree / blas)
                          .add("best_ratio", best));
     }
     if (!o.json.empty())
-      bench::write_text_file(o.json, bench::JsonObject().add("threads", 1).add_raw("gemms", bench::json_array(rows)).str() + "\n");
+      bench::write_text_file(o.json,
+                             bench::JsonObject().add("threads", 1).add_raw("gemms", bench::json_array(rows)).str() + "\n");
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_tree_gemm: {}\n", e.what());
     return 1;

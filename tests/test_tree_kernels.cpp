@@ -12,10 +12,9 @@
 //    for a head however its matrices are laid out;
 //  - the elementwise and row kernels of a training step: an element's bits do not depend on its
 //    position in the array or the array's length (vector body against scalar tail).
-#include <catch2/catch.hpp>
-
 #include <algorithm>
 #include <bit>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -111,8 +110,8 @@ struct GemmCase {
   kn::GemmShape shape;
   std::vector<T> a, b, c;
 
-  static GemmCase make(std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a, bool trans_b, std::int64_t batch, double beta,
-                       const SumTree& tree) {
+  static GemmCase make(std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a, bool trans_b, std::int64_t batch,
+                       double beta, const SumTree& tree) {
     GemmCase g;
     auto& s = g.shape;
     s.trans_a = trans_a, s.trans_b = trans_b, s.m = m, s.n = n, s.k = k, s.batch = batch, s.beta = beta, s.tree = tree;
@@ -162,7 +161,8 @@ struct GemmCase {
 const std::vector<std::int64_t> kSizes{1, 2, 3, 7, 8, 31, 33, 64, 100};
 
 TEMPLATE_TEST_CASE("tree gemm: each element is the tree's sum of fused multiply-adds", "[tree]", float, double) {
-  const std::vector<SumTree> trees{SumTree{.on = true}, SumTree::canonical_for_block_of(4), SumTree{.on = true, .forced = 1, .leaf = 5}};
+  const std::vector<SumTree> trees{SumTree{.on = true}, SumTree::canonical_for_block_of(4),
+                                   SumTree{.on = true, .forced = 1, .leaf = 5}};
   int cases = 0;
   for (std::int64_t k : {1, 2, 3, 7, 8, 31, 33, 64, 100, 256, 1000})
     for (std::int64_t m : kSizes) {
@@ -172,6 +172,13 @@ TEMPLATE_TEST_CASE("tree gemm: each element is the tree's sum of fused multiply-
                                               random_int(0, 1) == 1 ? 1.0 : 0.0, trees[static_cast<std::size_t>(cases++ % 3)]);
       require_same_bits(g.run(), g.reference(), g.describe());
     }
+}
+
+TEMPLATE_TEST_CASE("tree gemm: a long K and a wide op(B), packed in several blocks of columns", "[tree]", float, double) {
+  for (const bool trans_b : {false, true}) {
+    const auto g = GemmCase<TestType>::make(7, 333, 4096, trans_b, trans_b, 1, 1.0, SumTree{.on = true});
+    require_same_bits(g.run(), g.reference(), g.describe());
+  }
 }
 
 TEST_CASE("tree gemm: beta 0 does not read C, and an empty K gives beta C", "[tree]") {
@@ -295,15 +302,16 @@ TEMPLATE_TEST_CASE("tree reduce: each output the tree sum of its inputs in row-m
                                                                          {true, true, false},
                                                                          {false, true, true},
                                                                          {true, true, true}})
-    for (const SumTree& tree : {SumTree{.on = true}, SumTree::canonical_for_block_of(2), SumTree{.on = true, .forced = 0, .leaf = 4}}) {
+    for (const SumTree& tree :
+         {SumTree{.on = true}, SumTree::canonical_for_block_of(2), SumTree{.on = true, .forced = 0, .leaf = 4}}) {
       std::string what = "reduced";
       for (bool r : reduced) what += r ? " y" : " n";
       require_same_bits(kernel_sum(x, sizes, reduced, tree), reference_sum(x, sizes, reduced, tree), what);
     }
 }
 
-TEMPLATE_TEST_CASE("tree reduce: a leading axis cut into p blocks and added pairwise gives the bits of the whole", "[tree]", float,
-                   double) {
+TEMPLATE_TEST_CASE("tree reduce: a leading axis cut into p blocks and added pairwise gives the bits of the whole", "[tree]",
+                   float, double) {
   using T = TestType;
   for (const std::vector<std::int64_t>& sizes : std::vector<std::vector<std::int64_t>>{{64, 50}, {100, 9}, {8, 6, 37}, {4, 1000}})
     for (const std::int64_t p : {2, 4}) {
@@ -321,7 +329,8 @@ TEMPLATE_TEST_CASE("tree reduce: a leading axis cut into p blocks and added pair
                             x.begin() + static_cast<std::ptrdiff_t>((b + 1) * block_elements));
         blocks.push_back(kernel_sum(part, block_sizes, reduced, SumTree::canonical_for_block_of(p)));
       }
-      require_same_bits(add_pairwise(blocks), want, "leading axis of " + std::to_string(sizes[0]) + " in " + std::to_string(p) + " blocks");
+      require_same_bits(add_pairwise(blocks), want,
+                        "leading axis of " + std::to_string(sizes[0]) + " in " + std::to_string(p) + " blocks");
     }
 }
 
@@ -340,7 +349,8 @@ struct LayerNormCase {
     std::vector<T> y(x.size());
     mean.resize(static_cast<std::size_t>(rows));
     rstd.resize(static_cast<std::size_t>(rows));
-    cpu().layer_norm_forward(dtype_of<T>(), rows, n, x.data(), scale.data(), bias.data(), 1e-5, y.data(), mean.data(), rstd.data());
+    cpu().layer_norm_forward(dtype_of<T>(), rows, n, x.data(), scale.data(), bias.data(), 1e-5, y.data(), mean.data(),
+                             rstd.data());
   }
 
   // dx, dscale, dbias of rows [r0, r0 + count).
@@ -380,8 +390,8 @@ TEMPLATE_TEST_CASE("tree layer_norm_backward: dscale and dbias the tree sums ove
   }
 }
 
-TEMPLATE_TEST_CASE("tree layer_norm_backward: rows cut into p blocks and added pairwise give the bits of the whole", "[tree]", float,
-                   double) {
+TEMPLATE_TEST_CASE("tree layer_norm_backward: rows cut into p blocks and added pairwise give the bits of the whole", "[tree]",
+                   float, double) {
   using T = TestType;
   for (const std::int64_t rows : {64, 96, 1024})
     for (const std::int64_t p : {2, 4}) {
@@ -411,7 +421,8 @@ std::vector<T> reference_scatter(const std::vector<std::int32_t>& ids, kn::Vocab
   for (std::int64_t t = 0; t < range.local; ++t)
     for (std::int64_t j = 0; j < row; ++j) {
       for (std::int64_t i = 0; i < count; ++i)
-        terms[static_cast<std::size_t>(i)] = ids[static_cast<std::size_t>(i)] == range.start + t ? grad[static_cast<std::size_t>(i * row + j)] : T(0);
+        terms[static_cast<std::size_t>(i)] =
+            ids[static_cast<std::size_t>(i)] == range.start + t ? grad[static_cast<std::size_t>(i * row + j)] : T(0);
       out[static_cast<std::size_t>(t * row + j)] = nax::tree_sum(terms.data(), count, tree);
     }
   return out;
@@ -425,30 +436,36 @@ std::vector<T> kernel_scatter(const std::int32_t* ids, std::int64_t count, kn::V
   return out;
 }
 
-// Gradients with signed zeros among them: a dense tree turns -0 + +0 into +0, which the kernel
-// must reproduce without adding the absent terms one by one.
+// Gradients with signed zeros among them (only signed zeros when `zeros_only`): a dense tree
+// turns -0 + +0 into +0, which the kernel must reproduce without adding the absent terms one by one.
 template <typename T>
-std::vector<T> gradient_with_zeros(std::size_t n) {
+std::vector<T> gradient_with_zeros(std::size_t n, bool zeros_only = false) {
   auto g = random_values<T>(n);
   for (auto& v : g) {
-    const auto u = random_int(0, 9);
+    const auto u = random_int(0, zeros_only ? 1 : 9);
     if (u == 0) v = T(-0.0);
     if (u == 1) v = T(0.0);
   }
   return g;
 }
 
-TEMPLATE_TEST_CASE("tree scatter_add_rows: each row the dense tree sum of the gradient rows that pick it", "[tree]", float, double) {
+TEMPLATE_TEST_CASE("tree scatter_add_rows: each row the dense tree sum of the gradient rows that pick it", "[tree]", float,
+                   double) {
   using T = TestType;
   for (const std::int64_t count : {1, 5, 64, 100, 333}) {
     const std::int64_t vocab = 11, row = 3;
     std::vector<std::int32_t> ids(static_cast<std::size_t>(count));
     for (auto& id : ids) id = static_cast<std::int32_t>(random_int(0, vocab - 1));
-    const auto grad = gradient_with_zeros<T>(static_cast<std::size_t>(count * row));
-    for (const kn::VocabRange range : {kn::VocabRange{0, vocab}, kn::VocabRange{4, 5}})
-      for (const SumTree& tree : {SumTree{.on = true}, SumTree::canonical_for_block_of(4), SumTree{.on = true, .forced = 0, .leaf = 3}})
-        require_same_bits(kernel_scatter(ids.data(), count, range, grad.data(), row, tree), reference_scatter(ids, range, grad, row, tree),
-                          "count " + std::to_string(count) + " range start " + std::to_string(range.start));
+    for (const bool zeros_only : {false, true}) {
+      const auto grad = gradient_with_zeros<T>(static_cast<std::size_t>(count * row), zeros_only);
+      for (const kn::VocabRange range : {kn::VocabRange{0, vocab}, kn::VocabRange{4, 5}})
+        for (const SumTree& tree :
+             {SumTree{.on = true}, SumTree::canonical_for_block_of(4), SumTree{.on = true, .forced = 0, .leaf = 3}})
+          require_same_bits(kernel_scatter(ids.data(), count, range, grad.data(), row, tree),
+                            reference_scatter(ids, range, grad, row, tree),
+                            "count " + std::to_string(count) + " range start " + std::to_string(range.start) +
+                                (zeros_only ? ", signed zeros" : ""));
+    }
   }
 }
 
@@ -461,15 +478,18 @@ TEMPLATE_TEST_CASE("tree scatter_add_rows: ids cut into p blocks and added pairw
       std::vector<std::int32_t> ids(static_cast<std::size_t>(count));
       for (std::int64_t i = 0; i < count; ++i)  // block 1 picks only row 0: its other rows are +0
         ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i / per_block == 1 ? 0 : random_int(0, vocab - 2));
-      const auto grad = gradient_with_zeros<T>(static_cast<std::size_t>(count * row));
-      const kn::VocabRange range{0, vocab};  // row vocab - 1 is picked by no id
-      const auto whole = kernel_scatter(ids.data(), count, range, grad.data(), row, SumTree::canonical_for_block_of(1));
-      std::vector<std::vector<T>> blocks;
-      for (std::int64_t b = 0; b < p; ++b)
-        blocks.push_back(kernel_scatter(ids.data() + b * per_block, per_block, range, grad.data() + b * per_block * row, row,
-                                        SumTree::canonical_for_block_of(p)));
-      require_same_bits(add_pairwise(blocks), whole, "count " + std::to_string(count) + " in " + std::to_string(p) + " blocks");
-      for (std::int64_t j = 0; j < row; ++j) REQUIRE(std::bit_cast<std::uint64_t>(double(whole[static_cast<std::size_t>((vocab - 1) * row + j)])) == 0);
+      for (const bool zeros_only : {false, true}) {
+        const auto grad = gradient_with_zeros<T>(static_cast<std::size_t>(count * row), zeros_only);
+        const kn::VocabRange range{0, vocab};  // row vocab - 1 is picked by no id
+        const auto whole = kernel_scatter(ids.data(), count, range, grad.data(), row, SumTree::canonical_for_block_of(1));
+        std::vector<std::vector<T>> blocks;
+        for (std::int64_t b = 0; b < p; ++b)
+          blocks.push_back(kernel_scatter(ids.data() + b * per_block, per_block, range, grad.data() + b * per_block * row, row,
+                                          SumTree::canonical_for_block_of(p)));
+        require_same_bits(add_pairwise(blocks), whole, "count " + std::to_string(count) + " in " + std::to_string(p) + " blocks");
+        for (std::int64_t j = 0; j < row; ++j)
+          REQUIRE(std::bit_cast<std::uint64_t>(double(whole[static_cast<std::size_t>((vocab - 1) * row + j)])) == 0);
+      }
     }
 }
 
@@ -483,8 +503,9 @@ struct AttentionRun {
 // One head's causal attention (tq = tk = t) with the tree on, its q, k, v rows `stride` apart at
 // element `offset` of their buffers; the result packed densely.
 template <typename T>
-AttentionRun<T> attention_of(const std::vector<T>& q, const std::vector<T>& k, const std::vector<T>& v, std::int64_t t, std::int64_t d,
-                             std::int64_t stride, std::int64_t offset, std::int64_t block_rows, bool tree = true) {
+AttentionRun<T> attention_of(const std::vector<T>& q, const std::vector<T>& k, const std::vector<T>& v, std::int64_t t,
+                             std::int64_t d, std::int64_t stride, std::int64_t offset, std::int64_t block_rows,
+                             bool tree = true) {
   auto place = [&](const std::vector<T>& dense) {
     std::vector<T> buf(static_cast<std::size_t>(offset + t * stride), T(7));
     for (std::int64_t r = 0; r < t; ++r) std::copy_n(dense.data() + r * d, d, buf.data() + offset + r * stride);
@@ -493,7 +514,13 @@ AttentionRun<T> attention_of(const std::vector<T>& q, const std::vector<T>& k, c
   const auto qb = place(q), kb = place(k), vb = place(v);
   std::vector<T> ob(qb.size()), lse(static_cast<std::size_t>(t));
   const std::int64_t offsets[1] = {offset};
-  kn::AttentionSizes s{.dtype = dtype_of<T>(), .batches = 1, .tq = t, .tk = t, .head_dim = d, .scale = 0.125, .block_rows = block_rows,
+  kn::AttentionSizes s{.dtype = dtype_of<T>(),
+                       .batches = 1,
+                       .tq = t,
+                       .tk = t,
+                       .head_dim = d,
+                       .scale = 0.125,
+                       .block_rows = block_rows,
                        .tree = SumTree{.on = tree}};
   std::vector<T> scratch(static_cast<std::size_t>(cpu().attention_forward_scratch(s)));
   cpu().causal_attention_forward(s, {qb.data(), offsets, stride}, {kb.data(), offsets, stride}, {vb.data(), offsets, stride},
@@ -506,7 +533,8 @@ AttentionRun<T> attention_of(const std::vector<T>& q, const std::vector<T>& k, c
 TEMPLATE_TEST_CASE("tree attention: close to f64, and the same bits however the head is laid out", "[tree]", float, double) {
   using T = TestType;
   const std::int64_t t = 70, d = 16;
-  const auto q = random_values<T>(static_cast<std::size_t>(t * d)), k = random_values<T>(q.size()), v = random_values<T>(q.size());
+  const auto q = random_values<T>(static_cast<std::size_t>(t * d)), k = random_values<T>(q.size()),
+             v = random_values<T>(q.size());
   const auto base = attention_of(q, k, v, t, d, d, 0, 32);
   for (const auto& [stride, offset] : std::vector<std::pair<std::int64_t, std::int64_t>>{{d + 1, 3}, {3 * d, 1}, {d, 5}}) {
     const auto other = attention_of(q, k, v, t, d, stride, offset, 32);
@@ -572,8 +600,8 @@ TEMPLATE_TEST_CASE("elementwise kernels: an element's bits do not depend on its 
   for (std::size_t i = 0; i < x.size(); ++i) positive[i] = std::abs(x[i]) + T(0.01);
 
   using kn::BinaryOp;
-  for (const BinaryOp op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::max, BinaryOp::min, BinaryOp::pow,
-                            BinaryOp::lt})
+  for (const BinaryOp op :
+       {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::max, BinaryOp::min, BinaryOp::pow, BinaryOp::lt})
     for (const std::int64_t b_stride : {1, 0}) {
       const auto& a = op == BinaryOp::pow ? positive : x;
       require_position_independent<T>(
@@ -586,8 +614,8 @@ TEMPLATE_TEST_CASE("elementwise kernels: an element's bits do not depend on its 
           "binary " + std::to_string(static_cast<int>(op)) + " b stride " + std::to_string(b_stride));
     }
   using kn::UnaryOp;
-  for (const UnaryOp op : {UnaryOp::neg, UnaryOp::abs, UnaryOp::exp, UnaryOp::log, UnaryOp::sqrt, UnaryOp::rsqrt, UnaryOp::tanh,
-                           UnaryOp::square}) {
+  for (const UnaryOp op :
+       {UnaryOp::neg, UnaryOp::abs, UnaryOp::exp, UnaryOp::log, UnaryOp::sqrt, UnaryOp::rsqrt, UnaryOp::tanh, UnaryOp::square}) {
     const auto& in = op == UnaryOp::log || op == UnaryOp::sqrt || op == UnaryOp::rsqrt ? positive : x;
     require_position_independent<T>(
         n,
@@ -686,7 +714,8 @@ TEST_CASE("adamw kernel: an element's bits do not depend on its position or the 
         [&](std::int64_t o, std::int64_t len) {
           std::vector<float> outs[3];
           for (auto& out : outs) out.resize(static_cast<std::size_t>(len));
-          cpu().adamw(len, p.data() + o, m.data() + o, v.data() + o, g.data() + o, outs[0].data(), outs[1].data(), outs[2].data(), step);
+          cpu().adamw(len, p.data() + o, m.data() + o, v.data() + o, g.data() + o, outs[0].data(), outs[1].data(), outs[2].data(),
+                      step);
           return outs[which];
         },
         "adamw output " + std::to_string(which));
@@ -709,10 +738,11 @@ TEMPLATE_TEST_CASE("row kernels: a row's bits do not depend on the other rows", 
         all.insert(all.end(), y.begin(), y.end());
         all.insert(all.end(), dx.begin(), dx.end());
       }
-      cpu().layer_norm_forward(dt, count, n, x.data() + r0 * n, scale.data(), bias.data(), 1e-5, y.data(), mean.data(), rstd.data());
+      cpu().layer_norm_forward(dt, count, n, x.data() + r0 * n, scale.data(), bias.data(), 1e-5, y.data(), mean.data(),
+                               rstd.data());
       std::vector<T> dscale(static_cast<std::size_t>(n)), dbias(dscale.size());
-      cpu().layer_norm_backward(dt, count, n, x.data() + r0 * n, scale.data(), mean.data(), rstd.data(), dy.data() + r0 * n, dx.data(),
-                                dscale.data(), dbias.data(), SumTree{.on = true});
+      cpu().layer_norm_backward(dt, count, n, x.data() + r0 * n, scale.data(), mean.data(), rstd.data(), dy.data() + r0 * n,
+                                dx.data(), dscale.data(), dbias.data(), SumTree{.on = true});
       for (const auto* part : {&y, &mean, &rstd, &dx}) all.insert(all.end(), part->begin(), part->end());
       return all;
     };

@@ -56,11 +56,12 @@ void pack_a(const Operand<T>& a, std::int64_t m, std::int64_t k, std::int64_t ro
     }
 }
 
-// op(B) (k x n) as panels of the tile's columns C, each k x C (row-major); columns past n are zero.
+// Columns [col0, col0 + cols) of op(B) (k x n) as panels of the tile's columns C, each k x C
+// (row-major); columns past n are zero.
 template <typename Tile, typename T = typename Tile::Value>
-void pack_b(const Operand<T>& b, std::int64_t k, std::int64_t n, T* out) {
+void pack_b(const Operand<T>& b, std::int64_t k, std::int64_t n, std::int64_t col0, std::int64_t cols, T* out) {
   constexpr int C = Tile::cols;
-  for (std::int64_t j0 = 0; j0 < n; j0 += C, out += k * C)
+  for (std::int64_t j0 = col0; j0 < col0 + cols; j0 += C, out += k * C)
     for (std::int64_t kk = 0; kk < k; ++kk)
       for (int j = 0; j < C; ++j) out[kk * C + j] = j0 + j < n ? b.at(kk, j0 + j) : T(0);
 }
@@ -134,31 +135,45 @@ void store_tile(const T* tile, std::int64_t rows, std::int64_t cols, T beta, T* 
   }
 }
 
-// Rows of op(A) per packed block: about 256 KiB of it, reused by every column panel.
+// Rows of op(A) per packed block: about 256 KiB of it, reused by every column panel of a block
+// of op(B).
 template <typename Tile, typename T = typename Tile::Value>
 std::int64_t block_rows(std::int64_t k) {
   constexpr int R = Tile::rows;
-  const std::int64_t rows = std::clamp<std::int64_t>((std::int64_t{1} << 18) / static_cast<std::int64_t>(sizeof(T)) /
-                                                         std::max<std::int64_t>(k, 1), R, 1024);
+  const std::int64_t rows = std::clamp<std::int64_t>(
+      (std::int64_t{1} << 18) / static_cast<std::int64_t>(sizeof(T)) / std::max<std::int64_t>(k, 1), R, 1024);
   return rows / R * R;
+}
+
+// Columns of op(B) per packed block: about 2 MiB of it (the packed copy of a large B, a vocabulary
+// projection's, stays small), reused by every row block of op(A).
+template <typename Tile, typename T = typename Tile::Value>
+std::int64_t block_cols(std::int64_t k) {
+  constexpr int C = Tile::cols;
+  const std::int64_t cols =
+      std::max<std::int64_t>((std::int64_t{1} << 21) / static_cast<std::int64_t>(sizeof(T)) / std::max<std::int64_t>(k, 1), C);
+  return cols / C * C;
 }
 
 template <typename Tile, typename T = typename Tile::Value>
 void tree_gemm_one(const GemmShape& g, const Operand<T>& a, const Operand<T>& b, T* c, std::vector<T>& a_packed,
                    std::vector<T>& b_packed, const SumSchedule& schedule, T* stack) {
   constexpr int R = Tile::rows, C = Tile::cols;
-  const std::int64_t k = g.k, mc = block_rows<Tile>(k);
-  pack_b<Tile>(b, k, g.n, b_packed.data());
+  const std::int64_t k = g.k, mc = block_rows<Tile>(k), nc = block_cols<Tile>(k);
   T tile[R * C];
-  for (std::int64_t i0 = 0; i0 < g.m; i0 += mc) {
-    const std::int64_t rows = std::min(mc, g.m - i0);
-    pack_a<Tile>(a, g.m, k, i0, rows, a_packed.data());
-    for (std::int64_t j0 = 0; j0 < g.n; j0 += C) {
-      const T* b_panel = b_packed.data() + (j0 / C) * k * C;
-      for (std::int64_t p = 0; p < rows; p += R) {
-        tile_sums<Tile>(a_packed.data() + (p / R) * k * R, b_panel, schedule, stack, tile);
-        store_tile<Tile>(tile, std::min<std::int64_t>(R, rows - p), std::min<std::int64_t>(C, g.n - j0), static_cast<T>(g.beta),
-                         c + (i0 + p) * g.ldc + j0, g.ldc);
+  for (std::int64_t col0 = 0; col0 < g.n; col0 += nc) {
+    const std::int64_t cols = std::min(nc, g.n - col0);
+    pack_b<Tile>(b, k, g.n, col0, cols, b_packed.data());
+    for (std::int64_t i0 = 0; i0 < g.m; i0 += mc) {
+      const std::int64_t rows = std::min(mc, g.m - i0);
+      pack_a<Tile>(a, g.m, k, i0, rows, a_packed.data());
+      for (std::int64_t j0 = 0; j0 < cols; j0 += C) {
+        const T* b_panel = b_packed.data() + (j0 / C) * k * C;
+        for (std::int64_t p = 0; p < rows; p += R) {
+          tile_sums<Tile>(a_packed.data() + (p / R) * k * R, b_panel, schedule, stack, tile);
+          store_tile<Tile>(tile, std::min<std::int64_t>(R, rows - p), std::min<std::int64_t>(C, cols - j0),
+                           static_cast<T>(g.beta), c + (i0 + p) * g.ldc + col0 + j0, g.ldc);
+        }
       }
     }
   }
@@ -167,9 +182,9 @@ void tree_gemm_one(const GemmShape& g, const Operand<T>& a, const Operand<T>& b,
 template <typename Tile, typename T = typename Tile::Value>
 void tree_gemm_tiled(const GemmShape& g, const T* a, const T* b, T* c, const SumSchedule& schedule) {
   constexpr int R = Tile::rows, C = Tile::cols;
-  const std::int64_t mc = block_rows<Tile>(g.k);
-  std::vector<T> a_packed(static_cast<std::size_t>(std::max<std::int64_t>(1, ((std::min(mc, g.m) + R - 1) / R) * R * g.k)));
-  std::vector<T> b_packed(static_cast<std::size_t>(std::max<std::int64_t>(1, ((g.n + C - 1) / C) * C * g.k)));
+  const std::int64_t mc = std::min(block_rows<Tile>(g.k), g.m), nc = std::min(block_cols<Tile>(g.k), g.n);
+  std::vector<T> a_packed(static_cast<std::size_t>(std::max<std::int64_t>(1, (mc + R - 1) / R * R * g.k)));
+  std::vector<T> b_packed(static_cast<std::size_t>(std::max<std::int64_t>(1, (nc + C - 1) / C * C * g.k)));
   std::vector<T> stack(static_cast<std::size_t>(std::max(1, schedule.depth) * R * C));
   for (std::int64_t t = 0; t < g.batch; ++t)
     tree_gemm_one<Tile>(g, {a + t * g.stride_a, g.lda, g.trans_a}, {b + t * g.stride_b, g.ldb, g.trans_b}, c + t * g.stride_c,
@@ -182,8 +197,10 @@ void tree_gemm_typed(const GemmShape& g, const T* a, const T* b, T* c) {
   if (g.m <= 0 || g.n <= 0) return;
   const SumSchedule schedule = sum_schedule(g.k, g.tree);
   const bool long_leaves = !schedule.leaves.empty() && g.k >= 8 * static_cast<std::int64_t>(schedule.leaves.size());
-  if (long_leaves) tree_gemm_tiled<Tile<T, false>>(g, a, b, c, schedule);
-  else tree_gemm_tiled<Tile<T, true>>(g, a, b, c, schedule);
+  if (long_leaves)
+    tree_gemm_tiled<Tile<T, false>>(g, a, b, c, schedule);
+  else
+    tree_gemm_tiled<Tile<T, true>>(g, a, b, c, schedule);
 }
 
 }  // namespace

@@ -42,8 +42,8 @@ void layer_norm_param_grads_in_tree(std::int64_t rows, std::int64_t n, const T* 
 
 }  // namespace
 
-void tree_layer_norm_param_grads(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* mean, const void* rstd,
-                                 const void* dy, void* dscale, void* dbias, const SumTree& rows_tree) {
+void tree_layer_norm_param_grads(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* mean,
+                                 const void* rstd, const void* dy, void* dscale, void* dbias, const SumTree& rows_tree) {
   with_floating_type(dtype, "layer_norm_backward", [&](auto zero) {
     using T = decltype(zero);
     layer_norm_param_grads_in_tree<T>(rows, n, static_cast<const T*>(x), static_cast<const T*>(mean), static_cast<const T*>(rstd),

@@ -118,8 +118,10 @@ void tree_sum_typed(const T* in, T* out, std::int64_t out_count, const Layout<2>
     if (l.strides[1][d] != 0) inner_dim = d;
   }
   for (int d = 0; d < l.rank; ++d) {
-    if (l.strides[1][d] == 0) reduced.add(l, d);
-    else if (d != inner_dim) outer.add(l, d);
+    if (l.strides[1][d] == 0)
+      reduced.add(l, d);
+    else if (d != inner_dim)
+      outer.add(l, d);
   }
   if (inner_dim >= 0) inner = l.sizes[inner_dim], inner_in = l.strides[0][inner_dim], inner_out = l.strides[1][inner_dim];
 

@@ -21,48 +21,54 @@ struct RowSums {
 
   const T* term(std::int64_t i) const { return grad + i * row; }
 
+  // Sums written to `out` end in one of these states. A sum that has had +0 added holds no -0, so
+  // adding +0 again (an empty sibling) leaves it as it is and can be skipped.
+  enum class Sum { empty, raw, zero_added };
+
+  void add_zero(T* out) const {
+    for (std::int64_t j = 0; j < row; ++j) out[j] = out[j] + T(0);
+  }
+
   // The dense leaf over [begin, begin + n) whose picked indices are [p, end) (at least one): the
   // first term, then += each next one, absent terms being +0. Adding +0 changes only a -0 (to +0),
   // and once is as good as several times: one += 0 stands for each run of absent terms.
-  void leaf(std::int64_t begin, std::int64_t n, const std::int64_t* p, const std::int64_t* end, T* out) const {
+  Sum leaf(std::int64_t begin, std::int64_t n, const std::int64_t* p, const std::int64_t* end, T* out) const {
     std::int64_t previous = begin - 1;
-    bool first = true;
-    for (; p != end; ++p) {
+    for (bool first = true; p != end; ++p, first = false) {
       const T* g = term(*p);
       if (first && *p == begin) {
         std::copy(g, g + row, out);
+      } else if (first) {  // +0 + g
+        for (std::int64_t j = 0; j < row; ++j) out[j] = T(0) + g[j];
       } else {
-        if (first) std::fill(out, out + row, T(0));
         for (std::int64_t j = 0; j < row; ++j) out[j] = (*p > previous + 1 ? out[j] + T(0) : out[j]) + g[j];
       }
-      first = false;
       previous = *p;
     }
-    if (previous < begin + n - 1)
-      for (std::int64_t j = 0; j < row; ++j) out[j] = out[j] + T(0);
+    if (previous == begin + n - 1) return Sum::raw;
+    add_zero(out);
+    return Sum::zero_added;
   }
 
-  // Writes the sum of the subtree over [begin, begin + n) to out and returns true, or returns false
-  // when none of its indices is picked (its sum is then +0). scratch: a row per level below.
-  bool subtree(std::int64_t begin, std::int64_t n, const SumTree& tree, const std::int64_t* p, const std::int64_t* end, T* out,
-               T* scratch) const {
-    if (p == end) return false;
-    if (!tree.halves(n)) {
-      leaf(begin, n, p, end, out);
-      return true;
-    }
+  // The sum of the subtree over [begin, begin + n), written to out unless it picks nothing (its
+  // sum is then +0). A half that picks nothing leaves its sibling's sum in out, + 0.
+  // scratch: a row per level below.
+  Sum subtree(std::int64_t begin, std::int64_t n, const SumTree& tree, const std::int64_t* p, const std::int64_t* end, T* out,
+              T* scratch) const {
+    if (p == end) return Sum::empty;
+    if (!tree.halves(n)) return leaf(begin, n, p, end, out);
     const std::int64_t middle = begin + n / 2;
     const std::int64_t* split = std::lower_bound(p, end, middle);
-    const bool left = subtree(begin, n / 2, tree.half(), p, split, out, scratch + row);
-    const bool right = subtree(middle, n / 2, tree.half(), split, end, scratch, scratch + row);
-    if (!left) {
-      for (std::int64_t j = 0; j < row; ++j) out[j] = T(0) + scratch[j];
-    } else if (!right) {
-      for (std::int64_t j = 0; j < row; ++j) out[j] = out[j] + T(0);
-    } else {
-      for (std::int64_t j = 0; j < row; ++j) out[j] = out[j] + scratch[j];
+    if (p == split || split == end) {  // one half picks nothing: +0 + right, or left + +0
+      const Sum half = p == split ? subtree(middle, n / 2, tree.half(), split, end, out, scratch)
+                                  : subtree(begin, n / 2, tree.half(), p, split, out, scratch);
+      if (half == Sum::raw) add_zero(out);
+      return Sum::zero_added;
     }
-    return true;
+    subtree(begin, n / 2, tree.half(), p, split, out, scratch + row);
+    subtree(middle, n / 2, tree.half(), split, end, scratch, scratch + row);
+    for (std::int64_t j = 0; j < row; ++j) out[j] = out[j] + scratch[j];
+    return Sum::raw;
   }
 };
 
