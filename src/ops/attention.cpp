@@ -104,7 +104,8 @@ kernels::AttentionSizes sizes_of(const Tensor& q, const Tensor& k, const Attenti
   s.head_dim = q.size(axes.head_dim);
   s.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
   s.block_rows = std::max<std::int64_t>(1, std::min(s.tq, block_rows_for(s.tk)));
-  if (detail::deterministic()) s.tree = SumTree{.on = true};  // head_dim, keys, query rows: never cut
+  // head_dim, keys and query rows are never cut over a mesh: no forced halvings, full-length leaves
+  if (detail::deterministic()) s.tree = SumTree{.on = true, .forced = 0};
   return s;
 }
 
