@@ -17,6 +17,19 @@ namespace autodiff {
 
 namespace {
 
+// The vary type a gradient of `like` takes: like's, except that in deterministic mode a value
+// Varying as a partial sum (or local mean) gives a gradient that is merely per-device: the
+// gradient of a sum is not itself a sum waiting for its psum.
+VaryType gradient_vary(const Tensor& like) {
+  if (!detail::deterministic()) return like.vary();
+  VaryType vary;
+  for (const auto& e : like.vary().entries()) {
+    if (e.kind == Vary::Split) vary.set_split(e.mesh_axis, e.tensor_axis);
+    else if (e.kind == Vary::Varying) vary.set_varying(e.mesh_axis);
+  }
+  return vary;
+}
+
 // A contribution in the value's axis order and dtype, with the value's vary type except over the
 // mesh axes where the value is Invariant and the contribution varies (returned, to psum later).
 std::pair<Tensor, std::vector<std::string>> align(const Tensor& g_in, const Tensor& like, const std::string& op) {
@@ -28,7 +41,7 @@ std::pair<Tensor, std::vector<std::string>> align(const Tensor& g_in, const Tens
       fail("grad", "backward of {} gave {} for input {}", op, g.str(), like.str());
   g = detail::permute_to(g, like.shape().names());
   if (g.dtype() != like.dtype()) g = cast(g, like.dtype());
-  VaryType vary = like.vary();
+  VaryType vary = gradient_vary(like);
   std::vector<std::string> pending_axes;
   for (const auto& e : g.vary().entries()) {
     if (like.vary().kind(e.mesh_axis) != Vary::Invariant) continue;
@@ -106,7 +119,7 @@ std::vector<Tensor> finish_in_order(const std::vector<const Pending*>& pendings)
   std::vector<Tensor> out(pendings.size());
   for (std::size_t i = 0; i < pendings.size(); ++i)
     for (const auto& g : parts[i]) {
-      const Tensor whole = g.with_vary(pendings[i]->like.vary());
+      const Tensor whole = g.with_vary(gradient_vary(pendings[i]->like));
       out[i] = out[i].defined() ? add(out[i], whole).with_partial_terms({}) : whole;
     }
   return out;
@@ -130,12 +143,12 @@ std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings)
         buckets[{axes, sum.dtype()}].push_back({i, sum});
         continue;
       }
-      const Tensor whole = sum.with_vary(pendings[i]->like.vary());
+      const Tensor whole = sum.with_vary(gradient_vary(pendings[i]->like));
       out[i] = out[i].defined() ? add(out[i], whole) : whole;
     }
   }
   auto deliver = [&](std::size_t i, const Tensor& reduced) {
-    const Tensor whole = reduced.with_vary(pendings[i]->like.vary());
+    const Tensor whole = reduced.with_vary(gradient_vary(pendings[i]->like));
     out[i] = out[i].defined() ? add(out[i], whole) : whole;
   };
   for (const auto& [key, entries] : buckets) {
@@ -223,7 +236,7 @@ Grads backpropagate(const Tensor& root, const Tensor& seed, const std::unordered
     if (node->passes_partial_sums && !wanted.count(node) && !detail::deterministic()) {
       const Pending pending = std::move(it->second);
       grads.erase(it);
-      for (const auto& [axes, sum] : pending.sums) propagate(node, axes.empty() ? sum.with_vary(pending.like.vary()) : sum);
+      for (const auto& [axes, sum] : pending.sums) propagate(node, axes.empty() ? sum.with_vary(gradient_vary(pending.like)) : sum);
     } else {
       const Tensor g = finish(it->second);
       if (wanted.count(node)) it->second.sums = {{{}, g}}, it->second.terms.clear();

@@ -36,6 +36,11 @@ bool has(const std::vector<std::string>& axes, const std::string& name) {
   return std::find(axes.begin(), axes.end(), name) != axes.end();
 }
 
+bool deterministic_shard() {
+  const Shard* s = Shard::current();
+  return s != nullptr && s->deterministic();
+}
+
 struct Candidate {
   std::vector<Placement> inputs;
   Placement output = Placement::replicate();
@@ -135,6 +140,9 @@ class Chooser {
       cut_factors.push_back(p.axis());
     }
     for (const auto& set : rule_.linear) {
+      // Deterministic mode keeps a partial sum partial only through add (the per-shard add keeps
+      // the terms for the psum): any other op on it would reassociate the sum by the mesh.
+      if (deterministic_ && rule_.op != "add") continue;
       bool follows = false;
       for (int i : set) follows |= inputs_[static_cast<std::size_t>(i)]->placement(m) == Placement::partial();
       if (!follows) continue;
@@ -158,6 +166,7 @@ class Chooser {
   const std::vector<const GlobalTensor*>& inputs_;
   const Mesh& mesh_;
   const std::shared_ptr<const CostModel> model_ = cost_model();
+  const bool deterministic_ = deterministic_shard();
   std::vector<std::string> factors_;
   std::vector<std::int64_t> local_size_;
   std::vector<std::size_t> bytes_;
@@ -179,6 +188,7 @@ namespace {
 // Built on every global op: plain appends, no formatting.
 std::string cache_key(const Rule& rule, const std::vector<const GlobalTensor*>& inputs) {
   std::string key = rule.signature;
+  if (deterministic_shard()) key += "|deterministic";
   key.reserve(128);
   for (const auto* x : inputs) {
     key += '|';

@@ -143,16 +143,19 @@ std::size_t AdamW::state_bytes() const {
 // psum per set adds the other blocks' squares: a few scalar all-reduces, not one per gradient.
 namespace {
 
-// g's sum of squares in f64. Deterministic mode sums the whole axes first, then each cut axis
-// alone, so that every sum over a cut axis is one block of its canonical tree.
+// g's sum of squares in f64. Deterministic mode sums one axis at a time, innermost first, and
+// finishes a sum over a cut axis with its psum at once: the order is then the same whichever axes
+// a mesh (or the automatic sharding) cuts, so the norm, and the clipping, are mesh-independent.
 Tensor sum_of_squares(const Tensor& g) {
-  const Tensor squares = square(cast(g, DType::f64));
+  Tensor total = square(cast(g, DType::f64));
   const Shard* shard = Shard::current();
-  if (shard == nullptr || !shard->deterministic()) return sum(squares, g.shape().names());
-  std::vector<std::string> whole, cut;
-  for (const auto& axis : g.shape().names()) (g.vary().split_mesh_axes(axis).empty() ? whole : cut).push_back(axis);
-  Tensor total = whole.empty() ? squares : sum(squares, whole);
-  for (const auto& axis : cut) total = sum(total, axis);
+  if (shard == nullptr || !shard->deterministic()) return sum(total, g.shape().names());
+  const auto names = g.shape().names();
+  for (auto axis = names.rbegin(); axis != names.rend(); ++axis) {
+    const auto cuts = total.vary().split_mesh_axes(*axis);
+    total = sum(total, *axis);
+    if (!cuts.empty()) total = psum(total, cuts);
+  }
   return total;
 }
 

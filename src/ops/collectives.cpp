@@ -149,43 +149,88 @@ void add_ranks_in_tree(Tensor& gathered, int n, std::int64_t stride, std::int64_
       kernels.accumulate(ReduceOp::sum, gathered.dtype(), at(i), at(i + step), static_cast<std::size_t>(count));
 }
 
-// The parts of x that psum finishes one by one in deterministic mode: its partial terms when each
-// is a partial sum over every reduced mesh axis, else x itself.
-std::vector<Tensor> psum_terms(const Tensor& x, const Names& mesh_axes) {
-  const auto& terms = x.partial_terms();
-  if (terms.empty()) return {x};
-  for (const auto& t : terms)
+// The sum psum finishes in deterministic mode, as the tree of adds that made it: leaves are the
+// partial sums psum adds over the ranks, inner nodes the adds of two of them (node index 0 is
+// the root). A sum whose parts are not all partial sums over the reduced mesh axes is one leaf.
+struct SumExpression {
+  struct Node {
+    int leaf = -1;           // index into leaves, or -1 for an add
+    int left = -1, right = -1;
+  };
+  std::vector<Node> nodes;
+  std::vector<Tensor> leaves;
+
+  static SumExpression of(const Tensor& x, const Names& mesh_axes) {
+    SumExpression e;
+    if (!all_partial(x, mesh_axes)) {
+      e.nodes.push_back({0, -1, -1});
+      e.leaves.push_back(x);
+      return e;
+    }
+    e.add(x);
+    return e;
+  }
+
+ private:
+  static bool all_partial(const Tensor& x, const Names& mesh_axes) {
+    for (const auto& t : x.partial_terms())
+      if (!all_partial(t, mesh_axes)) return false;
     for (const auto& m : mesh_axes.list())
-      if (t.vary().kind(m) != Vary::Varying || t.vary().reason(m) != VaryReason::partial_sum) return {x};
-  return terms;
+      if (x.vary().kind(m) != Vary::Varying || x.vary().reason(m) != VaryReason::partial_sum) return false;
+    return true;
+  }
+  int add(const Tensor& x) {
+    const int index = static_cast<int>(nodes.size());
+    nodes.emplace_back();
+    const auto& terms = x.partial_terms();
+    if (terms.size() != 2) {
+      nodes[static_cast<std::size_t>(index)].leaf = static_cast<int>(leaves.size());
+      leaves.push_back(x.with_partial_terms({}));
+      return index;
+    }
+    const int left = add(terms[0]);
+    const int right = add(terms[1]);
+    nodes[static_cast<std::size_t>(index)].left = left, nodes[static_cast<std::size_t>(index)].right = right;
+    return index;
+  }
+};
+
+// The expression's value from its leaves' sums over the ranks (leaf i at sums + i * count
+// elements): each add in place into its left operand's buffer, in the order the adds were made.
+char* evaluate(const SumExpression& e, int node, char* sums, std::int64_t count, DType dtype, kernels::Kernels& kernels) {
+  const auto& n = e.nodes[static_cast<std::size_t>(node)];
+  const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
+  if (n.leaf >= 0) return sums + static_cast<std::size_t>(n.leaf) * bytes;
+  char* left = evaluate(e, n.left, sums, count, dtype, kernels);
+  const char* right = evaluate(e, n.right, sums, count, dtype, kernels);
+  kernels.accumulate(ReduceOp::sum, dtype, left, right, static_cast<std::size_t>(count));
+  return left;
 }
 
-// psum in deterministic mode: every term's ranks added in the canonical tree, then the terms in
-// order (a + b summed over ranks as sum(a) + sum(b), as one device computes it). One all_gather
-// of all terms: n times the data of an all-reduce, the price of a fixed order.
+// psum in deterministic mode: every partial sum of the expression added over the ranks in the
+// canonical tree, then the adds that combined them redone in their order: psum(a + (b + c)) is
+// psum(a) + (psum(b) + psum(c)), as one device computes a + (b + c). One all_gather of all the
+// leaves: n times the data of an all-reduce, the price of a fixed order.
 Tensor tree_psum(Context& c, const Tensor& x_in, const Names& mesh_axes, const VaryType& vary, detail::Launch& launch) {
-  const std::vector<Tensor> terms = psum_terms(x_in, mesh_axes);
-  const Tensor first = summed_form(terms[0]);
-  const DType dtype = first.dtype();
-  const std::int64_t count = x_in.numel(), total = count * static_cast<std::int64_t>(terms.size());
+  const SumExpression expression = SumExpression::of(x_in, mesh_axes);
+  const auto& leaves = expression.leaves;
+  const DType dtype = x_in.dtype() == DType::bf16 ? DType::f32 : x_in.dtype();
+  const std::int64_t count = x_in.numel(), total = count * static_cast<std::int64_t>(leaves.size());
   const std::size_t es = dtype_size(dtype);
   Tensor stacked = Tensor::empty(Shape{{"terms", total}}, dtype, x_in.device_ptr());
-  for (std::size_t t = 0; t < terms.size(); ++t) {
-    const Tensor term = t == 0 ? first : summed_form(terms[t]);
-    detail::kernels_of(stacked).copy_bytes(static_cast<char*>(stacked.raw_mutable()) + t * count * es, term.raw(), count * es);
+  for (std::size_t t = 0; t < leaves.size(); ++t) {
+    const Tensor leaf = summed_form(leaves[t]);
+    detail::kernels_of(stacked).copy_bytes(static_cast<char*>(stacked.raw_mutable()) + t * count * es, leaf.raw(), count * es);
   }
   Tensor gathered = Tensor::empty(Shape{{"ranks", c.n}, {"terms", total}}, dtype, x_in.device_ptr());
   launch.keep({stacked, gathered});
   launch.all_gather(c.comm, stacked.raw(), gathered.raw_mutable(), static_cast<std::size_t>(total), dtype);
-  return launch.then([gathered, n = c.n, count, total, terms = terms.size(), shape = x_in.shape(), vary, dtype = x_in.dtype()]() mutable {
+  return launch.then([gathered, expression, n = c.n, count, total, shape = x_in.shape(), vary, dtype = x_in.dtype()]() mutable {
     add_ranks_in_tree(gathered, n, total, 0, total);
     auto& kernels = detail::kernels_of(gathered);
-    const std::size_t es = dtype_size(gathered.dtype());
-    auto* sums = static_cast<char*>(gathered.raw_mutable());
-    for (std::size_t t = 1; t < terms; ++t)
-      kernels.accumulate(ReduceOp::sum, gathered.dtype(), sums, sums + t * count * es, static_cast<std::size_t>(count));
+    const char* sum = evaluate(expression, 0, static_cast<char*>(gathered.raw_mutable()), count, gathered.dtype(), kernels);
     Tensor out = detail::make_result(shape, gathered.dtype(), vary, gathered.device_ptr());
-    kernels.copy_bytes(out.raw_mutable(), sums, count * es);
+    kernels.copy_bytes(out.raw_mutable(), sum, static_cast<std::size_t>(count) * dtype_size(gathered.dtype()));
     return detail::narrow_to(out, dtype);
   });
 }

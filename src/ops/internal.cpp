@@ -71,9 +71,18 @@ void refuse_unfinished_terms(std::string_view op, const Tensor& x) {
   std::vector<std::string> axes;
   for (const auto& e : x.vary().entries())
     if (e.kind == Vary::Varying && e.reason == VaryReason::partial_sum) axes.push_back(e.mesh_axis);
-  fail(op, "deterministic mode: {} is a sum of {} partial sums over mesh axes ({}) that no psum has finished; {} of it would "
+  fail(op, "deterministic mode: {} is a sum of partial sums over mesh axes ({}) that no psum has finished; {} of it would "
        "depend on the mesh's order of addition: psum it first (psum finishes each part in the canonical order)",
-       x.str(), x.partial_terms().size(), fmt::join(axes, ", "), op);
+       x.str(), fmt::join(axes, ", "), op);
+}
+
+void refuse_partial_sum_operand(std::string_view op, const Tensor& x) {
+  if (!x.partial_terms().empty()) refuse_unfinished_terms(op, x);
+  for (const auto& e : x.vary().entries())
+    if (e.kind == Vary::Varying && e.reason == VaryReason::partial_sum)
+      fail(op, "deterministic mode: {} is a partial sum over mesh axis '{}' that no psum has finished; {} of it would add the "
+           "devices' parts in another order than one device adds the whole (psum it first; only add, neg and concat may "
+           "take partial sums)", x.str(), e.mesh_axis, op);
 }
 
 std::vector<Tensor> partial_terms_of_sum(const Tensor& a, const Tensor& b) {
@@ -83,19 +92,13 @@ std::vector<Tensor> partial_terms_of_sum(const Tensor& a, const Tensor& b) {
     common = common || (e.kind == Vary::Varying && e.reason == VaryReason::partial_sum && b.vary().kind(e.mesh_axis) == Vary::Varying &&
                         b.vary().reason(e.mesh_axis) == VaryReason::partial_sum);
   if (!common) return {};
-  std::vector<Tensor> terms;
-  for (const Tensor* t : {&a, &b}) {
-    if (t->partial_terms().empty()) terms.push_back(t->with_partial_terms({}));
-    else terms.insert(terms.end(), t->partial_terms().begin(), t->partial_terms().end());
-  }
-  return terms;
+  return {a, b};  // each keeps its own terms: psum redoes the adds in the order they were made
 }
 
 VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& operands, const std::vector<std::string>& reduced,
                     VaryReason reduced_reason) {
-  if (op != "add")
-    for (const Tensor* t : operands)
-      if (!t->partial_terms().empty()) refuse_unfinished_terms(op, *t);
+  if (op != "add" && op != "concat" && deterministic())
+    for (const Tensor* t : operands) refuse_partial_sum_operand(op, *t);
   std::vector<std::string> mesh_axes;  // in order of first appearance
   for (const Tensor* t : operands)
     for (const auto& e : t->vary().entries())

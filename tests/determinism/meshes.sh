@@ -5,7 +5,8 @@
 # and the checkpoint's model and optimizer files, to be identical to the 1x1 run's, byte for byte.
 #   tests/determinism/meshes.sh GPTJ CONFIG STEPS SHARDINGS [LAUNCHER...]
 # SHARDINGS: hand, auto or hand,auto. With a LAUNCHER (e.g. mpirun -np 4): the hand model also
-# under it on the 4-device meshes, one process per device, against the threads' 1x1 run.
+# under it on the 4-device meshes, one process per device, against the threads' 1x1 run of the
+# first sharding (give hand first).
 set -euo pipefail
 gptj=$1 config=$2 steps=$3
 IFS=, read -r -a shardings <<< "$4"
@@ -40,14 +41,17 @@ same() {  # reference name
   echo "same bits: $name = $ref ($(wc -l < "$work/$name.values") values, checkpoint files identical)"
 }
 
-ref=""
+# Each sharding against its own 1x1 run: hand and auto are different programs (the automatic
+# plan may sum in other places), each the same on every mesh.
 for sharding in "${shardings[@]}"; do
+  ref=""
   for mesh in "${meshes[@]}"; do
     name="$sharding-${mesh//[=,]/_}"
     run "$name" "$mesh" "$sharding"
     if [ -z "$ref" ]; then ref=$name; else same "$ref" "$name"; fi
   done
 done
+ref="${shardings[0]}-dp_1_mp_1"
 if [ ${#launcher[@]} -gt 0 ]; then
   for mesh in dp=2,mp=2 dp=1,mp=4 dp=4,mp=1; do
     name="launched-${mesh//[=,]/_}"
