@@ -221,6 +221,36 @@ TEST_CASE("locator: deterministic mode's sum of partial sums is rebuilt term by 
   REQUIRE(wrong.first.b == 2.0);
 }
 
+TEST_CASE("locator: a tree of adds of partial sums is rebuilt as psum redoes it", "[mesh][locator]") {
+  // psum((a + b) + c) on two devices is (psum(a) + psum(b)) + psum(c) = (0 + 3) + 12 = 15; each
+  // device's (a + b) rebuilt without its own terms would give 2 + 12 = 14 (2^24 + 1 rounds in f32).
+  const Tensor big = from_vector(Shape{{"k", 2}}, std::vector<float>{16777216.0f, -16777216.0f});
+  const Tensor small = from_vector(Shape{{"k", 2}}, std::vector<float>{1.0f, 2.0f});
+  const Tensor third = from_vector(Shape{{"k", 2}}, std::vector<float>{4.0f, 8.0f});
+  const Tensor ones = full(Shape{{"k", 2}}, 1.0);
+  std::vector<double> results;
+  auto program = [&](Shard& s) {
+    const AxisRules rules{{"k", "mp"}};
+    const Tensor w = s.shard(ones, rules);
+    auto part = [&](const Tensor& x) { return dot(s.shard(x, rules), w, "k"); };
+    const Tensor y = psum((part(big) + part(small)) + part(third), "mp");
+    if (s.device() == 0) results.push_back(y.item());
+  };
+  RuntimeOptions deterministic;
+  deterministic.deterministic = true;
+  Runtime one = Runtime::local(Mesh::parse("dp=1,mp=1"), deterministic), two = Runtime::local(Mesh::parse("dp=1,mp=2"), deterministic);
+  const auto on_one = debug::record_ops(one, program), on_two = debug::record_ops(two, program);
+  REQUIRE(results == std::vector<double>{15.0, 15.0});
+  const auto& outer = on_two.devices[0][position_of(on_two.devices[0], "psum") - 1];
+  REQUIRE(outer.op == "add");
+  REQUIRE(outer.values[0].terms.size() == 2);
+  REQUIRE(outer.values[0].terms[0].terms.size() == 2);  // (a + b) keeps its own terms
+  const auto c = debug::compare_records(on_one, on_two);
+  INFO(debug::describe(c, "1x1", "1x2"));
+  REQUIRE_FALSE(c.first.found);
+  REQUIRE(c.ops_compared == 5);  // three dots, two adds
+}
+
 TEST_CASE("locator: a value scaled by an exact power of two is passed over with a note, another scale is a finding", "[mesh][locator]") {
   auto program = [](Shard& s) {
     const double n = axis_size("mp");

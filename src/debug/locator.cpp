@@ -182,8 +182,8 @@ Assembly assemble(const Mesh& mesh, const std::string& mesh_name, const std::vec
   return out;
 }
 
-// A value kept as terms (deterministic mode's sum of partial sums) as psum finishes it: each term
-// rebuilt (its ranks added in the tree), then the terms added in order.
+// A value kept as terms (deterministic mode's sum of partial sums) as psum finishes it: each leaf
+// rebuilt (its ranks added in the tree), then the adds that made it redone in their order.
 Assembly assemble_value(const Mesh& mesh, const std::string& mesh_name, const std::vector<const OpValue*>& held) {
   const std::size_t n = held[0]->terms.size();
   for (const OpValue* v : held)
@@ -197,7 +197,7 @@ Assembly assemble_value(const Mesh& mesh, const std::string& mesh_name, const st
   for (std::size_t t = 0; t < n; ++t) {
     std::vector<const OpValue*> term;
     for (const OpValue* v : held) term.push_back(&v->terms[t]);
-    Assembly part = assemble(mesh, mesh_name, term);
+    Assembly part = assemble_value(mesh, mesh_name, term);
     if (!part.global) return part;
     if (!total.global) {
       total = std::move(part);

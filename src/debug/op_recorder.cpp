@@ -84,7 +84,11 @@ struct OpRecorder::Observer final : trace::SpanObserver, detail::ResultObserver 
     attach_terms(records.back(), kept_last, sum, terms);
   }
 
-  static OpValue value_of(const Tensor& t) { return {t.shape(), t.dtype(), t.vary(), t.to_vector<double>(), {}}; }
+  static OpValue value_of(const Tensor& t) {
+    OpValue v{t.shape(), t.dtype(), t.vary(), t.to_vector<double>(), {}};
+    for (const Tensor& term : t.partial_terms()) v.terms.push_back(value_of(term));
+    return v;
+  }
 
   void attach_terms(OpRecord& r, const std::vector<Tensor>& kept, const Tensor& sum, const std::vector<Tensor>& terms) {
     reading = true;

@@ -19,8 +19,8 @@ struct OpValue {
   DType dtype = DType::f32;
   VaryType vary;
   std::vector<double> values;
-  // Deterministic mode's sum of partial sums (Tensor::partial_terms): the terms psum will finish
-  // one by one, in order; their sum is `values`.
+  // Deterministic mode's sum of partial sums (Tensor::partial_terms): the two partial sums it adds,
+  // each with its own terms, the tree of adds that psum redoes after adding each leaf over the ranks.
   std::vector<OpValue> terms;
 };
 
