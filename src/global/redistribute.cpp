@@ -131,7 +131,14 @@ struct Redistribution {
     for (const auto& m : mesh.axis_names()) {
       const Placement& to = target.on(m);
       if (!to.is_partial() || !now.on(m).is_replicate()) continue;
-      t = to.op() == PartialOp::max ? pvary(t, m) : t * cast(eq(axis_index(m), scalar(0, DType::i32)), t.dtype());
+      if (to.op() == PartialOp::max) {
+        t = pvary(t, m);
+      } else {  // typed a partial sum (not merely per-device), as it is: psum gives the replica back
+        t = t * cast(eq(axis_index(m), scalar(0, DType::i32)), t.dtype());
+        VaryType vary = t.vary();
+        vary.set_varying(m, VaryReason::partial_sum);
+        t = t.with_vary(vary);
+      }
       now.set(m, to);
     }
   }

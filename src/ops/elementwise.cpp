@@ -119,7 +119,7 @@ Tensor constant_like(const Tensor& x, double value) {
 // Deterministic mode: a sum of partial sums remembers its terms for psum (docs/determinism.md).
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = binary(kernels::BinaryOp::add, a, b);
-  std::vector<Tensor> terms = detail::partial_terms_of_sum(a, b);
+  std::vector<Tensor> terms = detail::partial_terms_of_sum(a, b, out.shape());
   return terms.empty() ? out : out.with_partial_terms(std::move(terms));
 }
 Tensor sub(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::sub, a, b); }

@@ -85,14 +85,27 @@ void refuse_partial_sum_operand(std::string_view op, const Tensor& x) {
            "take partial sums)", x.str(), e.mesh_axis, op);
 }
 
-std::vector<Tensor> partial_terms_of_sum(const Tensor& a, const Tensor& b) {
-  if (!deterministic() || !(a.shape() == b.shape())) return {};
+namespace {
+
+// t as a term of a sum of shape `shape`: broadcast (with its own terms) where the add broadcast it.
+Tensor term_of_shape(const Tensor& t, const Shape& shape) {
+  if (t.shape() == shape) return t;
+  Tensor wide = broadcast_to(t, shape);  // a copy, off the tape: the gradient flows through the add itself
+  const auto& terms = t.partial_terms();
+  if (terms.empty()) return wide;
+  return wide.with_partial_terms({term_of_shape(terms[0], shape), term_of_shape(terms[1], shape)});
+}
+
+}  // namespace
+
+std::vector<Tensor> partial_terms_of_sum(const Tensor& a, const Tensor& b, const Shape& shape) {
+  if (!deterministic()) return {};
   bool common = false;
   for (const auto& e : a.vary().entries())
     common = common || (e.kind == Vary::Varying && e.reason == VaryReason::partial_sum && b.vary().kind(e.mesh_axis) == Vary::Varying &&
                         b.vary().reason(e.mesh_axis) == VaryReason::partial_sum);
   if (!common) return {};
-  return {a, b};  // each keeps its own terms: psum redoes the adds in the order they were made
+  return {term_of_shape(a, shape), term_of_shape(b, shape)};  // each keeps its own terms: psum redoes the adds in order
 }
 
 VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& operands, const std::vector<std::string>& reduced,

@@ -50,10 +50,11 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
 kernels::Dims strides_in_order(const Shape& x, const std::vector<Axis>& axes);
 kernels::Dims sizes_of(const std::vector<Axis>& axes);
 
-// Deterministic mode: the terms of a + b, {a, b}, when both are partial sums over a common mesh
-// axis (a and b keep their own terms: psum rebuilds the tree of adds), else none. merge_vary refuses any op but add on a value with
+// Deterministic mode: the terms of a + b (of shape `shape`), {a, b} broadcast to it, when both are
+// partial sums over a common mesh axis (a and b keep their own terms: psum rebuilds the tree of
+// adds), else none. merge_vary refuses any op but add on a value with
 // terms (refuse_unfinished_terms): only psum may finish them.
-std::vector<Tensor> partial_terms_of_sum(const Tensor& a, const Tensor& b);
+std::vector<Tensor> partial_terms_of_sum(const Tensor& a, const Tensor& b, const Shape& shape);
 [[noreturn]] void refuse_unfinished_terms(std::string_view op, const Tensor& x);
 // Deterministic mode: refuses, naming `op`, an operand that is a partial sum over a mesh axis (any
 // op on it but add, neg and concat, or psum, would reassociate the sum by the mesh).
