@@ -824,7 +824,8 @@ TEST_CASE("cuda kernels: causal attention forward and backward", "[cuda][attenti
     }
 }
 
-// --- deterministic mode (nax::SumTree): bitwise against host references of the tree ---
+// --- deterministic mode (nax::SumTree): bitwise against host references of the tree and against
+// the CPU kernels in the same mode ---
 
 namespace {
 
@@ -947,7 +948,11 @@ void check_tree_gemm(const TreeGemmCase& g, SumTree tree) {
   std::ostringstream what;
   what << "tree gemm " << nax::dtype_name(dtype_of<T>()) << " m=" << g.m << " n=" << g.n << " k=" << g.k << " ta=" << g.ta
        << " tb=" << g.tb << " batch=" << g.batch << " beta=" << g.beta << " forced=" << tree.forced;
-  check_bits(bytes_of(device_gemm(s, a, b, c)), bytes_of(host_tree_gemm(s, a, b, c)), sizeof(T), what.str());
+  const std::vector<T> got = device_gemm(s, a, b, c);
+  check_bits(bytes_of(got), bytes_of(host_tree_gemm(s, a, b, c)), sizeof(T), what.str());
+  std::vector<T> on_cpu = c;  // the CPU kernels' tree GEMM, the same bits
+  cpu().gemm(dtype_of<T>(), s, a.data(), b.data(), on_cpu.data());
+  check_bits(bytes_of(got), bytes_of(on_cpu), sizeof(T), what.str() + " vs the CPU");
 }
 
 // k cut into p blocks, each computed with canonical_for_block_of(p) and added pairwise, gives the
@@ -1015,9 +1020,10 @@ std::vector<T> host_tree_reduce(const std::vector<T>& x, const std::vector<std::
 }
 
 // The device's reduce of x (sizes, input strides; outputs contiguous over the kept dimensions).
-template <typename T>
-std::vector<T> device_tree_reduce(const std::vector<T>& x, const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& strides,
-                                  const std::vector<bool>& reduced, SumTree tree) {
+// The layout of a reduce over x (sizes, input strides; outputs contiguous over the kept
+// dimensions) and its output count.
+std::pair<kn::Layout<2>, std::int64_t> reduce_layout(const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& strides,
+                                                     const std::vector<bool>& reduced) {
   kn::Layout<2> l;
   l.rank = static_cast<int>(sizes.size());
   std::int64_t outputs = 1;
@@ -1027,11 +1033,27 @@ std::vector<T> device_tree_reduce(const std::vector<T>& x, const std::vector<std
     l.strides[1][d] = reduced[d] ? 0 : outputs;
     if (!reduced[d]) outputs *= sizes[d];
   }
+  return {l, outputs};
+}
+
+template <typename T>
+std::vector<T> device_tree_reduce(const std::vector<T>& x, const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& strides,
+                                  const std::vector<bool>& reduced, SumTree tree) {
+  const auto [l, outputs] = reduce_layout(sizes, strides, reduced);
   const DType d = dtype_of<T>();
   Device dx(x.size(), d), dout(static_cast<std::size_t>(outputs), d);
   dx.upload(bytes_of(x));
   gpu().reduce(ReduceOp::sum, d, dx.get(), dout.get(), outputs, l, tree);
   return from_bytes<T>(dout.raw());
+}
+
+template <typename T>
+std::vector<T> cpu_tree_reduce(const std::vector<T>& x, const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& strides,
+                               const std::vector<bool>& reduced, SumTree tree) {
+  const auto [l, outputs] = reduce_layout(sizes, strides, reduced);
+  std::vector<T> out(static_cast<std::size_t>(outputs));
+  cpu().reduce(ReduceOp::sum, dtype_of<T>(), x.data(), out.data(), outputs, l, tree);
+  return out;
 }
 
 template <typename T>
@@ -1055,8 +1077,9 @@ void check_tree_reduce() {
       const auto x = as<T>(normal(static_cast<std::size_t>(span_size), 1.0, 0.5));
       std::ostringstream what;
       what << "tree reduce " << nax::dtype_name(dtype_of<T>()) << " case " << (&c - cases.data()) << " forced=" << tree.forced;
-      check_bits(bytes_of(device_tree_reduce(x, c.sizes, c.strides, c.reduced, tree)),
-                 bytes_of(host_tree_reduce(x, c.sizes, c.strides, c.reduced, tree)), sizeof(T), what.str());
+      const std::vector<T> got = device_tree_reduce(x, c.sizes, c.strides, c.reduced, tree);
+      check_bits(bytes_of(got), bytes_of(host_tree_reduce(x, c.sizes, c.strides, c.reduced, tree)), sizeof(T), what.str());
+      check_bits(bytes_of(got), bytes_of(cpu_tree_reduce(x, c.sizes, c.strides, c.reduced, tree)), sizeof(T), what.str() + " vs the CPU");
     }
   // The leading axis cut in p blocks, each reduced with canonical_for_block_of(p), added pairwise.
   for (std::int64_t p : {2, 4}) {
@@ -1117,6 +1140,11 @@ void check_tree_layer_norm() {
                                " n=" + std::to_string(n);
       check_bits(got.dscale, bytes_of(dscale), sizeof(T), what + " dscale");
       check_bits(got.dbias, bytes_of(dbias), sizeof(T), what + " dbias");
+      std::vector<T> cpu_dx(x.size()), cpu_dscale(static_cast<std::size_t>(n)), cpu_dbias(static_cast<std::size_t>(n));
+      cpu().layer_norm_backward(dtype_of<T>(), rows, n, x.data(), scale.data(), mean.data(), rstd.data(), dy.data(), cpu_dx.data(),
+                                cpu_dscale.data(), cpu_dbias.data(), tree);
+      check_bits(got.dscale, bytes_of(cpu_dscale), sizeof(T), what + " dscale vs the CPU");
+      check_bits(got.dbias, bytes_of(cpu_dbias), sizeof(T), what + " dbias vs the CPU");
       // dx is per row: the tree changes nothing there.
       check_bits(got.dx, device_norm_backward(rows, n, x, scale, mean, rstd, dy, SumTree{}).dx, sizeof(T), what + " dx");
     }
@@ -1191,8 +1219,11 @@ void check_tree_scatter() {
         std::ostringstream what;
         what << "tree scatter_add_rows " << nax::dtype_name(dtype_of<T>()) << " row=" << row << " count=" << count
              << " forced=" << tree.forced;
-        check_bits(bytes_of(device_tree_scatter(ids, range, grad, row, tree)), bytes_of(host_tree_scatter(ids, range, grad, row, tree)),
-                   sizeof(T), what.str());
+        const std::vector<T> got = device_tree_scatter(ids, range, grad, row, tree);
+        check_bits(bytes_of(got), bytes_of(host_tree_scatter(ids, range, grad, row, tree)), sizeof(T), what.str());
+        std::vector<T> on_cpu(static_cast<std::size_t>(range.local * row));
+        cpu().scatter_add_rows(dtype_of<T>(), ids.data(), count, range, grad.data(), row, on_cpu.data(), tree);
+        check_bits(bytes_of(got), bytes_of(on_cpu), sizeof(T), what.str() + " vs the CPU");
       }
     }
   // Id blocks with canonical_for_block_of(p), added pairwise; the first block picks nothing.

@@ -4,6 +4,7 @@
 
 #include <cub/device/device_radix_sort.cuh>
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 
