@@ -37,8 +37,10 @@ void model(Shard& s, const Inputs& in, bool planted_bug) {
   (void)sum(g * g, {"batch", "seq", "heads", "head_dim"});
 }
 
-debug::MeshRecords recorded(const std::string& mesh, const Inputs& in, bool planted_bug) {
-  Runtime rt = Runtime::local(Mesh::parse(mesh));
+debug::MeshRecords recorded(const std::string& mesh, const Inputs& in, bool planted_bug, bool deterministic) {
+  RuntimeOptions options;
+  options.deterministic = deterministic;
+  Runtime rt = Runtime::local(Mesh::parse(mesh), options);
   return debug::record_ops(rt, [&](Shard& s) { model(s, in, planted_bug); });
 }
 
@@ -110,7 +112,9 @@ TEST_CASE("OpRecorder: the backward's ops in their phase; a failing op", "[unit]
 
 TEST_CASE("locator: the model shows no difference between one and two devices along mp", "[mesh][locator]") {
   const Inputs in;
-  const auto one = recorded("dp=1,mp=1", in, false), two = recorded("dp=1,mp=2", in, false);
+  const bool deterministic = GENERATE(false, true);
+  INFO("deterministic mode " << deterministic);
+  const auto one = recorded("dp=1,mp=1", in, false, deterministic), two = recorded("dp=1,mp=2", in, false, deterministic);
   const auto c = debug::compare_records(one, two);
   INFO(debug::describe(c, "dp=1,mp=1", "dp=1,mp=2"));
   REQUIRE_FALSE(c.first.found);
@@ -124,7 +128,9 @@ TEST_CASE("locator: the model shows no difference between one and two devices al
 
 TEST_CASE("locator: names the planted sharding bug by op and position", "[mesh][locator]") {
   const Inputs in;
-  const auto one = recorded("dp=1,mp=1", in, true), two = recorded("dp=1,mp=2", in, true);
+  const bool deterministic = GENERATE(false, true);
+  INFO("deterministic mode " << deterministic);
+  const auto one = recorded("dp=1,mp=1", in, true, deterministic), two = recorded("dp=1,mp=2", in, true, deterministic);
   const auto c = debug::compare_records(one, two);
   const std::string report = debug::describe(c, "dp=1,mp=1", "dp=1,mp=2");
   INFO(report);
@@ -178,11 +184,12 @@ TEST_CASE("locator: a contraction cut over mp is rebuilt from its partial sums",
 }
 
 TEST_CASE("locator: deterministic mode's sum of partial sums is rebuilt term by term, as psum finishes it", "[mesh][locator]") {
-  // On two devices a = (2^24 | -2^24) and b = (1 | 1) per device. psum(a + b) adds each term's ranks,
-  // then the terms: 0 + 2 = 2, as one device computes. Adding each device's a + b first would give
-  // 2^24 + (1 - 2^24) = 1 in f32: rebuilding the add that way would be a false difference.
+  // On two devices a = (2^24 | -2^24) and b = (1 | 2) per device. psum(a + b) adds each term's ranks,
+  // then the terms: 0 + 3 = 3, as one device computes. Adding each device's a + b first would give
+  // 2^24 + (2 - 2^24) = 2 in f32 (2^24 + 1 rounds to 2^24): rebuilding the add that way would be a
+  // false difference.
   const Tensor big = from_vector(Shape{{"i", 1}, {"k", 2}}, std::vector<float>{16777216.0f, -16777216.0f});
-  const Tensor small = from_vector(Shape{{"i", 1}, {"k", 2}}, std::vector<float>{1.0f, 1.0f});
+  const Tensor small = from_vector(Shape{{"i", 1}, {"k", 2}}, std::vector<float>{1.0f, 2.0f});
   const Tensor ones = full(Shape{{"k", 2}}, 1.0);
   std::vector<double> results;
   auto program = [&](Shard& s) {
@@ -195,7 +202,7 @@ TEST_CASE("locator: deterministic mode's sum of partial sums is rebuilt term by 
   deterministic.deterministic = true;
   Runtime one = Runtime::local(Mesh::parse("dp=1,mp=1"), deterministic), two = Runtime::local(Mesh::parse("dp=1,mp=2"), deterministic);
   const auto on_one = debug::record_ops(one, program), on_two = debug::record_ops(two, program);
-  REQUIRE(results == std::vector<double>{2.0, 2.0});
+  REQUIRE(results == std::vector<double>{3.0, 3.0});
   const auto& add_on_two = on_two.devices[0][position_of(on_two.devices[0], "add")];
   REQUIRE(add_on_two.values.size() == 1);
   REQUIRE(add_on_two.values[0].terms.size() == 2);
@@ -210,8 +217,56 @@ TEST_CASE("locator: deterministic mode's sum of partial sums is rebuilt term by 
   const auto wrong = debug::compare_records(on_one, naive);
   REQUIRE(wrong.first.found);
   REQUIRE(wrong.first.op == "add");
-  REQUIRE(wrong.first.a == 2.0);
-  REQUIRE(wrong.first.b == 1.0);
+  REQUIRE(wrong.first.a == 3.0);
+  REQUIRE(wrong.first.b == 2.0);
+}
+
+TEST_CASE("locator: a tree of adds of partial sums is rebuilt as psum redoes it", "[mesh][locator]") {
+  // psum((a + b) + c) on two devices is (psum(a) + psum(b)) + psum(c) = (0 + 3) + 12 = 15; each
+  // device's (a + b) rebuilt without its own terms would give 2 + 12 = 14 (2^24 + 1 rounds in f32).
+  const Tensor big = from_vector(Shape{{"k", 2}}, std::vector<float>{16777216.0f, -16777216.0f});
+  const Tensor small = from_vector(Shape{{"k", 2}}, std::vector<float>{1.0f, 2.0f});
+  const Tensor third = from_vector(Shape{{"k", 2}}, std::vector<float>{4.0f, 8.0f});
+  const Tensor ones = full(Shape{{"k", 2}}, 1.0);
+  std::vector<double> results;
+  auto program = [&](Shard& s) {
+    const AxisRules rules{{"k", "mp"}};
+    const Tensor w = s.shard(ones, rules);
+    auto part = [&](const Tensor& x) { return dot(s.shard(x, rules), w, "k"); };
+    const Tensor y = psum((part(big) + part(small)) + part(third), "mp");
+    if (s.device() == 0) results.push_back(y.item());
+  };
+  RuntimeOptions deterministic;
+  deterministic.deterministic = true;
+  Runtime one = Runtime::local(Mesh::parse("dp=1,mp=1"), deterministic), two = Runtime::local(Mesh::parse("dp=1,mp=2"), deterministic);
+  const auto on_one = debug::record_ops(one, program), on_two = debug::record_ops(two, program);
+  REQUIRE(results == std::vector<double>{15.0, 15.0});
+  const auto& outer = on_two.devices[0][position_of(on_two.devices[0], "psum") - 1];
+  REQUIRE(outer.op == "add");
+  REQUIRE(outer.values[0].terms.size() == 2);
+  REQUIRE(outer.values[0].terms[0].terms.size() == 2);  // (a + b) keeps its own terms
+  const auto c = debug::compare_records(on_one, on_two);
+  INFO(debug::describe(c, "1x1", "1x2"));
+  REQUIRE_FALSE(c.first.found);
+  REQUIRE(c.ops_compared == 5);  // three dots, two adds
+}
+
+TEST_CASE("locator: a value scaled by an exact power of two is passed over with a note, another scale is a finding", "[mesh][locator]") {
+  auto program = [](Shard& s) {
+    const double n = axis_size("mp");
+    const Tensor share = full(Shape{{"i", 3}}, 1.0) / n;  // 1 on one device, 1/2 on two: the mesh's own scale
+    (void)(share + n);                                      // 2 and 2.5: not a scale, a difference
+  };
+  Runtime one = Runtime::local(Mesh::parse("dp=1,mp=1")), two = Runtime::local(Mesh::parse("dp=1,mp=2"));
+  const auto c = debug::compare_records(debug::record_ops(one, program), debug::record_ops(two, program));
+  const std::string report = debug::describe(c, "1x1", "1x2");
+  INFO(report);
+  REQUIRE(c.notes.size() == 1);
+  REQUIRE(c.notes[0].find("op 0 (div): mesh dp=1,mp=2's value is exactly 0.5 times") != std::string::npos);
+  REQUIRE(c.first.found);
+  REQUIRE(c.first.op == "add");
+  REQUIRE(c.first.a == 2.0);
+  REQUIRE(c.first.b == 2.5);
 }
 
 TEST_CASE("locator: devices disagreeing on an Invariant value are a finding", "[mesh][locator]") {

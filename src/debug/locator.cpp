@@ -62,6 +62,7 @@ std::string coordinates(const Shape& s, std::int64_t flat) {
 // One value of one op as the mesh holds it, rebuilt.
 struct Global {
   Shape shape;
+  VaryType vary;  // the devices' blocks' vary type
   DType dtype = DType::f32;
   std::vector<std::string> per_device_axes;  // Varying per device: one global tensor per coordinate
   std::map<std::vector<int>, std::vector<double>> by_coords;
@@ -90,6 +91,18 @@ Diff diff(const std::vector<double>& x, const std::vector<double>& y) {
   return d;
 }
 
+// f when every element of y is exactly f times x's (f a power of two other than 1), else 0.
+double power_of_two_scale(const std::vector<double>& x, const std::vector<double>& y) {
+  double f = 0;
+  for (std::size_t i = 0; i < x.size() && f == 0; ++i)
+    if (x[i] != 0 && std::isfinite(x[i]) && std::isfinite(y[i])) f = y[i] / x[i];
+  int exponent = 0;
+  if (f == 0 || f == 1 || !std::isfinite(f) || std::abs(std::frexp(f, &exponent)) != 0.5) return 0;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (!same_bits(x[i] * f, y[i])) return 0;
+  return f;
+}
+
 Assembly assemble(const Mesh& mesh, const std::string& mesh_name, const std::vector<const OpValue*>& held) {
   Assembly out;
   const OpValue& v0 = *held[0];
@@ -100,6 +113,7 @@ Assembly assemble(const Mesh& mesh, const std::string& mesh_name, const std::vec
     }
   Global g;
   g.dtype = v0.dtype;
+  g.vary = v0.vary;
   std::vector<Axis> axes = v0.shape.axes();
   for (auto& a : axes)
     for (const auto& m : v0.vary.split_mesh_axes(a.name)) a.size *= mesh.axis_size(m);
@@ -168,8 +182,8 @@ Assembly assemble(const Mesh& mesh, const std::string& mesh_name, const std::vec
   return out;
 }
 
-// A value kept as terms (deterministic mode's sum of partial sums) as psum finishes it: each term
-// rebuilt (its ranks added in the tree), then the terms added in order.
+// A value kept as terms (deterministic mode's sum of partial sums) as psum finishes it: each leaf
+// rebuilt (its ranks added in the tree), then the adds that made it redone in their order.
 Assembly assemble_value(const Mesh& mesh, const std::string& mesh_name, const std::vector<const OpValue*>& held) {
   const std::size_t n = held[0]->terms.size();
   for (const OpValue* v : held)
@@ -183,7 +197,7 @@ Assembly assemble_value(const Mesh& mesh, const std::string& mesh_name, const st
   for (std::size_t t = 0; t < n; ++t) {
     std::vector<const OpValue*> term;
     for (const OpValue* v : held) term.push_back(&v->terms[t]);
-    Assembly part = assemble(mesh, mesh_name, term);
+    Assembly part = assemble_value(mesh, mesh_name, term);
     if (!part.global) return part;
     if (!total.global) {
       total = std::move(part);
@@ -259,6 +273,10 @@ Comparison compare_records(const MeshRecords& a, const MeshRecords& b) {
   const auto& ops_b = b.devices.at(0);
   auto note = [&c](std::string text) {
     if (c.notes.size() < 20) c.notes.push_back(std::move(text));
+    else ++c.notes_left_out;
+  };
+  auto label = [](std::size_t index, const OpRecord& r) {
+    return fmt::format("op {} ({}{})", index, r.op, r.context.empty() ? "" : " in " + r.context);
   };
   std::size_t i = 0, j = 0;
   for (; i < ops_a.size() && j < ops_b.size(); ++i, ++j) {
@@ -274,68 +292,70 @@ Comparison compare_records(const MeshRecords& a, const MeshRecords& b) {
       return c;
     }
     if (!x.unread.empty() || !y.unread.empty()) {
-      note(fmt::format("op {} ({}): not read: {}", i, x.op, !x.unread.empty() ? x.unread : y.unread));
+      note(fmt::format("{}: not read: {}", label(i, x), !x.unread.empty() ? x.unread : y.unread));
       continue;
     }
     if (x.values.empty() || y.values.empty()) continue;  // an alias of its input on one mesh: nothing new to compare
-    if (x.values.size() != y.values.size()) {
-      note(fmt::format("op {} ({}): {} values on mesh {}, {} on mesh {}: not compared", i, x.op, x.values.size(), a_name, y.values.size(),
-                       b_name));
+    std::vector<const OpValue*> held_a, held_b;
+    for (const auto& dev : a.devices) held_a.push_back(dev[i].values.empty() ? nullptr : &dev[i].values[0]);
+    for (const auto& dev : b.devices) held_b.push_back(dev[j].values.empty() ? nullptr : &dev[j].values[0]);
+    if (std::count(held_a.begin(), held_a.end(), nullptr) + std::count(held_b.begin(), held_b.end(), nullptr) > 0) {
+      note(fmt::format("{}: some devices made no new value: not compared", label(i, x)));
       continue;
     }
-    bool compared = false;
-    for (std::size_t k = 0; k < x.values.size(); ++k) {
-      std::vector<const OpValue*> held_a, held_b;
-      for (const auto& dev : a.devices) held_a.push_back(dev[i].values.size() == x.values.size() ? &dev[i].values[k] : nullptr);
-      for (const auto& dev : b.devices) held_b.push_back(dev[j].values.size() == y.values.size() ? &dev[j].values[k] : nullptr);
-      if (std::count(held_a.begin(), held_a.end(), nullptr) + std::count(held_b.begin(), held_b.end(), nullptr) > 0) {
-        note(fmt::format("op {} ({}): its devices kept different numbers of values: not compared", i, x.op));
-        break;
-      }
-      Assembly ga = assemble_value(a.mesh, a_name, held_a), gb = assemble_value(b.mesh, b_name, held_b);
-      for (auto* g : {&ga, &gb})
-        if (g->disagreement) {
-          c.first = *g->disagreement;
-          c.first.index = i, c.first.other_index = j, c.first.op = x.op, c.first.context = x.context, c.first.value = k,
-          c.first.values = x.values.size();
-          return c;
-        }
-      if (!ga.global || !gb.global) {
-        note(fmt::format("op {} ({}) value {}: {}", i, x.op, k, !ga.global ? ga.skipped : gb.skipped));
-        continue;
-      }
-      const Global& u = *ga.global;
-      const Global& v = *gb.global;
-      Finding f;
-      f.index = i, f.other_index = j, f.op = x.op, f.context = x.context, f.value = k, f.values = x.values.size(),
-      f.shape = fmt::format("{}{}", dtype_name(u.dtype), u.shape.str());
-      if (u.shape != v.shape || u.dtype != v.dtype) {
-        f.found = true, f.kind = "shape";
-        f.detail = fmt::format("{} {} on mesh {}, {} {} on mesh {}", dtype_name(u.dtype), u.shape.str(), a_name, dtype_name(v.dtype),
-                               v.shape.str(), b_name);
-        c.first = f;
+    Assembly ga = assemble_value(a.mesh, a_name, held_a), gb = assemble_value(b.mesh, b_name, held_b);
+    for (auto* g : {&ga, &gb})
+      if (g->disagreement) {
+        c.first = *g->disagreement;
+        c.first.index = i, c.first.other_index = j, c.first.op = x.op, c.first.context = x.context;
         return c;
       }
-      if (u.per_device_axes != v.per_device_axes || u.by_coords.size() != v.by_coords.size()) {
-        note(fmt::format("op {} ({}) value {}: per-device values over ({}) on mesh {} and ({}) on mesh {}: not compared", i, x.op, k,
-                         fmt::join(u.per_device_axes, ","), a_name, fmt::join(v.per_device_axes, ","), b_name));
-        continue;
-      }
-      for (const auto& [coords, values] : u.by_coords) {
-        const std::vector<double>& other = v.by_coords.at(coords);
-        const Diff d = diff(values, other);
-        ++c.values_compared;
-        compared = true;
-        if (d.count == 0) continue;
-        f.found = true, f.kind = "value", f.devices = per_device_name(u.per_device_axes, coords), f.differing = d.count, f.first = d.first,
-        f.first_at = coordinates(u.shape, d.first), f.a = values[static_cast<std::size_t>(d.first)],
-        f.b = other[static_cast<std::size_t>(d.first)], f.max_abs = d.max_abs;
-        c.first = f;
-        c.ops_compared += 1;
-        return c;
-      }
+    if (!ga.global || !gb.global) {
+      note(fmt::format("{}: {}", label(i, x), !ga.global ? ga.skipped : gb.skipped));
+      continue;
     }
-    if (compared) ++c.ops_compared;
+    const Global& u = *ga.global;
+    const Global& v = *gb.global;
+    if (u.per_device_axes != v.per_device_axes || u.by_coords.size() != v.by_coords.size()) {
+      note(fmt::format("{}: per-device values over ({}) on mesh {} and ({}) on mesh {}: not compared", label(i, x),
+                       fmt::join(u.per_device_axes, ","), a_name, fmt::join(v.per_device_axes, ","), b_name));
+      continue;
+    }
+    Finding f;
+    f.index = i, f.other_index = j, f.op = x.op, f.context = x.context, f.shape = fmt::format("{}{}", dtype_name(u.dtype), u.shape.str());
+    if (u.shape != v.shape && (u.vary.any_varying() || v.vary.any_varying())) {
+      // A Varying value whose blocks differ in shape holds blocks its vary type does not describe
+      // (a gradient typed as a partial sum while it holds each device's heads): no way to rebuild it.
+      note(fmt::format("{}: {}{} {} on mesh {}, {}{} {} on mesh {}: Varying blocks of different shapes, not compared", label(i, x),
+                       dtype_name(u.dtype), held_a[0]->shape.str(), u.vary.str(), a_name, dtype_name(v.dtype), held_b[0]->shape.str(),
+                       v.vary.str(), b_name));
+      continue;
+    }
+    if (u.shape != v.shape || u.dtype != v.dtype) {
+      f.found = true, f.kind = "shape";
+      f.detail = fmt::format("{}{} (blocks {} {}) on mesh {}, {}{} (blocks {} {}) on mesh {}", dtype_name(u.dtype), u.shape.str(),
+                             held_a[0]->shape.str(), u.vary.str(), a_name, dtype_name(v.dtype), v.shape.str(), held_b[0]->shape.str(),
+                             v.vary.str(), b_name);
+      c.first = f;
+      return c;
+    }
+    ++c.ops_compared;
+    for (const auto& [coords, values] : u.by_coords) {
+      const std::vector<double>& other = v.by_coords.at(coords);
+      const Diff d = diff(values, other);
+      ++c.values_compared;
+      if (d.count == 0) continue;
+      if (const double scale = power_of_two_scale(values, other); scale != 0) {
+        note(fmt::format("{}: mesh {}'s value is exactly {} times mesh {}'s, a scale that depends on the mesh (the gradient "
+                         "of a local mean is 1/n of it): passed over", label(i, x), b_name, scale, a_name));
+        continue;
+      }
+      f.found = true, f.kind = "value", f.devices = per_device_name(u.per_device_axes, coords), f.differing = d.count, f.first = d.first,
+      f.first_at = coordinates(u.shape, d.first), f.a = values[static_cast<std::size_t>(d.first)], f.b = other[static_cast<std::size_t>(d.first)],
+      f.max_abs = d.max_abs;
+      c.first = f;
+      return c;
+    }
   }
   for (; i < ops_a.size() || j < ops_b.size();) {  // what is left must be collectives only one mesh needed
     const bool in_a = i < ops_a.size();
@@ -356,6 +376,7 @@ Comparison compare_records(const MeshRecords& a, const MeshRecords& b) {
 std::string describe(const Comparison& c, const std::string& a_name, const std::string& b_name) {
   std::string out;
   for (const auto& n : c.notes) out += fmt::format("note: {}\n", n);
+  if (c.notes_left_out > 0) out += fmt::format("note: and {} more\n", c.notes_left_out);
   const Finding& f = c.first;
   if (!f.found)
     return out + fmt::format("no difference in {} ops ({} values compared) between mesh {} and mesh {}\n", c.ops_compared, c.values_compared,
@@ -364,8 +385,8 @@ std::string describe(const Comparison& c, const std::string& a_name, const std::
                                         f.context);
   if (f.kind == "program" || f.kind == "shape")
     return out + fmt::format("first difference: {} {}: the meshes {}: {}\n", where, f.op, f.kind == "program" ? "ran different programs" : "made different shapes", f.detail);
-  out += fmt::format("first difference: {} {}{}: value {} of {}, {}{}\n", where, f.op, f.kind == "invariant" ? " (devices of one mesh disagree)" : "",
-                     f.value, f.values, f.shape, f.devices.empty() ? "" : fmt::format(" (per device, devices {})", f.devices));
+  out += fmt::format("first difference: {} {}{}: {}{}\n", where, f.op, f.kind == "invariant" ? " (devices of one mesh disagree)" : "", f.shape,
+                     f.devices.empty() ? "" : fmt::format(" (per device, devices {})", f.devices));
   if (!f.detail.empty()) out += fmt::format("  {}\n", f.detail);
   out += fmt::format("  {} elements differ; the first at [{}] (element {}): {:.9g} on {} vs {:.9g} on {}; max |difference| {:.3g}\n",
                      f.differing, f.first_at, f.first, f.a, f.kind == "invariant" ? "the first device" : "mesh " + a_name, f.b,

@@ -1,7 +1,8 @@
 // The op recorder: it learns each op's extent from its trace slice (trace::SpanObserver) and the
 // tensors the op made from make_result (detail::ResultObserver). When the outermost op's slice
-// closes, the op's locals are gone: the tensors still held elsewhere are what it returned (and what
-// it saved for the backward), the others were temporaries.
+// closes, the op's locals are gone: of the tensors it made, those still held elsewhere are what it
+// returned and what it saved for its backward; its result is the last of them (an op makes its
+// result from its intermediates).
 #include "nax/debug/op_recorder.h"
 
 #include <fmt/format.h>
@@ -83,7 +84,11 @@ struct OpRecorder::Observer final : trace::SpanObserver, detail::ResultObserver 
     attach_terms(records.back(), kept_last, sum, terms);
   }
 
-  static OpValue value_of(const Tensor& t) { return {t.shape(), t.dtype(), t.vary(), t.to_vector<double>(), {}}; }
+  static OpValue value_of(const Tensor& t) {
+    OpValue v{t.shape(), t.dtype(), t.vary(), t.to_vector<double>(), {}};
+    for (const Tensor& term : t.partial_terms()) v.terms.push_back(value_of(term));
+    return v;
+  }
 
   void attach_terms(OpRecord& r, const std::vector<Tensor>& kept, const Tensor& sum, const std::vector<Tensor>& terms) {
     reading = true;
@@ -108,8 +113,11 @@ struct OpRecorder::Observer final : trace::SpanObserver, detail::ResultObserver 
     if (!r.unread.empty()) return;
     reading = true;
     try {
-      for (const Tensor& t : made)
-        if (t.referenced_elsewhere()) r.values.push_back(value_of(t)), kept_last.push_back(t);
+      for (auto t = made.rbegin(); t != made.rend(); ++t)
+        if (t->referenced_elsewhere()) {
+          r.values.push_back(value_of(*t)), kept_last.push_back(*t);
+          break;
+        }
     } catch (const std::exception& e) {
       r.values.clear();
       r.unread = fmt::format("reading it failed: {}", e.what());

@@ -78,6 +78,7 @@ Tensor min(const Tensor& x, const Names& axes) { return reduce(ReduceOp::min, "m
 
 Tensor mean(const Tensor& x, const Names& axes) {
   if (x.defined() && !is_floating(x.dtype())) fail("mean", "needs a floating dtype, got {}", x.str());
+  const auto op_span = detail::enter_op("mean", {&x});  // the sum and the division: one op
   Tensor total = reduce(ReduceOp::sum, "mean", x, axes);
   std::int64_t count = 1;
   for (const auto& a : axes.list()) count *= x.shape().size(a);

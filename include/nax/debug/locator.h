@@ -28,12 +28,13 @@ MeshRecords record_ops(Runtime& runtime, const std::function<void(Shard&)>& prog
 // The first difference found, or none.
 struct Finding {
   bool found = false;
-  std::string kind;              // "value", "invariant" (devices of one mesh disagree), "program" (different ops)
+  // "value"; "invariant" (devices of one mesh disagree on a value typed Invariant); "shape" (the
+  // meshes made different global shapes); "program" (different ops)
+  std::string kind;
   std::string mesh;              // for "invariant": the mesh whose devices disagree
   std::size_t index = 0;         // the op's position on the first mesh's devices
   std::size_t other_index = 0;   // and on the second's
   std::string op, context;
-  std::size_t value = 0, values = 0;  // which of the op's values (0-based), of how many
   std::string shape;             // the global value's shape ("f32[batch=4, vocab=64]")
   std::string devices;           // for per-device values: whose ("mp=1"), else empty
   std::int64_t differing = 0;    // elements that differ
@@ -48,11 +49,14 @@ struct Comparison {
   Finding first;
   std::size_t ops_compared = 0;   // ops whose values were compared
   std::size_t values_compared = 0;
-  std::vector<std::string> notes;  // what was skipped, and why
+  std::vector<std::string> notes;  // what was skipped, and why (the first 20)
+  std::size_t notes_left_out = 0;
 };
 
 // Compares the two meshes' records op by op (collectives one mesh ran and the other did not are
-// passed over), stopping at the first difference.
+// passed over), stopping at the first difference. A value that is exactly a power of two times the
+// other everywhere is passed over with a note: the mesh scales it (d loss / d local mean is 1/dp of
+// it per device), no rounding does.
 Comparison compare_records(const MeshRecords& a, const MeshRecords& b);
 
 // The report gptj compare --meshes prints: the finding, or "no difference in N ops".

@@ -13,15 +13,14 @@
 
 namespace nax::debug {
 
-// One tensor an op made and still held when it returned: its result, or a value it saved for its
-// backward. Values are read as f64 (exact for f32, bf16 and i32).
+// An op's result as one device holds it. Values are read as f64 (exact for f32, bf16 and i32).
 struct OpValue {
   Shape shape;  // the device's block, named axes, local sizes
   DType dtype = DType::f32;
   VaryType vary;
   std::vector<double> values;
-  // Deterministic mode's sum of partial sums (Tensor::partial_terms): the terms psum will finish
-  // one by one, in order; their sum is `values`.
+  // Deterministic mode's sum of partial sums (Tensor::partial_terms): the two partial sums it adds,
+  // each with its own terms, the tree of adds that psum redoes after adding each leaf over the ranks.
   std::vector<OpValue> terms;
 };
 
@@ -31,7 +30,10 @@ struct OpRecord {
   std::string op;            // the name the op gives its trace slice: "dot", "add", "layer_norm", "psum", ...
   bool collective = false;   // a collective (its slice category is "collective")
   std::string context;       // the enclosing slices that are not ops, outermost first: "step/backward"
-  std::vector<OpValue> values;  // in the order made; none when the op made no new tensor (an alias)
+  // Its result: the last tensor it made that is still held when it returns (what it saved for its
+  // backward was made before). None when it made no new tensor (a collective over one device
+  // returns its input) or was not read (`unread`).
+  std::vector<OpValue> values;
   std::string unread;        // why its values were not read, when they were not ("a started collective")
 };
 
