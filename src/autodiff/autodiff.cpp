@@ -68,13 +68,23 @@ void accumulate(Pending& p, const Tensor& g_in, const std::string& op) {
 
 namespace {
 
+// The vary type of gradients laid end to end in one bucket: Varying over the mesh axes to sum
+// over, and per-device over every other mesh axis on which a part is not Invariant (a part cut
+// there loses its cut in the flat buffer), so that the psum's result is not typed Invariant there.
+VaryType bucket_vary(const std::vector<Tensor>& parts, const std::vector<std::string>& axes) {
+  VaryType varying;
+  for (const auto& m : axes) varying.set_varying(m);
+  for (const auto& t : parts)
+    for (const auto& e : t.vary().entries()) varying.set_varying(e.mesh_axis);
+  return varying;
+}
+
 // The same tensors, laid end to end in one buffer, psummed together (the bucket), and cut apart.
 std::vector<Tensor> psum_together(const std::vector<Tensor>& parts, const std::vector<std::string>& axes) {
   if (parts.size() == 1) return {psum(parts[0], axes)};
   std::int64_t total = 0;
   for (const auto& t : parts) total += t.numel();
-  VaryType varying;
-  for (const auto& m : axes) varying.set_varying(m);
+  const VaryType varying = bucket_vary(parts, axes);
   const DType dtype = parts[0].dtype();
   Tensor flat = Tensor::empty(Shape{{"bucket", total}}, dtype, parts[0].device_ptr());
   auto& kernels = flat.device().kernels();
@@ -159,8 +169,9 @@ std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings)
     }
     std::int64_t total = 0;
     for (const auto& [i, sum] : entries) total += sum.numel();
-    VaryType varying;
-    for (const auto& m : axes) varying.set_varying(m);
+    std::vector<Tensor> parts;
+    for (const auto& [i, sum] : entries) parts.push_back(sum);
+    const VaryType varying = bucket_vary(parts, axes);
     Tensor flat = Tensor::empty(Shape{{"bucket", total}}, dtype, entries[0].second.device_ptr());
     const std::size_t es = dtype_size(dtype);
     std::size_t offset = 0;
