@@ -2,7 +2,8 @@
 # Deterministic mode's promise (docs/determinism.md): the same training on every mesh gives the
 # same bits. Trains CONFIG for STEPS steps with --deterministic on each mesh (hand sharding, auto
 # sharding, and under mpirun when LAUNCH_MPI=1) and requires every step's loss and gradient norm,
-# and the checkpoint's model and optimizer files, to be identical to the 1x1 run's, byte for byte.
+# and the checkpoint's model and optimizer files, to be identical to the 1x1 run's, byte for byte;
+# then gptj logits and sample --deterministic on that checkpoint give the same output on any mp.
 #   tests/determinism/meshes.sh GPTJ CONFIG STEPS SHARDINGS [LAUNCHER...]
 # SHARDINGS: hand, auto or hand,auto. With a LAUNCHER (e.g. mpirun -np 4): the hand model also
 # under it on the 4-device meshes, one process per device, against the threads' 1x1 run of the
@@ -52,6 +53,18 @@ for sharding in "${shardings[@]}"; do
   done
 done
 ref="${shardings[0]}-dp_1_mp_1"
+
+# gptj logits and gptj sample --deterministic on the 1x1 run's checkpoint: the same text on any mp.
+for mesh in dp=1,mp=1 dp=1,mp=2 dp=1,mp=4; do
+  tag=${mesh//[=,]/_}
+  "$gptj" logits --ckpt "$work/$ref" --prompt "the quick brown fox" --mesh "$mesh" --deterministic > "$work/logits-$tag.json"
+  "$gptj" sample --ckpt "$work/$ref" --prompt "the quick" --tokens 16 --mesh "$mesh" --deterministic > "$work/sample-$tag.txt"
+  if [ "$mesh" != dp=1,mp=1 ]; then
+    cmp "$work/logits-dp_1_mp_1.json" "$work/logits-$tag.json" || { echo "DIFFERENT logits: $mesh vs dp=1,mp=1"; exit 1; }
+    cmp "$work/sample-dp_1_mp_1.txt" "$work/sample-$tag.txt" || { echo "DIFFERENT samples: $mesh vs dp=1,mp=1"; exit 1; }
+  fi
+done
+echo "same bits: gptj logits and gptj sample on mp=1, 2, 4"
 if [ ${#launcher[@]} -gt 0 ]; then
   for mesh in dp=2,mp=2 dp=1,mp=4 dp=4,mp=1; do
     name="launched-${mesh//[=,]/_}"
