@@ -36,14 +36,19 @@ std::vector<Tensor> recompute_backward(const Fn& fn, const std::vector<Tensor>& 
   std::unordered_map<const autodiff::Node*, std::size_t> index;
   for (std::size_t i = 0; i < captured.size(); ++i) index[captured[i].grad_node().get()] = i;
   const autodiff::Grads grads = autodiff::backpropagate(y, g, {}, floor);
+  std::vector<const autodiff::Pending*> by_input(captured.size(), nullptr);
   for (const auto& [node, pending] : grads) {
     if (node->sequence >= floor) continue;  // a leaf made inside fn: nobody asked for its gradient
     auto it = index.find(node);
     if (it == index.end())
       fail("remat", "the function read {}, which needs a gradient, when recomputed in backward but not the first time: it must "
            "compute the same thing again", pending.like.str());
-    out[it->second] = as_contribution(pending);
+    by_input[it->second] = &pending;
   }
+  // In the inputs' order, not the map's: finishing may psum, and every device must call its
+  // collectives in the same order.
+  for (std::size_t i = 0; i < by_input.size(); ++i)
+    if (by_input[i] != nullptr) out[i] = as_contribution(*by_input[i]);
   return out;
 }
 

@@ -13,6 +13,7 @@ gptj=$1 config=$2 steps=$3
 IFS=, read -r -a shardings <<< "$4"
 shift 4
 launcher=("$@")
+read -r -a flags <<< "${DETERMINISM_FLAGS:-}"  # more gptj train flags for every run (e.g. --remat --zero)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 corpus="$work/corpus.txt"
@@ -23,7 +24,7 @@ run() {  # name mesh sharding [launcher...]
   local name=$1 mesh=$2 sharding=$3
   shift 3
   "$@" "$gptj" train --config "$config" --mesh "$mesh" --sharding "$sharding" --data "$corpus" --steps "$steps" --batch 8 --seq 32 \
-    --deterministic --quiet --metrics "$work/$name.jsonl" --ckpt-dir "$work/$name" --save-every "$steps" > "$work/$name.log" 2>&1 ||
+    --deterministic --quiet --metrics "$work/$name.jsonl" --ckpt-dir "$work/$name" --save-every "$steps" "${flags[@]}" > "$work/$name.log" 2>&1 ||
     { echo "FAILED: $name"; cat "$work/$name.log"; exit 1; }
   # the values each step printed, to the last digit (JSON writes doubles round-trip exact)
   grep -o '"grad_norm":[^,]*\|"loss":[^,]*\|"step":[^,]*' "$work/$name.jsonl" > "$work/$name.values"
