@@ -157,3 +157,17 @@ TEST_CASE("deterministic mode refuses what it cannot make mesh-independent, nami
                         Contains("sum") && Contains("'k'") && Contains("behind another axis"));
   }
 }
+
+TEST_CASE("deterministic psum over several mesh axes adds the ranks in mesh order, however the call names them",
+          "[mesh][deterministic]") {
+  const Shape shape{{"i", 16}};
+  Runtime rt = deterministic("dp=2,mp=2");
+  const auto results = rt.run([&](Shard& s) {
+    const Tensor x = pvary(s.shard(spread_values(shape, 300 + static_cast<std::uint64_t>(s.device())), {}), {"dp", "mp"});
+    return std::vector<std::vector<std::uint32_t>>{bits(psum(x, {"dp", "mp"})), bits(psum(x, {"mp", "dp"}))};
+  });
+  for (const auto& r : results) {
+    REQUIRE(r[0] == r[1]);
+    REQUIRE(r[0] == results[0][0]);
+  }
+}

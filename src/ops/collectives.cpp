@@ -248,8 +248,22 @@ Tensor tree_psum(Context& c, const Tensor& x_in, const Names& mesh_axes, const V
 namespace {
 
 // psum and friends: the value must vary over every reduced mesh axis, and is invariant after.
-Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_in, const Names& mesh_axes, const CallSite& site,
+// Deterministic mode sums over several mesh axes with the ranks in the mesh's order, whatever order
+// the call names them in: blocks cut over several mesh axes are numbered major first in mesh order.
+Names in_mesh_order(const Names& mesh_axes) {
+  const Shard* shard = Shard::current();
+  if (mesh_axes.list().size() < 2 || shard == nullptr || !shard->deterministic()) return mesh_axes;
+  std::vector<std::string> ordered = mesh_axes.list();
+  const Mesh& mesh = shard->mesh();
+  for (const auto& m : ordered)
+    if (!mesh.has(m)) return mesh_axes;  // enter() names the unknown axis
+  std::stable_sort(ordered.begin(), ordered.end(), [&](const auto& a, const auto& b) { return mesh.axis_position(a) < mesh.axis_position(b); });
+  return Names(ordered);
+}
+
+Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_in, const Names& named_axes, const CallSite& site,
                          detail::Launch& launch) {
+  const Names mesh_axes = reduce == ReduceOp::sum ? in_mesh_order(named_axes) : named_axes;
   Context c = enter(op, &x_in, mesh_axes, site);
   VaryType vary = x_in.vary();
   for (const auto& m : mesh_axes.list()) {
