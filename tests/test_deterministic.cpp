@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "helpers.h"
+#include "nax/async_collectives.h"
 #include "nax/core/sum_tree.h"
 
 using namespace nax;
@@ -169,5 +170,21 @@ TEST_CASE("deterministic psum over several mesh axes adds the ranks in mesh orde
   for (const auto& r : results) {
     REQUIRE(r[0] == r[1]);
     REQUIRE(r[0] == results[0][0]);
+  }
+}
+
+TEST_CASE("deterministic start_psum and start_psum_scatter give the blocking forms' bits", "[mesh][deterministic]") {
+  const Shape shape{{"i", 8}, {"j", 4}};
+  Runtime rt = deterministic("mp=4");
+  const auto results = rt.run([&](Shard& s) {
+    const Tensor x = pvary(s.shard(spread_values(shape, 400 + static_cast<std::uint64_t>(s.device())), {}), "mp");
+    Pending<Tensor> summed = start_psum(x, "mp");
+    Pending<Tensor> scattered = start_psum_scatter(x, "mp", "i");
+    return std::vector<std::vector<std::uint32_t>>{bits(summed.wait()), bits(psum(x, "mp")), bits(scattered.wait()),
+                                                   bits(psum_scatter(x, "mp", "i"))};
+  });
+  for (const auto& r : results) {
+    REQUIRE(r[0] == r[1]);
+    REQUIRE(r[2] == r[3]);
   }
 }
