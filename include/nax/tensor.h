@@ -78,6 +78,12 @@ class Tensor {
   // whatever the mesh; empty for other values. A new vary type drops them.
   const std::vector<Tensor>& partial_terms() const;
   Tensor with_partial_terms(std::vector<Tensor> terms) const;
+  // Deterministic mode (internal): a mean over tensor axes cut over the mesh remembers its local
+  // sum (typed a partial sum) and count, so that pmean divides the psum of the sums by the global
+  // count, as one device divides its sum; undefined / 0 for other values.
+  const Tensor& local_mean_sum() const;
+  std::int64_t local_mean_count() const;
+  Tensor with_local_mean(const Tensor& sum, std::int64_t count) const;
 
  private:
   struct Impl;

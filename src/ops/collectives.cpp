@@ -300,8 +300,28 @@ Tensor summed(std::string_view op, const Tensor& x, const Names& mesh_axes, cons
 
 Tensor psum(const Tensor& x, const Names& mesh_axes, std::source_location where) { return summed("psum", x, mesh_axes, site_of(where)); }
 
+namespace {
+
+// pmean in deterministic mode. A local mean (a mean over tensor axes cut along the reduced mesh
+// axes) is finished as the psum of its local sums divided by the global count: (s0 + s1) / 2c,
+// one rounding as on one device, where (s0/c + s1/c) / 2 rounds three times unless c is a power
+// of two. Other values: psum, then the division by the group's size (a power of two: exact).
+Tensor deterministic_pmean(const Tensor& x, const Names& mesh_axes, const CallSite& site) {
+  bool local_mean = false;
+  for (const auto& m : mesh_axes.list()) local_mean = local_mean || x.vary().reason(m) == VaryReason::local_mean;
+  if (!local_mean) return summed("pmean", x, mesh_axes, site) / static_cast<double>(axis_size(mesh_axes));
+  if (!x.local_mean_sum().defined())
+    fail("pmean", "deterministic mode: {} is a local mean that went through another op after mean; pmean the mean directly "
+         "(it divides the psum of the local sums by the global count) or write psum(sum(x)) / count", x.str());
+  const double count = static_cast<double>(x.local_mean_count()) * axis_size(mesh_axes);
+  return summed("pmean", x.local_mean_sum(), mesh_axes, site) / count;
+}
+
+}  // namespace
+
 Tensor pmean(const Tensor& x, const Names& mesh_axes, std::source_location where) {
   if (x.defined() && !is_floating(x.dtype())) fail("pmean", "needs a floating dtype, got {}", x.str());
+  if (x.defined() && detail::deterministic()) return deterministic_pmean(x, mesh_axes, site_of(where));
   return summed("pmean", x, mesh_axes, site_of(where)) / static_cast<double>(axis_size(mesh_axes));
 }
 

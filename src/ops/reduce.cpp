@@ -59,17 +59,6 @@ Tensor reduce(ReduceOp op, std::string_view name, const Tensor& x, const Names& 
   });
 }
 
-// A local mean that pmean finishes is bit-exact on every mesh only when dividing by the local count
-// is exact: a power of two (then (sum_0/n + sum_1/n)/2 is (sum_0 + sum_1)/2n to the last bit).
-void refuse_uneven_local_mean(const Tensor& x, const Names& axes, std::int64_t count) {
-  if ((count & (count - 1)) == 0) return;
-  for (const auto& a : axes.list())
-    if (!x.vary().split_mesh_axes(a).empty())
-      fail("mean", "deterministic mode: mean over ({}) of {} averages {} elements per device, not a power of two, while '{}' is cut "
-           "over mesh axes ({}): pmean of it would round differently on each mesh; use psum(sum(x)) / count, or a power-of-two "
-           "count per device", axes.str(), x.str(), count, a, fmt::join(x.vary().split_mesh_axes(a), ", "));
-}
-
 }  // namespace
 
 Tensor sum(const Tensor& x, const Names& axes) { return reduce(ReduceOp::sum, "sum", x, axes); }
@@ -82,8 +71,13 @@ Tensor mean(const Tensor& x, const Names& axes) {
   Tensor total = reduce(ReduceOp::sum, "mean", x, axes);
   std::int64_t count = 1;
   for (const auto& a : axes.list()) count *= x.shape().size(a);
-  if (detail::deterministic()) refuse_uneven_local_mean(x, axes, count);
-  return total / static_cast<double>(count);
+  const Tensor mean = total / static_cast<double>(count);
+  if (!detail::deterministic() || total.vary() == x.vary() || !total.vary().any_varying()) return mean;
+  // Deterministic mode: pmean takes the local sum, typed the partial sum it is (docs/determinism.md).
+  VaryType partial = total.vary();
+  for (const auto& e : total.vary().entries())
+    if (e.kind == Vary::Varying && e.reason == VaryReason::local_mean) partial.set_varying(e.mesh_axis, VaryReason::partial_sum);
+  return mean.with_local_mean(total.with_vary(partial), count);
 }
 
 }  // namespace nax

@@ -30,6 +30,8 @@ struct Tensor::Impl {
   std::shared_ptr<Buffer> buffer;
   std::shared_ptr<autodiff::Node> grad_node;
   std::shared_ptr<const std::vector<Tensor>> partial_terms;
+  std::shared_ptr<const Tensor> local_mean_sum;
+  std::int64_t local_mean_count = 0;
 };
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, std::shared_ptr<Device> device) {
@@ -105,7 +107,7 @@ double Tensor::item() const {
 
 Tensor Tensor::with_vary(VaryType vary) const {
   auto impl = std::make_shared<Impl>(*impl_);
-  if (!(impl->vary == vary)) impl->partial_terms = nullptr;
+  if (!(impl->vary == vary)) impl->partial_terms = nullptr, impl->local_mean_sum = nullptr, impl->local_mean_count = 0;
   impl->vary = std::move(vary);
   return Tensor(std::move(impl));
 }
@@ -113,6 +115,20 @@ Tensor Tensor::with_vary(VaryType vary) const {
 const std::vector<Tensor>& Tensor::partial_terms() const {
   static const std::vector<Tensor> none;
   return impl_ && impl_->partial_terms ? *impl_->partial_terms : none;
+}
+
+const Tensor& Tensor::local_mean_sum() const {
+  static const Tensor none;
+  return impl_ && impl_->local_mean_sum ? *impl_->local_mean_sum : none;
+}
+
+std::int64_t Tensor::local_mean_count() const { return impl_ ? impl_->local_mean_count : 0; }
+
+Tensor Tensor::with_local_mean(const Tensor& sum, std::int64_t count) const {
+  auto impl = std::make_shared<Impl>(*impl_);
+  impl->local_mean_sum = std::make_shared<const Tensor>(sum);
+  impl->local_mean_count = count;
+  return Tensor(std::move(impl));
 }
 
 Tensor Tensor::with_partial_terms(std::vector<Tensor> terms) const {
