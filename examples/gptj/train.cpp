@@ -196,15 +196,30 @@ void check_memory(const Config& config, std::int64_t batch, std::int64_t seq) {
          config.name, batch, seq, need * 1e-9, have * 1e-9);
 }
 
+// Deterministic mode with micro-batches: the global batch's rows reordered so that micro-batch m of
+// the devices together is the global rows [m B/M, (m+1) B/M), in order, whatever dp is (each device
+// takes its micro-batches from its own contiguous block): the accumulated gradient is then the
+// same sum of the same micro-batches on every mesh.
+Tensor micro_major(const Tensor& batch, std::int64_t dp, std::int64_t micro) {
+  if (micro == 1 || dp == 1) return batch;
+  const std::int64_t rows = batch.size("batch"), row = batch.numel() / rows, n = rows / (dp * micro);
+  const auto in = batch.to_vector<std::int32_t>();
+  std::vector<std::int32_t> out(in.size());
+  for (std::int64_t d = 0; d < dp; ++d)
+    for (std::int64_t m = 0; m < micro; ++m)
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t to = d * (rows / dp) + m * n + i, from = m * (rows / micro) + d * n + i;
+        std::copy_n(in.begin() + from * row, row, out.begin() + to * row);
+      }
+  return from_vector(batch.shape(), out, batch.dtype());
+}
+
 // What --deterministic cannot make mesh-independent is refused, naming the flag.
 void check_deterministic(const TrainOptions& o) {
   if (!o.deterministic) return;
   if (o.dtype == DType::bf16)
     fail("train", "--deterministic needs --dtype f32: bf16 rounds each device's partial sums before their psum, so the bits would "
          "depend on the mesh");
-  if (o.micro_batches > 1)
-    fail("train", "--deterministic with --micro-batches {}: a micro-batch holds different sequences on meshes of different dp, so "
-         "the accumulated gradient would be rounded differently; use --micro-batches 1", o.micro_batches);
 }
 
 RuntimeOptions runtime_options(Backend backend, bool deterministic) {
@@ -293,6 +308,10 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       const double lr = nn::warmup_cosine(step, o.warmup, o.steps, o.lr);
       trace::Span step_span("step", "step", [&] { return fmt::format("\"step\": {}, \"sharding\": {}", step, trace::quote(o.sharding)); });
       auto [inputs, targets] = data.batch(TextData::Split::train, step, o.batch, o.seq, o.seed);
+      if (o.deterministic) {
+        inputs = micro_major(inputs, mesh.axis_size("dp"), o.micro_batches);
+        targets = micro_major(targets, mesh.axis_size("dp"), o.micro_batches);
+      }
       Tensor x = s.shard(inputs, rules), y = s.shard(targets, rules);
       const auto stats = learner.step(x, y, lr);
       const double loss = stats.loss;
