@@ -141,6 +141,19 @@ TEST_CASE("deterministic mode refuses what it cannot make mesh-independent, nami
                         }),
                         Contains("mul") && Contains("no psum has finished"));
   }
+  SECTION("a layout change or negation of a sum of partial sums (its terms would be lost)") {
+    const Tensor y = random_normal(Shape{{"k", 8}, {"i", 4}, {"j", 2}}, 4, "y");
+    REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
+                          const Tensor a = sum(s.shard(y, rules), "k");
+                          return psum(transpose(a + a, {"j", "i"}), "mp");
+                        }),
+                        Contains("no psum has finished"));
+    REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
+                          const Tensor a = sum(s.shard(y, rules), "k");
+                          return psum(-(a + a), "mp");
+                        }),
+                        Contains("neg") && Contains("no psum has finished"));
+  }
   SECTION("a bf16 partial sum") {
     REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
                           const Tensor a = cast(s.shard(x, rules), DType::bf16);

@@ -54,6 +54,11 @@ void check_operands(std::string_view op, std::initializer_list<const Tensor*> op
 
 trace::Span enter_op(std::string_view op, std::initializer_list<const Tensor*> operands) {
   check_operands(op, operands);
+  // Deterministic mode: a sum of partial sums keeps its terms through add only; any other op
+  // (a layout change too) would hand psum a value whose terms are lost.
+  if (op != "add")
+    for (const Tensor* t : operands)
+      if (!t->partial_terms().empty()) refuse_unfinished_terms(op, *t);
   return trace::Span("op", op, [&] {
     std::vector<std::string> shapes;
     std::size_t bytes = 0;
