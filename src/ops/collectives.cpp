@@ -195,14 +195,15 @@ struct SumExpression {
   }
 };
 
-// The expression's value from its leaves' sums over the ranks (leaf i at sums + i * count
-// elements): each add in place into its left operand's buffer, in the order the adds were made.
-char* evaluate(const SumExpression& e, int node, char* sums, std::int64_t count, DType dtype, kernels::Kernels& kernels) {
+// The expression's value from its leaves' sums over the ranks (count elements each, leaf i at
+// sums + i * stride elements): each add in place into its left operand's buffer, in the order the
+// adds were made.
+char* evaluate(const SumExpression& e, int node, char* sums, std::int64_t count, std::int64_t stride, DType dtype,
+               kernels::Kernels& kernels) {
   const auto& n = e.nodes[static_cast<std::size_t>(node)];
-  const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
-  if (n.leaf >= 0) return sums + static_cast<std::size_t>(n.leaf) * bytes;
-  char* left = evaluate(e, n.left, sums, count, dtype, kernels);
-  const char* right = evaluate(e, n.right, sums, count, dtype, kernels);
+  if (n.leaf >= 0) return sums + static_cast<std::size_t>(n.leaf) * static_cast<std::size_t>(stride) * dtype_size(dtype);
+  char* left = evaluate(e, n.left, sums, count, stride, dtype, kernels);
+  const char* right = evaluate(e, n.right, sums, count, stride, dtype, kernels);
   kernels.accumulate(ReduceOp::sum, dtype, left, right, static_cast<std::size_t>(count));
   return left;
 }
@@ -228,10 +229,46 @@ Tensor tree_psum(Context& c, const Tensor& x_in, const Names& mesh_axes, const V
   return launch.then([gathered, expression, n = c.n, count, total, shape = x_in.shape(), vary, dtype = x_in.dtype()]() mutable {
     add_ranks_in_tree(gathered, n, total, 0, total);
     auto& kernels = detail::kernels_of(gathered);
-    const char* sum = evaluate(expression, 0, static_cast<char*>(gathered.raw_mutable()), count, gathered.dtype(), kernels);
+    const char* sum = evaluate(expression, 0, static_cast<char*>(gathered.raw_mutable()), count, count, gathered.dtype(), kernels);
     Tensor out = detail::make_result(shape, gathered.dtype(), vary, gathered.device_ptr());
     kernels.copy_bytes(out.raw_mutable(), sum, static_cast<std::size_t>(count) * dtype_size(gathered.dtype()));
     return detail::narrow_to(out, dtype);
+  });
+}
+
+// psum_scatter in deterministic mode: every rank's whole value of each leaf of the sum expression
+// gathered (rank-major, each leaf's blocks in rank order), this rank's block of each leaf added over
+// the ranks in the canonical tree, then the expression's adds redone on those blocks.
+Tensor tree_psum_scatter(Context& c, const Tensor& x_in, const Names& mesh_axes, Tensor out, std::int64_t outer,
+                         detail::Launch& launch) {
+  const SumExpression expression = SumExpression::of(x_in, mesh_axes);
+  const auto& leaves = expression.leaves;
+  const DType dtype = out.dtype();
+  const std::size_t es = dtype_size(dtype);
+  const std::int64_t whole = x_in.numel(), block = out.numel(), total = whole * static_cast<std::int64_t>(leaves.size());
+  Tensor staging = Tensor::empty(Shape{{"terms", total}}, dtype, x_in.device_ptr());
+  for (std::size_t t = 0; t < leaves.size(); ++t) {
+    Tensor leaf = summed_form(leaves[t]);
+    if (outer != 1) {  // each rank's block contiguous, in rank order
+      Tensor grouped = Tensor::empty(Shape{{"rank", c.n}, {"block", block}}, dtype, x_in.device_ptr());
+      regroup(leaf, grouped, outer, c.n, block / outer, false);
+      leaf = grouped;
+    }
+    detail::kernels_of(staging).copy_bytes(static_cast<char*>(staging.raw_mutable()) + t * whole * es, leaf.raw(), whole * es);
+  }
+  Tensor gathered = Tensor::empty(Shape{{"ranks", c.n}, {"all", total}}, dtype, x_in.device_ptr());
+  launch.keep({staging, gathered});
+  launch.all_gather(c.comm, staging.raw(), gathered.raw_mutable(), static_cast<std::size_t>(total), dtype);
+  return launch.then([gathered, out, expression, n = c.n, rank = c.comm.rank(), whole, block, total, narrow = x_in.dtype()]() mutable {
+    const std::int64_t mine = static_cast<std::int64_t>(rank) * block;
+    for (std::size_t t = 0; t < expression.leaves.size(); ++t)
+      add_ranks_in_tree(gathered, n, total, static_cast<std::int64_t>(t) * whole + mine, block);
+    auto& kernels = detail::kernels_of(gathered);
+    const std::size_t es = dtype_size(gathered.dtype());
+    char* first = static_cast<char*>(gathered.raw_mutable()) + static_cast<std::size_t>(mine) * es;
+    const char* sum = evaluate(expression, 0, first, block, whole, gathered.dtype(), kernels);
+    kernels.copy_bytes(out.raw_mutable(), sum, static_cast<std::size_t>(block) * es);
+    return detail::narrow_to(out, narrow);
   });
 }
 
@@ -495,7 +532,6 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
     refuse_local_mean("psum_scatter", x_in, m);
   }
   for (const auto& m : mesh_axes.list()) vary.set_split(m, axis);  // most minor cuts of `axis`
-  if (!x_in.partial_terms().empty()) detail::refuse_unfinished_terms("psum_scatter", x_in);
   if (c.n == 1) return x_in.with_vary(vary);
 
   Tensor x = summed_form(x_in);
@@ -504,23 +540,7 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
   Tensor out = detail::make_result(Shape(axes), x.dtype(), vary, x.device_ptr());
   const std::int64_t outer = outer_size(x.shape(), axis);
   const std::size_t block = static_cast<std::size_t>(out.numel());
-  if (detail::deterministic()) {  // every rank's whole x, then this rank's block added over ranks in the tree
-    Tensor staging = x;
-    if (outer != 1) {
-      staging = Tensor::empty(Shape{{"rank", c.n}, {"block", out.numel()}}, x.dtype(), x.device_ptr());
-      regroup(x, staging, outer, c.n, out.numel() / outer, false);
-    }
-    Tensor gathered = Tensor::empty(Shape{{"ranks", c.n}, {"all", x.numel()}}, x.dtype(), x.device_ptr());
-    launch.keep({staging, gathered});
-    launch.all_gather(c.comm, staging.raw(), gathered.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype());
-    return launch.then([gathered, out, n = c.n, rank = c.comm.rank(), block, dtype = x_in.dtype()]() mutable {
-      const auto b = static_cast<std::int64_t>(block);
-      add_ranks_in_tree(gathered, n, n * b, rank * b, b);
-      const std::size_t es = dtype_size(gathered.dtype());
-      detail::kernels_of(out).copy_bytes(out.raw_mutable(), static_cast<const char*>(gathered.raw()) + rank * block * es, block * es);
-      return detail::narrow_to(out, dtype);
-    });
-  }
+  if (detail::deterministic()) return tree_psum_scatter(c, x_in, mesh_axes, out, outer, launch);
   if (outer == 1) {
     launch.keep({x});
     launch.reduce_scatter(c.comm, x.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);
