@@ -154,6 +154,10 @@ TEST_CASE("deterministic mode refuses what it cannot make mesh-independent, nami
                         }),
                         Contains("neg") && Contains("no psum has finished"));
   }
+  SECTION("a partial sum converted to another dtype before its psum") {
+    REQUIRE_THROWS_WITH(rt.run([&](Shard& s) { return psum(cast(sum(s.shard(x, rules), "k"), DType::f64), "mp"); }),
+                        Contains("cast") && Contains("partial sum over mesh axis 'mp'"));
+  }
   SECTION("a bf16 partial sum") {
     REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
                           const Tensor a = cast(s.shard(x, rules), DType::bf16);
