@@ -162,31 +162,10 @@ std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings)
     out[i] = out[i].defined() ? add(out[i], whole) : whole;
   };
   for (const auto& [key, entries] : buckets) {
-    const auto& [axes, dtype] = key;
-    if (entries.size() == 1) {
-      deliver(entries[0].first, psum(entries[0].second, axes));
-      continue;
-    }
-    std::int64_t total = 0;
-    for (const auto& [i, sum] : entries) total += sum.numel();
     std::vector<Tensor> parts;
     for (const auto& [i, sum] : entries) parts.push_back(sum);
-    const VaryType varying = bucket_vary(parts, axes);
-    Tensor flat = Tensor::empty(Shape{{"bucket", total}}, dtype, entries[0].second.device_ptr());
-    const std::size_t es = dtype_size(dtype);
-    std::size_t offset = 0;
-    for (const auto& [i, sum] : entries) {
-      flat.device().kernels().copy_bytes(static_cast<char*>(flat.raw_mutable()) + offset, sum.raw(), sum.nbytes());
-      offset += static_cast<std::size_t>(sum.numel()) * es;
-    }
-    const Tensor reduced = psum(flat.with_vary(varying), axes);
-    offset = 0;
-    for (const auto& [i, sum] : entries) {
-      Tensor piece = Tensor::empty(sum.shape(), dtype, sum.device_ptr());
-      piece.device().kernels().copy_bytes(piece.raw_mutable(), static_cast<const char*>(reduced.raw()) + offset, sum.nbytes());
-      offset += static_cast<std::size_t>(sum.numel()) * es;
-      deliver(i, piece);
-    }
+    parts = psum_together(parts, key.first);
+    for (std::size_t e = 0; e < entries.size(); ++e) deliver(entries[e].first, parts[e]);
   }
   return out;
 }

@@ -54,11 +54,8 @@ void check_operands(std::string_view op, std::initializer_list<const Tensor*> op
 
 trace::Span enter_op(std::string_view op, std::initializer_list<const Tensor*> operands) {
   check_operands(op, operands);
-  // Deterministic mode: a sum of partial sums keeps its terms through add only; any other op
-  // (a layout change too) would hand psum a value whose terms are lost.
-  if (op != "add")
-    for (const Tensor* t : operands)
-      if (!t->partial_terms().empty()) refuse_unfinished_terms(op, *t);
+  if (deterministic())
+    for (const Tensor* t : operands) refuse_unfinished_sum(op, *t);
   return trace::Span("op", op, [&] {
     std::vector<std::string> shapes;
     std::size_t bytes = 0;
@@ -81,13 +78,26 @@ void refuse_unfinished_terms(std::string_view op, const Tensor& x) {
        x.str(), fmt::join(axes, ", "), op);
 }
 
-void refuse_partial_sum_operand(std::string_view op, const Tensor& x) {
-  if (!x.partial_terms().empty()) refuse_unfinished_terms(op, x);
+namespace {
+
+// Ops exact on a partial sum's parts: they move, negate or ignore its elements, never combine them.
+bool exact_on_partial_sums(std::string_view op) {
+  static constexpr std::string_view ops[] = {"add",         "neg",     "concat",     "slice",           "rename",        "transpose",
+                                             "expand_dims", "squeeze", "split_axis", "merge_axes",      "dynamic_slice", "full_like",
+                                             "contiguous_copy"};
+  return std::find(std::begin(ops), std::end(ops), op) != std::end(ops);
+}
+
+}  // namespace
+
+void refuse_unfinished_sum(std::string_view op, const Tensor& x) {
+  if (!x.partial_terms().empty() && op != "add") refuse_unfinished_terms(op, x);  // a layout change would lose the terms
+  if (exact_on_partial_sums(op)) return;
   for (const auto& e : x.vary().entries())
     if (e.kind == Vary::Varying && e.reason == VaryReason::partial_sum)
       fail(op, "deterministic mode: {} is a partial sum over mesh axis '{}' that no psum has finished; {} of it would add the "
-           "devices' parts in another order than one device adds the whole (psum it first; only add, neg and concat may "
-           "take partial sums)", x.str(), e.mesh_axis, op);
+           "devices' parts in another order than one device adds the whole (psum it first; only add, neg, concat and layout "
+           "ops may take partial sums)", x.str(), e.mesh_axis, op);
 }
 
 namespace {
@@ -115,8 +125,6 @@ std::vector<Tensor> partial_terms_of_sum(const Tensor& a, const Tensor& b, const
 
 VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& operands, const std::vector<std::string>& reduced,
                     VaryReason reduced_reason) {
-  if (op != "add" && op != "concat" && deterministic())
-    for (const Tensor* t : operands) refuse_partial_sum_operand(op, *t);
   std::vector<std::string> mesh_axes;  // in order of first appearance
   for (const Tensor* t : operands)
     for (const auto& e : t->vary().entries())

@@ -52,13 +52,13 @@ kernels::Dims sizes_of(const std::vector<Axis>& axes);
 
 // Deterministic mode: the terms of a + b (of shape `shape`), {a, b} broadcast to it, when both are
 // partial sums over a common mesh axis (a and b keep their own terms: psum rebuilds the tree of
-// adds), else none. merge_vary refuses any op but add on a value with
-// terms (refuse_unfinished_terms): only psum may finish them.
+// adds), else none.
 std::vector<Tensor> partial_terms_of_sum(const Tensor& a, const Tensor& b, const Shape& shape);
 [[noreturn]] void refuse_unfinished_terms(std::string_view op, const Tensor& x);
-// Deterministic mode: refuses, naming `op`, an operand that is a partial sum over a mesh axis (any
-// op on it but add, neg and concat, or psum, would reassociate the sum by the mesh).
-void refuse_partial_sum_operand(std::string_view op, const Tensor& x);
+// Deterministic mode, for every operand of every op (enter_op): refuses, naming `op`, a partial sum
+// over a mesh axis unless the op is exact on its parts (add, neg, concat, layout ops), and a sum of
+// partial sums (terms) unless the op is add: anything else would reassociate the sum by the mesh.
+void refuse_unfinished_sum(std::string_view op, const Tensor& x);
 
 // Whether the shard running this thread computes in deterministic mode (RuntimeOptions::deterministic).
 bool deterministic();
