@@ -208,66 +208,69 @@ char* evaluate(const SumExpression& e, int node, char* sums, std::int64_t count,
   return left;
 }
 
+// Every leaf of the expression (in its summed form, laid out by `arrange`) end to end, and the
+// started all_gather of all ranks' copies of that, rank-major: [ranks, leaves * whole].
+Tensor gather_leaves(Context& c, const SumExpression& expression, DType dtype, std::int64_t whole,
+                     const std::function<Tensor(const Tensor&)>& arrange, detail::Launch& launch) {
+  const std::size_t es = dtype_size(dtype);
+  const std::int64_t total = whole * static_cast<std::int64_t>(expression.leaves.size());
+  Tensor stacked = Tensor::empty(Shape{{"leaves", total}}, dtype, expression.leaves[0].device_ptr());
+  for (std::size_t t = 0; t < expression.leaves.size(); ++t) {
+    const Tensor leaf = arrange(summed_form(expression.leaves[t]));
+    detail::kernels_of(stacked).copy_bytes(static_cast<char*>(stacked.raw_mutable()) + t * whole * es, leaf.raw(), whole * es);
+  }
+  Tensor gathered = Tensor::empty(Shape{{"ranks", c.n}, {"leaves", total}}, dtype, stacked.device_ptr());
+  launch.keep({stacked, gathered});
+  launch.all_gather(c.comm, stacked.raw(), gathered.raw_mutable(), static_cast<std::size_t>(total), dtype);
+  return gathered;
+}
+
+// The expression's value over elements [offset, offset + block) of every leaf, from the gathered
+// copies: each leaf's ranks added in the canonical tree, then the expression's adds redone, written
+// to `out`.
+void sum_block(Tensor& gathered, const SumExpression& expression, int n, std::int64_t whole, std::int64_t offset, std::int64_t block,
+               Tensor& out) {
+  const std::int64_t total = whole * static_cast<std::int64_t>(expression.leaves.size());
+  for (std::size_t t = 0; t < expression.leaves.size(); ++t)
+    add_ranks_in_tree(gathered, n, total, static_cast<std::int64_t>(t) * whole + offset, block);
+  auto& kernels = detail::kernels_of(gathered);
+  const std::size_t es = dtype_size(gathered.dtype());
+  char* first = static_cast<char*>(gathered.raw_mutable()) + static_cast<std::size_t>(offset) * es;
+  kernels.copy_bytes(out.raw_mutable(), evaluate(expression, 0, first, block, whole, gathered.dtype(), kernels),
+                     static_cast<std::size_t>(block) * es);
+}
+
 // psum in deterministic mode: every partial sum of the expression added over the ranks in the
 // canonical tree, then the adds that combined them redone in their order: psum(a + (b + c)) is
 // psum(a) + (psum(b) + psum(c)), as one device computes a + (b + c). One all_gather of all the
 // leaves: n times the data of an all-reduce, the price of a fixed order.
 Tensor tree_psum(Context& c, const Tensor& x_in, const Names& mesh_axes, const VaryType& vary, detail::Launch& launch) {
   const SumExpression expression = SumExpression::of(x_in, mesh_axes);
-  const auto& leaves = expression.leaves;
   const DType dtype = x_in.dtype() == DType::bf16 ? DType::f32 : x_in.dtype();
-  const std::int64_t count = x_in.numel(), total = count * static_cast<std::int64_t>(leaves.size());
-  const std::size_t es = dtype_size(dtype);
-  Tensor stacked = Tensor::empty(Shape{{"terms", total}}, dtype, x_in.device_ptr());
-  for (std::size_t t = 0; t < leaves.size(); ++t) {
-    const Tensor leaf = summed_form(leaves[t]);
-    detail::kernels_of(stacked).copy_bytes(static_cast<char*>(stacked.raw_mutable()) + t * count * es, leaf.raw(), count * es);
-  }
-  Tensor gathered = Tensor::empty(Shape{{"ranks", c.n}, {"terms", total}}, dtype, x_in.device_ptr());
-  launch.keep({stacked, gathered});
-  launch.all_gather(c.comm, stacked.raw(), gathered.raw_mutable(), static_cast<std::size_t>(total), dtype);
-  return launch.then([gathered, expression, n = c.n, count, total, shape = x_in.shape(), vary, dtype = x_in.dtype()]() mutable {
-    add_ranks_in_tree(gathered, n, total, 0, total);
-    auto& kernels = detail::kernels_of(gathered);
-    const char* sum = evaluate(expression, 0, static_cast<char*>(gathered.raw_mutable()), count, count, gathered.dtype(), kernels);
+  const std::int64_t whole = x_in.numel();
+  Tensor gathered = gather_leaves(c, expression, dtype, whole, [](const Tensor& t) { return t; }, launch);
+  return launch.then([gathered, expression, n = c.n, whole, shape = x_in.shape(), vary, narrow = x_in.dtype()]() mutable {
     Tensor out = detail::make_result(shape, gathered.dtype(), vary, gathered.device_ptr());
-    kernels.copy_bytes(out.raw_mutable(), sum, static_cast<std::size_t>(count) * dtype_size(gathered.dtype()));
-    return detail::narrow_to(out, dtype);
+    sum_block(gathered, expression, n, whole, 0, whole, out);
+    return detail::narrow_to(out, narrow);
   });
 }
 
-// psum_scatter in deterministic mode: every rank's whole value of each leaf of the sum expression
-// gathered (rank-major, each leaf's blocks in rank order), this rank's block of each leaf added over
-// the ranks in the canonical tree, then the expression's adds redone on those blocks.
+// psum_scatter in deterministic mode: as tree_psum, on this rank's block of each leaf only (each
+// leaf regrouped first so that every rank's block is contiguous, in rank order).
 Tensor tree_psum_scatter(Context& c, const Tensor& x_in, const Names& mesh_axes, Tensor out, std::int64_t outer,
                          detail::Launch& launch) {
   const SumExpression expression = SumExpression::of(x_in, mesh_axes);
-  const auto& leaves = expression.leaves;
-  const DType dtype = out.dtype();
-  const std::size_t es = dtype_size(dtype);
-  const std::int64_t whole = x_in.numel(), block = out.numel(), total = whole * static_cast<std::int64_t>(leaves.size());
-  Tensor staging = Tensor::empty(Shape{{"terms", total}}, dtype, x_in.device_ptr());
-  for (std::size_t t = 0; t < leaves.size(); ++t) {
-    Tensor leaf = summed_form(leaves[t]);
-    if (outer != 1) {  // each rank's block contiguous, in rank order
-      Tensor grouped = Tensor::empty(Shape{{"rank", c.n}, {"block", block}}, dtype, x_in.device_ptr());
-      regroup(leaf, grouped, outer, c.n, block / outer, false);
-      leaf = grouped;
-    }
-    detail::kernels_of(staging).copy_bytes(static_cast<char*>(staging.raw_mutable()) + t * whole * es, leaf.raw(), whole * es);
-  }
-  Tensor gathered = Tensor::empty(Shape{{"ranks", c.n}, {"all", total}}, dtype, x_in.device_ptr());
-  launch.keep({staging, gathered});
-  launch.all_gather(c.comm, staging.raw(), gathered.raw_mutable(), static_cast<std::size_t>(total), dtype);
-  return launch.then([gathered, out, expression, n = c.n, rank = c.comm.rank(), whole, block, total, narrow = x_in.dtype()]() mutable {
-    const std::int64_t mine = static_cast<std::int64_t>(rank) * block;
-    for (std::size_t t = 0; t < expression.leaves.size(); ++t)
-      add_ranks_in_tree(gathered, n, total, static_cast<std::int64_t>(t) * whole + mine, block);
-    auto& kernels = detail::kernels_of(gathered);
-    const std::size_t es = dtype_size(gathered.dtype());
-    char* first = static_cast<char*>(gathered.raw_mutable()) + static_cast<std::size_t>(mine) * es;
-    const char* sum = evaluate(expression, 0, first, block, whole, gathered.dtype(), kernels);
-    kernels.copy_bytes(out.raw_mutable(), sum, static_cast<std::size_t>(block) * es);
+  const std::int64_t whole = x_in.numel(), block = out.numel();
+  auto by_rank = [&](const Tensor& leaf) {
+    if (outer == 1) return leaf;
+    Tensor grouped = Tensor::empty(Shape{{"rank", c.n}, {"block", block}}, leaf.dtype(), leaf.device_ptr());
+    regroup(leaf, grouped, outer, c.n, block / outer, false);
+    return grouped;
+  };
+  Tensor gathered = gather_leaves(c, expression, out.dtype(), whole, by_rank, launch);
+  return launch.then([gathered, out, expression, n = c.n, rank = c.comm.rank(), whole, block, narrow = x_in.dtype()]() mutable {
+    sum_block(gathered, expression, n, whole, static_cast<std::int64_t>(rank) * block, block, out);
     return detail::narrow_to(out, narrow);
   });
 }
