@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <iomanip>
 #include <limits>
 #include <string>
 #include <vector>
@@ -146,6 +148,42 @@ template <typename G>
 void check_close_scaled(const std::vector<G>& got, const std::vector<double>& want, double tol, const std::string& what,
                         const std::vector<std::int64_t>* where = nullptr) {
   check_within(worst_element_scaled(got, want, where), want.size(), tol, what);
+}
+
+// Bit-for-bit equality, element by element (deterministic mode's promise): NaN payloads and signed
+// zeros compared as bits, naming the first element that differs.
+template <typename T>
+void require_same_bits(const T* got, const T* want, std::size_t n, const std::string& what) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+      INFO(what << ": element " << i << " of " << n << " differs: got " << std::setprecision(17) << static_cast<double>(got[i])
+                << ", want " << static_cast<double>(want[i]));
+      REQUIRE(false);
+    }
+  }
+  SUCCEED();
+}
+
+template <typename T>
+void require_same_bits(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  require_same_bits(got.data(), want.data(), got.size(), what);
+}
+
+// p blocks added in a psum's halving order, (b0 + b1) + (b2 + b3): the reference that a sum cut into
+// blocks and finished by a deterministic psum must equal.
+template <typename T>
+std::vector<T> add_pairwise(std::vector<std::vector<T>> blocks) {
+  while (blocks.size() > 1) {
+    std::vector<std::vector<T>> next;
+    for (std::size_t b = 0; b < blocks.size(); b += 2) {
+      std::vector<T> sum(blocks[b].size());
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = blocks[b][i] + blocks[b + 1][i];
+      next.push_back(std::move(sum));
+    }
+    blocks = std::move(next);
+  }
+  return blocks.front();
 }
 
 }  // namespace nax::testing

@@ -873,21 +873,6 @@ void check_bits(const Bytes& got, const Bytes& want, std::size_t element_size, c
   CHECK(bad == 0);
 }
 
-// (b0 + b1) for 2 blocks, (b0 + b1) + (b2 + b3) for 4: the psum's halving order.
-template <typename T>
-std::vector<T> pairwise(std::vector<std::vector<T>> blocks) {
-  while (blocks.size() > 1) {
-    std::vector<std::vector<T>> next;
-    for (std::size_t b = 0; b < blocks.size(); b += 2) {
-      std::vector<T> sum(blocks[b].size());
-      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = blocks[b][i] + blocks[b + 1][i];
-      next.push_back(std::move(sum));
-    }
-    blocks = std::move(next);
-  }
-  return blocks[0];
-}
-
 template <typename T>
 constexpr DType dtype_of() {
   return std::is_same_v<T, float> ? DType::f32 : DType::f64;
@@ -984,7 +969,7 @@ void check_tree_gemm_split(std::int64_t m, std::int64_t n, std::int64_t k, std::
   };
   std::ostringstream what;
   what << "tree gemm split " << nax::dtype_name(dtype_of<T>()) << " m=" << m << " n=" << n << " k=" << k << " p=" << p;
-  check_bits(bytes_of(elements(pairwise(blocks))), bytes_of(elements(want)), sizeof(T), what.str());
+  check_bits(bytes_of(elements(nax::testing::add_pairwise(blocks))), bytes_of(elements(want)), sizeof(T), what.str());
 }
 
 // Each output's terms in row-major order over the reduced dimensions, tree-summed from the first.
@@ -1091,7 +1076,7 @@ void check_tree_reduce() {
       const std::vector<T> part(x.begin() + j * rows / p * cols, x.begin() + (j + 1) * rows / p * cols);
       blocks.push_back(device_tree_reduce(part, {rows / p, cols}, {cols, 1}, {true, false}, SumTree::canonical_for_block_of(p)));
     }
-    check_bits(bytes_of(pairwise(blocks)), bytes_of(want), sizeof(T), "tree reduce split p=" + std::to_string(p));
+    check_bits(bytes_of(nax::testing::add_pairwise(blocks)), bytes_of(want), sizeof(T), "tree reduce split p=" + std::to_string(p));
   }
 }
 
@@ -1166,8 +1151,8 @@ void check_tree_layer_norm() {
       scales.push_back(from_bytes<T>(part.dscale));
       biases.push_back(from_bytes<T>(part.dbias));
     }
-    check_bits(bytes_of(pairwise(scales)), whole.dscale, sizeof(T), "tree layer_norm split dscale p=" + std::to_string(p));
-    check_bits(bytes_of(pairwise(biases)), whole.dbias, sizeof(T), "tree layer_norm split dbias p=" + std::to_string(p));
+    check_bits(bytes_of(nax::testing::add_pairwise(scales)), whole.dscale, sizeof(T), "tree layer_norm split dscale p=" + std::to_string(p));
+    check_bits(bytes_of(nax::testing::add_pairwise(biases)), whole.dbias, sizeof(T), "tree layer_norm split dbias p=" + std::to_string(p));
   }
 }
 
@@ -1242,7 +1227,7 @@ void check_tree_scatter() {
       const std::vector<T> part_grad(grad.begin() + j * cb * row, grad.begin() + (j + 1) * cb * row);
       blocks.push_back(device_tree_scatter(part_ids, range, part_grad, row, SumTree::canonical_for_block_of(p)));
     }
-    check_bits(bytes_of(pairwise(blocks)), bytes_of(want), sizeof(T), "tree scatter_add_rows split p=" + std::to_string(p));
+    check_bits(bytes_of(nax::testing::add_pairwise(blocks)), bytes_of(want), sizeof(T), "tree scatter_add_rows split p=" + std::to_string(p));
   }
 }
 

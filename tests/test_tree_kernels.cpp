@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "comparison.h"
 #include "nax/core/dtype.h"
 #include "nax/core/sum_tree.h"
 #include "nax/kernels/kernels.h"
@@ -58,40 +59,8 @@ DType dtype_of() {
   return std::is_same_v<T, float> ? DType::f32 : DType::f64;
 }
 
-// Bit-for-bit equality (NaN-safe: payloads and signed zeros compared as bits), naming the first
-// element that differs.
-template <typename T>
-void require_same_bits(const T* got, const T* want, std::size_t n, const std::string& what) {
-  for (std::size_t i = 0; i < n; ++i) {
-    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-      INFO(what << ": element " << i << " of " << n << " differs: got " << std::setprecision(17) << static_cast<double>(got[i])
-                << ", want " << static_cast<double>(want[i]));
-      REQUIRE(false);
-    }
-  }
-  SUCCEED();
-}
-
-template <typename T>
-void require_same_bits(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
-  REQUIRE(got.size() == want.size());
-  require_same_bits(got.data(), want.data(), got.size(), what);
-}
-
-// The pairwise halving order of a psum over p blocks: (b0 + b1) + (b2 + b3).
-template <typename T>
-std::vector<T> add_pairwise(std::vector<std::vector<T>> blocks) {
-  while (blocks.size() > 1) {
-    std::vector<std::vector<T>> next;
-    for (std::size_t b = 0; b < blocks.size(); b += 2) {
-      std::vector<T> sum(blocks[b].size());
-      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = blocks[b][i] + blocks[b + 1][i];
-      next.push_back(std::move(sum));
-    }
-    blocks = std::move(next);
-  }
-  return blocks.front();
-}
+using nax::testing::add_pairwise;
+using nax::testing::require_same_bits;
 
 // --- GEMM ---
 
