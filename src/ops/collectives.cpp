@@ -291,10 +291,9 @@ namespace {
 // Deterministic mode sums over several mesh axes with the ranks in the mesh's order, whatever order
 // the call names them in: blocks cut over several mesh axes are numbered major first in mesh order.
 Names in_mesh_order(const Names& mesh_axes) {
-  const Shard* shard = Shard::current();
-  if (mesh_axes.list().size() < 2 || shard == nullptr || !shard->deterministic()) return mesh_axes;
+  if (mesh_axes.list().size() < 2 || !detail::deterministic()) return mesh_axes;
   std::vector<std::string> ordered = mesh_axes.list();
-  const Mesh& mesh = shard->mesh();
+  const Mesh& mesh = Shard::current()->mesh();
   for (const auto& m : ordered)
     if (!mesh.has(m)) return mesh_axes;  // enter() names the unknown axis
   std::stable_sort(ordered.begin(), ordered.end(), [&](const auto& a, const auto& b) { return mesh.axis_position(a) < mesh.axis_position(b); });

@@ -72,12 +72,13 @@ Tensor mean(const Tensor& x, const Names& axes) {
   std::int64_t count = 1;
   for (const auto& a : axes.list()) count *= x.shape().size(a);
   const Tensor mean = total / static_cast<double>(count);
-  if (!detail::deterministic() || total.vary() == x.vary() || !total.vary().any_varying()) return mean;
+  if (!detail::deterministic()) return mean;
   // Deterministic mode: pmean takes the local sum, typed the partial sum it is (docs/determinism.md).
   VaryType partial = total.vary();
+  bool local = false;
   for (const auto& e : total.vary().entries())
-    if (e.kind == Vary::Varying && e.reason == VaryReason::local_mean) partial.set_varying(e.mesh_axis, VaryReason::partial_sum);
-  return mean.with_local_mean(total.with_vary(partial), count);
+    if (e.kind == Vary::Varying && e.reason == VaryReason::local_mean) partial.set_varying(e.mesh_axis, VaryReason::partial_sum), local = true;
+  return local ? mean.with_local_mean(total.with_vary(partial), count) : mean;
 }
 
 }  // namespace nax
