@@ -115,7 +115,7 @@ inline void check_mesh_gradients(Runtime& rt, const std::function<Tensor(Shard&,
 
 // Sums a per-device scalar over every mesh axis it varies on, so that it is Invariant.
 inline Tensor invariant_total(const Tensor& x) {
-  auto axes = x.vary().varying_mesh_axes();
+  auto axes = x.vary().unreduced_mesh_axes();
   return axes.empty() ? x : psum(x, axes);
 }
 

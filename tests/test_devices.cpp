@@ -31,13 +31,13 @@ std::vector<std::vector<double>> collective_results(Runtime rt) {
   return rt.run([](Shard& s) {
     const AxisRules rules{{"rows", "dp"}, {"cols", "mp"}};
     const Tensor x = s.random_normal(Shape{{"rows", 4}, {"cols", 6}, {"k", 4}}, rules, 7, "x");
-    const Tensor partial = sum(x, "cols") * (1.0 + s.coord("mp"));  // Varying over mp
+    const Tensor partial = sum(x, "cols") * (1.0 + s.coord("mp"));  // a partial sum over mp
     std::vector<double> out;
     auto append = [&](const Tensor& t) {
       for (double v : t.to_vector<double>()) out.push_back(v);
     };
     append(psum(partial, "mp"));
-    append(pmax(partial, "mp"));
+    append(pmax(as_varying(x, "mp"), "mp"));
     append(all_gather(x, "mp", "cols"));
     append(psum_scatter(partial, "mp", "k"));
     append(all_to_all(x, "mp", "k", "cols"));

@@ -89,8 +89,8 @@ std::vector<Mistake> catalog() {
        [](Shard& s) { all_gather(dot(rows_split_over_mp(s), split_over_mp(s), {"i"}), "mp", "j"); },
        {"all_gather", "partial sum", "'mp'", "psum"}},
       {"all_gather_invariant of a scaled partial sum", "dp=2,mp=2",
-       [](Shard& s) { all_gather_invariant(sum(rows_split_over_mp(s), "i") * 2.0 + 1.0, "mp", "j"); },
-       {"all_gather_invariant", "partial sum", "'mp'"}},
+       [](Shard& s) { all_gather_invariant(sum(rows_split_over_mp(s), "i") * 2.0 - 1.0, "mp", "j"); },
+       {"sub", "partial sum", "'mp'", "after the psum"}},
       {"all_gather_invariant_stacked of a partial sum", "mp=2",
        [](Shard& s) { all_gather_invariant_stacked(sum(rows_split_over_mp(s), "i"), "mp", "r"); },
        {"all_gather_invariant_stacked", "partial sum", "psum"}},
@@ -157,7 +157,7 @@ std::vector<Mistake> catalog() {
          Tensor w = parameter(s.shard(ones(Shape{{"i", 8}}), {{"i", "mp"}}));
          grad(sum(w * w, "i"), {w});
        },
-       {"grad", "Varying", "'mp'"}},
+       {"grad", "partial sum", "'mp'", "psum"}},
       {"grad of a loss Varying over one of two axes", "dp=2,mp=2",
        [](Shard& s) {
          Tensor w = parameter(s.shard(ones(Shape{{"i", 8}}), {{"i", "mp"}}));
@@ -264,16 +264,19 @@ TEST_CASE("partial sums and local means finish with psum and pmean, then gather"
     Tensor row_sums = psum(sum(x, "i"), "mp");
     Tensor mean_of_rows = pmean(mean(row_sums, "batch"), "dp");
     Tensor scattered = psum_scatter(sum(x * 2.0, "i"), "mp", "batch");  // a partial sum kept as blocks
-    Tensor mixed = sum(x, "i") + mean(x, "i");  // two reasons mixed: just per-device, gatherable
+    REQUIRE_THROWS_WITH(sum(x, "i") + mean(x, "i"), Contains("add") && Contains("partial{mp}") && Contains("partial-mean{mp}") &&
+                                                      Contains("finish each with its own collective"));
+    Tensor terms = all_gather_invariant_stacked(as_varying(x, "mp") * 1.5, "mp", "r");  // each device's block, side by side
     std::vector<double> out{mean_of_rows.item()};
-    for (const Tensor& t : {s.gather(scattered), s.gather(all_gather_invariant_stacked(mixed, "mp", "r"))})
+    for (const Tensor& t : {s.gather(scattered), s.gather(terms)})
       for (double v : t.to_vector<double>()) out.push_back(v);
     return out;
   });
   std::vector<double> want{(6.0 + 22.0 + 38.0 + 54.0) / 4};  // the mean over b of 16 b + 6
   for (int b = 0; b < 4; ++b) want.push_back(32.0 * b + 12);
-  for (int r = 0; r < 2; ++r)  // mp rank r holds i = 2r, 2r+1: their sum plus their mean
-    for (int b = 0; b < 4; ++b) want.push_back(12.0 * b + 6 * r + 1.5);
+  for (int r = 0; r < 2; ++r)  // mp rank r holds i = 2r, 2r+1
+    for (int b = 0; b < 4; ++b)
+      for (int i = 2 * r; i < 2 * r + 2; ++i) want.push_back(1.5 * (4 * b + i));
   for (const auto& got : results) REQUIRE(got == want);
 }
 

@@ -37,7 +37,8 @@ class Tensor {
   int rank() const { return shape().rank(); }
 
   const void* raw() const;
-  // Writable only while the tensor is being built by the op that created it.
+  // Writable only until an op reads it: tensors are immutable once used (autodiff, remat and
+  // started collectives read them again later); a write after that is an error naming the reader.
   void* raw_mutable();
   template <typename T>
   const T* data() const {
@@ -63,6 +64,17 @@ class Tensor {
   std::string format(int max_values = 64) const;   // str() plus the values
 
   bool same_storage(const Tensor& other) const;
+  // Every element is +0 by construction (zeros, full(0), full_like(x, 0)), until written: the
+  // same on every device and a term of any sum, so a partial sum may be added to it.
+  bool known_zero() const;
+  Tensor as_known_zero() const;  // (internal) the creation ops' mark, on this storage
+  // (internal) A number unique to this storage, increasing in the order storages are made: remat
+  // tells the tensors made inside its function from those it read from outside.
+  std::uint64_t storage_id() const;
+  // (internal) Marks the storage read by an op (check_operands): raw_mutable refuses after that.
+  // `pending` names a started collective that reads or writes it until its wait (empty: none).
+  void mark_read() const;
+  void set_pending(std::string pending) const;
   // Whether a Tensor other than this one holds its storage (the op recorder, nax/debug/op_recorder.h,
   // tells an op's returned result from the temporaries it made and dropped).
   bool referenced_elsewhere() const;

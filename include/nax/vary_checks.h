@@ -1,6 +1,6 @@
 #pragma once
-// Checked casts between vary types, and assertions about them (an out_specs for per-shard code).
-// DESIGN.md §2-§3; docs/collectives.md.
+// Checked casts between vary types, and assertions about them (an out_specs for per-shard code);
+// docs/collectives.md "Checked casts and assertions".
 //
 // Checking mode (NAX_CHECK=1 in the environment): values typed Invariant are compared across the
 // devices of their Invariant mesh axes by expect_vary, by Shard::gather and, when the run ends, for
@@ -18,15 +18,22 @@ namespace nax {
 // Split over `mesh_axes` -> Varying: forgets which block each device holds; no data moves.
 // Transpose: the gradient is Split again.
 Tensor as_varying(const Tensor& x, const Names& mesh_axes);
-// Varying over `mesh_axes` -> Split(axis), the most minor cuts of `axis` in the order named: the
-// caller asserts that the devices hold the blocks of one tensor in group rank order. Refused over
-// an Invariant or already Split mesh axis, and along an axis x lacks. Transpose: as_varying.
+// Varying or Partial over `mesh_axes` -> Split(axis), the most minor cuts of `axis` in the order
+// named: the caller asserts that the devices hold the blocks of one tensor in group rank order (a
+// reduce-scatter written by hand with ppermute ends with partial-typed blocks that are whole).
+// Refused over an Invariant or already Split mesh axis, and along an axis x lacks. Transpose:
+// as_varying.
 Tensor as_split(const Tensor& x, const Names& mesh_axes, const std::string& axis);
+// Varying over `mesh_axes` -> Partial (a partial sum): the caller asserts that each device holds
+// one term of a sum over the group, so that it may be added to other partial sums and psummed.
+// Refused over an Invariant, Split or already Partial mesh axis. Transpose: the gradient as it is.
+Tensor as_partial(const Tensor& x, const Names& mesh_axes);
 
-// Asserts x's vary type. `spec`: "mesh_axis=varying" or "mesh_axis=tensor_axis" (Split along it;
-// several mesh axes cutting one tensor axis are listed major first), comma-separated; mesh axes not
-// named must be Invariant. E.g. expect_vary(y, "dp=batch,mp=varying"). In checking mode the
-// Invariant axes are also compared across devices.
+// Asserts x's vary type. `spec`: "mesh_axis=varying", "mesh_axis=partial" (a partial sum),
+// "mesh_axis=partial-mean" (a local mean) or "mesh_axis=tensor_axis" (Split along it; several mesh
+// axes cutting one tensor axis are listed major first), comma-separated; mesh axes not named must
+// be Invariant. E.g. expect_vary(y, "dp=batch,mp=partial"). In checking mode the Invariant axes
+// are also compared across devices.
 void expect_vary(const Tensor& x, std::string_view spec, std::source_location where = std::source_location::current());
 
 // Whether NAX_CHECK=1 is set.

@@ -17,16 +17,12 @@ namespace autodiff {
 
 namespace {
 
-// The vary type a gradient of `like` takes: like's, except that in deterministic mode a value
-// Varying as a partial sum (or local mean) gives a gradient that is merely per-device: the
-// gradient of a sum is not itself a sum waiting for its psum.
+// The vary type a gradient of `like` takes: like's, except that the gradient of a partial value
+// is Varying: it is the gradient of the whole (psum's transpose broadcasts it), scaled by whatever
+// per-device factors the partial met, not itself a term of a sum waiting for its psum.
 VaryType gradient_vary(const Tensor& like) {
-  if (!detail::deterministic()) return like.vary();
-  VaryType vary;
-  for (const auto& e : like.vary().entries()) {
-    if (e.kind == Vary::Split) vary.set_split(e.mesh_axis, e.tensor_axis);
-    else if (e.kind == Vary::Varying) vary.set_varying(e.mesh_axis);
-  }
+  VaryType vary = like.vary();
+  for (const auto& m : like.vary().partial_mesh_axes()) vary.set_varying(m);
   return vary;
 }
 
@@ -203,6 +199,7 @@ std::vector<std::shared_ptr<Node>> reverse_topological(const std::shared_ptr<Nod
 }  // namespace
 
 Grads backpropagate(const Tensor& root, const Tensor& seed, const std::unordered_set<Node*>& wanted, std::uint64_t floor) {
+  Transposing transposing;
   Grads grads;
   const auto order = reverse_topological(root.grad_node(), floor);
   grads[root.grad_node().get()] = {{{{}, seed}}, root};
@@ -247,6 +244,11 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params, 
   if (loss.rank() != 0) fail("grad", "the loss must be a scalar, got {}", loss.str());
   if (!loss.requires_grad()) fail("grad", "the loss {} does not depend on any parameter (make them with parameter())", loss.str());
   if (!options.allow_varying_loss)
+    for (const auto& m : loss.vary().partial_mesh_axes())
+      fail("grad", "the loss {} is {} over mesh axis '{}': each device holds one term of it, so each would differentiate only its "
+           "term; finish it with {} over '{}' first (or pass GradOptions{{.allow_varying_loss = true}} for per-device gradients)",
+           loss.str(), loss.vary().local_mean(m) ? "a local mean" : "a partial sum", m, loss.vary().local_mean(m) ? "pmean" : "psum", m);
+  if (!options.allow_varying_loss)
     for (const auto& m : loss.vary().varying_mesh_axes())
       fail("grad", "the loss {} is Varying over mesh axis '{}': each device would differentiate only its own part; reduce it with "
            "pmean/psum over '{}' first (or pass GradOptions{{.allow_varying_loss = true}} for per-device gradients)",
@@ -261,13 +263,14 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params, 
   NoGrad no_grad;  // backward computations are not recorded
   if (loss.device().index() >= 0 && Shard::current() == nullptr)
     fail("grad", "the loss lives on {}: call grad inside Runtime::run", loss.device().str());
-  auto grads = autodiff::backpropagate(loss, full(Shape{}, 1.0, loss.dtype()).with_vary(loss.vary()), wanted, 0);
+  auto grads = autodiff::backpropagate(loss, full(Shape{}, 1.0, loss.dtype()).with_vary(autodiff::gradient_vary(loss)), wanted, 0);
 
   std::vector<const autodiff::Pending*> pendings;
   for (const auto& p : params) {
     auto it = grads.find(p.grad_node().get());
     pendings.push_back(it != grads.end() ? &it->second : nullptr);
   }
+  autodiff::Transposing transposing;
   std::vector<Tensor> out = autodiff::finish_bucketed(pendings);
   for (std::size_t i = 0; i < params.size(); ++i)
     if (!out[i].defined()) out[i] = zeros(params[i].shape(), params[i].dtype()).with_vary(params[i].vary());

@@ -123,11 +123,10 @@ Assembly assemble(const Mesh& mesh, const std::string& mesh_name, const std::vec
   for (const auto& m : mesh.axis_names()) {
     const Vary kind = v0.vary.kind(m);
     if (kind == Vary::Invariant) invariant.push_back(m);
-    if (kind != Vary::Varying) continue;
-    const VaryReason why = v0.vary.reason(m);
-    if (why == VaryReason::per_device) g.per_device_axes.push_back(m);
-    else summed.push_back(m);
-    if (why == VaryReason::local_mean) mean_divisor *= mesh.axis_size(m);
+    if (kind == Vary::Varying) g.per_device_axes.push_back(m);
+    if (kind != Vary::Partial) continue;
+    summed.push_back(m);
+    if (v0.vary.local_mean(m)) mean_divisor *= mesh.axis_size(m);
   }
   // Blocks by (per-device coordinates, block offsets), each a list of (rank in the sum, values).
   std::map<std::vector<int>, std::map<std::vector<std::int64_t>, std::vector<std::pair<int, const std::vector<double>*>>>> blocks;
@@ -323,7 +322,7 @@ Comparison compare_records(const MeshRecords& a, const MeshRecords& b) {
     }
     Finding f;
     f.index = i, f.other_index = j, f.op = x.op, f.context = x.context, f.shape = fmt::format("{}{}", dtype_name(u.dtype), u.shape.str());
-    if (u.shape != v.shape && (u.vary.any_varying() || v.vary.any_varying())) {
+    if (u.shape != v.shape && (u.vary.any_unreduced() || v.vary.any_unreduced())) {
       // A Varying value whose blocks differ in shape holds blocks its vary type does not describe
       // (a gradient typed as a partial sum while it holds each device's heads): no way to rebuild it.
       note(fmt::format("{}: {}{} {} on mesh {}, {}{} {} on mesh {}: Varying blocks of different shapes, not compared", label(i, x),

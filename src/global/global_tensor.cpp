@@ -36,7 +36,7 @@ GlobalTensor GlobalTensor::from_local(const Tensor& local, const std::map<std::s
     const Vary kind = local.vary().kind(m);
     auto it = partial_ops.find(m);
     // A local mean summed over m would be n times the mean: a partial placement cannot hold it.
-    if (kind == Vary::Varying && local.vary().reason(m) == VaryReason::local_mean && it == partial_ops.end())
+    if (local.vary().local_mean(m) && it == partial_ops.end())
       fail("GlobalTensor::from_local", "{} is a local mean over mesh axis '{}' (a mean over a tensor axis cut along it), which a "
            "partial-sum placement would sum to {} times the mean; pmean it over '{}' first", local.str(), m, mesh.axis_size(m), m);
     const Placement p = placement_of(kind, kind == Vary::Split ? local.vary().split_axis(m) : std::string(),

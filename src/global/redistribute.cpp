@@ -136,7 +136,7 @@ struct Redistribution {
       } else {  // typed a partial sum (not merely per-device), as it is: psum gives the replica back
         t = t * cast(eq(axis_index(m), scalar(0, DType::i32)), t.dtype());
         VaryType vary = t.vary();
-        vary.set_varying(m, VaryReason::partial_sum);
+        vary.set_partial(m, PartialKind::sum);
         t = t.with_vary(vary);
       }
       now.set(m, to);

@@ -2,6 +2,7 @@
 #include "nn/zero_layout.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "nax/collectives.h"
 #include "nax/core/error.h"
@@ -55,7 +56,7 @@ Tensor ZeroLayout::cut(const Tensor& value_in, const Segment& segment) const {
   if (value.dtype() != dtype_) value = cast(value, dtype_);
   const std::size_t es = dtype_size(dtype_);
   Tensor out = Tensor::empty(Shape{{"zero", segment.length}}, dtype_, device_);
-  out.device().kernels().copy_bytes(bytes_of(out), bytes_of(value) + static_cast<std::size_t>(segment.start) * es,
+  out.device().kernels().copy_bytes(bytes_of(out), bytes_of(std::as_const(value)) + static_cast<std::size_t>(segment.start) * es,
                                     static_cast<std::size_t>(segment.length) * es);
   return out;
 }

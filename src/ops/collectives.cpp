@@ -129,7 +129,7 @@ void join_cuts(VaryType& vary, const Tensor& x, const std::string& axis, const s
 
 // A local mean over m (mean over a tensor axis cut along m) summed over m would be n times too big.
 void refuse_local_mean(std::string_view op, const Tensor& x, const std::string& m) {
-  if (x.vary().reason(m) == VaryReason::local_mean)
+  if (x.vary().local_mean(m))
     fail(op, "{} is a local mean over mesh axis '{}' (a mean over a tensor axis cut along it): summing the {} devices' means "
          "is {} times the mean; use pmean over '{}'", x.str(), m, axis_size(m), axis_size(m), m);
 }
@@ -176,7 +176,7 @@ struct SumExpression {
     for (const auto& t : x.partial_terms())
       if (!all_partial(t, mesh_axes)) return false;
     for (const auto& m : mesh_axes.list())
-      if (x.vary().kind(m) != Vary::Varying || x.vary().reason(m) != VaryReason::partial_sum) return false;
+      if (!x.vary().partial_sum(m)) return false;
     return true;
   }
   int add(const Tensor& x) {
@@ -314,6 +314,10 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
       fail(op, "{} is Split along axis '{}' over mesh axis '{}': its blocks are different parts of one tensor, not "
            "partial values (use all_gather or psum_scatter)", x_in.str(), x_in.vary().split_axis(m), m);
     if (op == "psum") refuse_local_mean(op, x_in, m);
+    if (reduce != ReduceOp::sum && x_in.vary().kind(m) == Vary::Partial)
+      fail(op, "{} is a partial {} over mesh axis '{}' (one term of it per device): the {} of the terms is not the {} of the "
+           "whole; {} over '{}' first", x_in.str(), x_in.vary().local_mean(m) ? "mean" : "sum", m, op.substr(1), op.substr(1),
+           x_in.vary().local_mean(m) ? "pmean" : "psum", m);
     vary.set_invariant(m);
   }
   if (c.n == 1) return x_in.with_vary(vary);  // a group of one: nothing to reduce, nothing sent
@@ -347,7 +351,7 @@ namespace {
 // of two. Other values: psum, then the division by the group's size (a power of two: exact).
 Tensor deterministic_pmean(const Tensor& x, const Names& mesh_axes, const CallSite& site) {
   bool local_mean = false;
-  for (const auto& m : mesh_axes.list()) local_mean = local_mean || x.vary().reason(m) == VaryReason::local_mean;
+  for (const auto& m : mesh_axes.list()) local_mean = local_mean || x.vary().local_mean(m);
   if (!local_mean) return summed("pmean", x, mesh_axes, site) / static_cast<double>(axis_size(mesh_axes));
   if (!x.local_mean_sum().defined())
     fail("pmean", "deterministic mode: {} is a local mean that went through another op after mean; pmean the mean directly "
@@ -394,7 +398,9 @@ Tensor pvary_forward(const Tensor& x, const Names& mesh_axes) {
   for (const auto& m : mesh_axes.list()) {
     if (x.vary().kind(m) != Vary::Invariant)
       fail("pvary", "{} already varies over mesh axis '{}' ({}); pvary marks an Invariant value as Varying", x.str(), m,
-           x.vary().kind(m) == Vary::Split ? "Split along '" + x.vary().split_axis(m) + "'" : "Varying");
+           x.vary().kind(m) == Vary::Split     ? "Split along '" + x.vary().split_axis(m) + "'"
+           : x.vary().kind(m) == Vary::Partial ? "a partial value: psum or pmean finishes it"
+                                               : "Varying");
     vary.set_varying(m);
   }
   return x.with_vary(vary);
@@ -433,10 +439,11 @@ void check_gatherable(std::string_view op, const Tensor& x, const Names& mesh_ax
       fail(op, "{} is Invariant over mesh axis '{}': every device holds the same value, so the gather would return {} copies "
            "of it (use it as it is; to tile it on purpose, pvary it over '{}' first)", x.str(), m, axis_size(mesh_axes), m);
   for (const auto& m : mesh_axes.list())
-    if (x.vary().reason(m) == VaryReason::partial_sum)
-      fail(op, "{} is a partial sum over mesh axis '{}' (a sum or dot over a tensor axis cut along it): gathering would "
-           "concatenate the devices' partials, not the sum; finish it with psum over '{}' (or psum_scatter to keep one block each)",
-           x.str(), m, m);
+    if (x.vary().kind(m) == Vary::Partial)
+      fail(op, "{} is a partial {} over mesh axis '{}' (a {} over a tensor axis cut along it): gathering would concatenate the "
+           "devices' terms, not the whole; finish it with {} over '{}'{}", x.str(), x.vary().local_mean(m) ? "mean" : "sum", m,
+           x.vary().local_mean(m) ? "mean" : "sum or dot", x.vary().local_mean(m) ? "pmean" : "psum", m,
+           x.vary().local_mean(m) ? "" : " (or psum_scatter to keep one block each)");
 }
 
 Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant,
@@ -583,8 +590,10 @@ Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vect
                         detail::Launch& launch) {
   Context c = enter("ppermute", &x, mesh_axes, site, fmt::format(", pairs [{}]", pairs_text(pairs)));
   check_permute_pairs(pairs, c.n, "ppermute", "the group over " + mesh_axes.str(), [&] { return x.str(); });
+  // A partial value's terms change places: still one term each of a sum over the group.
   VaryType vary = x.vary();
-  for (const auto& m : mesh_axes.list()) vary.set_varying(m);
+  for (const auto& m : mesh_axes.list())
+    if (x.vary().kind(m) != Vary::Partial) vary.set_varying(m);
   if (c.n == 1 && !pairs.empty()) return x.with_vary(vary);  // (0, 0): the block stays
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
   launch.keep({x});
@@ -623,6 +632,9 @@ Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::st
          x.str(), c.n, mesh_axes.str());
   VaryType vary = x.vary();
   for (const auto& m : mesh_axes.list()) {
+    if (x.vary().kind(m) == Vary::Partial)
+      fail("all_to_all", "{} is a partial value over mesh axis '{}': exchanging blocks would put different devices' terms side by "
+           "side; psum_scatter over '{}' sums them and keeps one block each", x.str(), m, m);
     if (split_axis != concat_axis && x.vary().kind(m) == Vary::Split && x.vary().split_axis(m) == concat_axis) {
       vary.set_invariant(m);
       vary.set_split(m, split_axis);

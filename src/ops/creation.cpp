@@ -1,5 +1,6 @@
 // Tensor creation: constants, ranges, host data and counter-based random tensors.
 #include <algorithm>
+#include <cmath>
 #include <thread>
 
 #include "nax/core/rng.h"
@@ -10,7 +11,7 @@ namespace nax {
 Tensor full(const Shape& shape, double value, DType dtype) {
   Tensor t = Tensor::empty(shape, dtype);
   detail::kernels_of(t).fill(dtype, t.raw_mutable(), t.numel(), value);
-  return t;
+  return value == 0.0 && !std::signbit(value) ? t.as_known_zero() : t;
 }
 
 Tensor zeros(const Shape& shape, DType dtype) { return full(shape, 0.0, dtype); }

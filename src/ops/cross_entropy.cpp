@@ -61,7 +61,7 @@ void check_mesh_axes(const Tensor& logits, const std::string& vocab, const std::
 }  // namespace
 
 Tensor pick(const Tensor& logits, const Tensor& targets, const std::string& vocab) {
-  const auto op_span = detail::enter_op("pick", {&logits, &targets});
+  const auto op_span = detail::enter_op("pick", {{&logits, detail::OnPartial::move}, &targets});
   check_targets("pick", logits, targets, vocab);
   const detail::VocabBlock block = detail::vocab_block("pick", logits, vocab);
   detail::check_ids("pick", "target", targets, block, logits, vocab);

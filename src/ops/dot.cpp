@@ -124,7 +124,7 @@ void run_gemms(const Tensor& a, const Tensor& b, Tensor& out, const std::vector<
 }  // namespace
 
 Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract) {
-  const auto op_span = detail::enter_op("dot", {&a_in, &b_in});
+  const auto op_span = detail::enter_op("dot", {{&a_in, detail::OnPartial::scale}, {&b_in, detail::OnPartial::scale}});
   detail::check_same_dtype("dot", a_in, b_in);
   if (!is_floating(a_in.dtype())) fail("dot", "needs a floating dtype (f32, f64, bf16): {}", detail::describe({&a_in, &b_in}));
   std::set<std::string> k_set;
@@ -141,7 +141,7 @@ Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract
   VaryType vary = detail::merge_vary("dot", {&a_in, &b_in}, contract.list());
   if (a_in.dtype() == DType::bf16 && detail::deterministic())
     for (const auto& e : vary.entries())
-      if (e.kind == Vary::Varying && e.reason == VaryReason::partial_sum)
+      if (e.kind == Vary::Partial)
         fail("dot", "deterministic mode: {} gives a bf16 partial sum over mesh axis '{}', rounded to bf16 before its psum: the "
              "bits would depend on how many devices share the sum; compute in f32", detail::describe({&a_in, &b_in}), e.mesh_axis);
   if (detail::needs_widening(a_in))

@@ -49,7 +49,7 @@ void check_update(const Tensor& x, const Tensor& update, const std::string& axis
 }  // namespace
 
 Tensor dynamic_slice(const Tensor& x, const std::string& axis, const Tensor& start, std::int64_t size) {
-  const auto op_span = detail::enter_op("dynamic_slice", {&x, &start});
+  const auto op_span = detail::enter_op("dynamic_slice", {{&x, detail::OnPartial::move}, &start});
   x.shape().require(axis, "dynamic_slice");
   const std::int64_t s = checked_start("dynamic_slice", x, axis, start, size);
   const Tensor out = with_start_vary("dynamic_slice", slice(stop_gradient(x), axis, s, s + size), start);
@@ -60,9 +60,9 @@ Tensor dynamic_slice(const Tensor& x, const std::string& axis, const Tensor& sta
 }
 
 Tensor dynamic_update_slice(const Tensor& x, const Tensor& update, const std::string& axis, const Tensor& start) {
-  const auto op_span = detail::enter_op("dynamic_update_slice", {&x, &update});
+  const auto op_span =
+      detail::enter_op("dynamic_update_slice", {{&x, detail::OnPartial::move}, {&update, detail::OnPartial::move}, &start});
   check_update(x, update, axis);
-  detail::check_operands("dynamic_update_slice", {&x, &start});
   const std::int64_t u = update.size(axis);
   const std::int64_t s = checked_start("dynamic_update_slice", x, axis, start, u);
   const Tensor out = with_start_vary("dynamic_update_slice", write_block(stop_gradient(x), stop_gradient(update), axis, s), start);

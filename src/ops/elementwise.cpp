@@ -1,4 +1,6 @@
 // Elementwise ops, broadcasting by axis name: the result has a's axes in order, then b's others.
+#include <utility>
+
 #include "ops/node.h"
 #include "ops/internal.h"
 
@@ -24,9 +26,24 @@ std::vector<Axis> broadcast_axes(std::string_view op, const Tensor& a, const Ten
   return axes;
 }
 
+// What each binary op does with a partial value (docs/ops.md "Partial sums"): add and sub add
+// their operands, mul scales one by the other, div scales its numerator; the rest are nonlinear.
+std::pair<detail::OnPartial, detail::OnPartial> on_partial(kernels::BinaryOp op) {
+  using kernels::BinaryOp;
+  using detail::OnPartial;
+  switch (op) {
+    case BinaryOp::add:
+    case BinaryOp::sub: return {OnPartial::add, OnPartial::add};
+    case BinaryOp::mul: return {OnPartial::scale, OnPartial::scale};
+    case BinaryOp::div: return {OnPartial::scale, OnPartial::refuse};
+    default: return {OnPartial::refuse, OnPartial::refuse};
+  }
+}
+
 Tensor binary_forward(kernels::BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
   const auto name = binary_name(op);
-  const auto op_span = detail::enter_op(name, {&a_in, &b_in});
+  const auto [on_a, on_b] = on_partial(op);
+  const auto op_span = detail::enter_op(name, {{&a_in, on_a}, {&b_in, on_b}});
   detail::check_same_dtype(name, a_in, b_in);
   Shape shape(broadcast_axes(name, a_in, b_in));
   VaryType vary = detail::merge_vary(name, {&a_in, &b_in});
@@ -98,7 +115,8 @@ Tensor unary(kernels::UnaryOp op, std::string_view name, const Tensor& x) {
 }
 
 Tensor unary_forward(kernels::UnaryOp op, std::string_view name, const Tensor& x) {
-  const auto op_span = detail::enter_op(name, {&x});
+  // neg moves a partial sum's terms exactly; every other unary op is nonlinear.
+  const auto op_span = detail::enter_op(name, {{&x, op == kernels::UnaryOp::neg ? detail::OnPartial::move : detail::OnPartial::refuse}});
   if (detail::needs_widening(x)) return detail::narrow_to(unary_forward(op, name, detail::widen(x)), DType::bf16);
   if (x.dtype() == DType::i32 && op != kernels::UnaryOp::neg && op != kernels::UnaryOp::abs && op != kernels::UnaryOp::square)
     fail(name, "needs a floating dtype, got {}", x.str());
@@ -121,7 +139,11 @@ Tensor add(const Tensor& a, const Tensor& b) {
   std::vector<Tensor> terms = detail::partial_terms_of_sum(a, b, out.shape());
   return terms.empty() ? out : out.with_partial_terms(std::move(terms));
 }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::sub, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor out = binary(kernels::BinaryOp::sub, a, b);
+  std::vector<Tensor> terms = detail::partial_terms_of_sum(a, b, out.shape(), /*negate_b=*/true);
+  return terms.empty() ? out : out.with_partial_terms(std::move(terms));
+}
 Tensor mul(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::mul, a, b); }
 Tensor div(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::div, a, b); }
 Tensor maximum(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::max, a, b); }

@@ -39,7 +39,7 @@ Tensor embedding_backward(const Tensor& g, const Tensor& table, const Tensor& id
 }  // namespace
 
 Tensor embedding(const Tensor& table, const Tensor& ids, const std::string& vocab) {
-  const auto op_span = detail::enter_op("embedding", {&table, &ids});
+  const auto op_span = detail::enter_op("embedding", {{&table, detail::OnPartial::move}, &ids});
   check_embedding(table, ids, vocab);
   const detail::VocabBlock block = detail::vocab_block("embedding", table, vocab);
   detail::check_ids("embedding", "id", ids, block, table, vocab);

@@ -108,17 +108,20 @@ std::string names_of(const Shape& shape) { return fmt::format("{}", fmt::join(sh
 void check_scatter(const Tensor& target, const std::string& axis, const Tensor& ids, const Tensor& updates) {
   check_ids("scatter_add", ids);
   detail::check_same_dtype("scatter_add", target, updates);
+  // Each device adds the rows of its own ids: over a mesh axis that cuts the ids the added rows are
+  // a partial sum, and a target that is not one (nor zero) would be counted once per device.
+  for (const auto& a : ids.shape().names())
+    for (const auto& m : ids.vary().split_mesh_axes(a))
+      if (!target.vary().partial_sum(m) && !target.known_zero())
+        fail("scatter_add", "axis '{}' of the ids {} is cut over mesh axis '{}', so the rows each device adds are a partial sum "
+             "over it, but the target {} is not one: psum would count it {} times; scatter into zeros and add the target after "
+             "the psum", a, ids.str(), m, target.str(), axis_size(m));
   detail::check_floating("scatter_add", target);
   target.shape().require(axis, "scatter_add");
   detail::check_axis_whole("scatter_add", target, axis, "each device holds a block of the rows");
-  for (const auto& a : ids.shape().axes()) {
+  for (const auto& a : ids.shape().axes())
     if (target.shape().has(a.name))
       fail("scatter_add", "ids axis '{}' is also an axis of the target (rename one): ids {}, target {}", a.name, ids.str(), target.str());
-    for (const Tensor* t : {&ids, &updates})
-      if (const auto cuts = t->vary().split_mesh_axes(a.name); !cuts.empty())
-        fail("scatter_add", "ids axis '{}' is cut over mesh axis '{}' in {}: each device would add only its own updates; "
-             "scatter_add into zeros_like(target), psum over '{}', then add the target", a.name, cuts[0], t->str(), cuts[0]);
-  }
   bool ok = true;
   std::vector<Axis> expected = ids.shape().axes();
   for (const auto& a : target.shape().axes())
@@ -194,7 +197,7 @@ TopK top_k(const Tensor& x, const std::string& axis, std::int64_t k, const std::
 }
 
 Tensor scatter_add(const Tensor& target, const std::string& axis, const Tensor& ids, const Tensor& updates) {
-  const auto op_span = detail::enter_op("scatter_add", {&target, &ids, &updates});
+  const auto op_span = detail::enter_op("scatter_add", {{&target, detail::OnPartial::accumulate}, &ids, {&updates, detail::OnPartial::accumulate}});
   check_scatter(target, axis, ids, updates);
   const Tensor out = detail::compute_values(target) + added_rows(detail::compute_values(updates), target.shape(), axis, ids);
   const Tensor result = detail::narrow_to(out, target.dtype());

@@ -1,4 +1,5 @@
 #include "ops/internal.h"
+#include "ops/node.h"
 #include "ops/vocab_parallel.h"
 
 #include <fmt/format.h>
@@ -31,10 +32,11 @@ std::string describe(const std::vector<const Tensor*>& operands) {
   return fmt::format("{}", fmt::join(parts, " and "));
 }
 
-void check_operands(std::string_view op, std::initializer_list<const Tensor*> operands) {
+void check_operands(std::string_view op, const std::vector<const Tensor*>& operands) {
   const Device* first = nullptr;
   for (const Tensor* t : operands) {
     if (!t->defined()) fail(op, "an operand is undefined (a default-constructed Tensor)");
+    t->mark_read();
     if (first == nullptr) first = &t->device();
     else if (&t->device() != first) {
       if (t->device().str() == first->str())
@@ -52,52 +54,120 @@ void check_operands(std::string_view op, std::initializer_list<const Tensor*> op
   }
 }
 
-trace::Span enter_op(std::string_view op, std::initializer_list<const Tensor*> operands) {
-  check_operands(op, operands);
+void check_operands(std::string_view op, std::initializer_list<const Tensor*> operands) {
+  check_operands(op, std::vector<const Tensor*>(operands));
+}
+
+namespace {
+
+std::vector<const Tensor*> tensors_of(const std::vector<Operand>& operands) {
+  std::vector<const Tensor*> out;
+  for (const auto& o : operands) out.push_back(o.tensor);
+  return out;
+}
+
+std::string what_partial(const Tensor& x, const std::string& m) {
+  return x.vary().local_mean(m) ? fmt::format("a local mean over mesh axis '{}' (a mean over a tensor axis cut along it)", m)
+                                : fmt::format("a partial sum over mesh axis '{}' (one term of a sum over its devices)", m);
+}
+
+std::string finisher(const Tensor& x, const std::string& m) { return x.vary().local_mean(m) ? "pmean" : "psum"; }
+
+std::string kind_of(const Tensor& x, const std::string& m) {
+  switch (x.vary().kind(m)) {
+    case Vary::Invariant: return "Invariant, the same on every device";
+    case Vary::Split: return fmt::format("Split along '{}'", x.vary().split_axis(m));
+    case Vary::Varying: return "Varying, per-device values";
+    case Vary::Partial: return what_partial(x, m);
+  }
+  return "?";
+}
+
+// How many devices share a sum over mesh axis m, for messages.
+std::string devices_over(const std::string& m) {
+  const Shard* s = Shard::current();
+  return s != nullptr && s->mesh().has(m) ? std::to_string(s->mesh().axis_size(m)) : "n";
+}
+
+bool sums_operands(OnPartial rule) { return rule == OnPartial::add || rule == OnPartial::accumulate || rule == OnPartial::move; }
+
+// The rules of OnPartial over mesh axis m, for the operands partial over it.
+void check_partials_over(std::string_view op, const std::vector<Operand>& operands, const std::string& m) {
+  const Operand* factor = nullptr;
+  const Operand* term = nullptr;
+  for (const auto& o : operands) {
+    const Tensor& x = *o.tensor;
+    if (x.vary().kind(m) != Vary::Partial) continue;
+    if (o.on_partial == OnPartial::refuse)
+      fail(op, "{} is {}: {} of the parts is not {} of the whole; {} over '{}' first", x.str(), what_partial(x, m), op, op,
+           finisher(x, m), m);
+    if (o.on_partial == OnPartial::scale) {
+      if (factor != nullptr)
+        fail(op, "{} and {} are both partial over mesh axis '{}': the product of two sums is not the sum of the products; {} "
+             "one of them over '{}' first", factor->tensor->str(), x.str(), m, finisher(x, m), m);
+      factor = &o;
+    }
+    if (sums_operands(o.on_partial) && term == nullptr) term = &o;
+  }
+  if (term == nullptr) return;
+  const Tensor& p = *term->tensor;
+  for (const auto& o : operands) {
+    if (!sums_operands(o.on_partial) || o.tensor == term->tensor) continue;
+    const Tensor& x = *o.tensor;
+    if (x.vary().kind(m) != Vary::Partial && x.known_zero()) continue;  // zero is a term of any sum
+    if (x.vary().kind(m) != Vary::Partial)
+      fail(op, "{} is {} but {} is {}: {} would count it once per device ({} times); {} it after the {} over '{}'{}", p.str(),
+           what_partial(p, m), x.str(), kind_of(x, m), finisher(p, m), devices_over(m), op, finisher(p, m), m,
+           x.vary().kind(m) == Vary::Varying ? " (or, if it holds terms of the same sum, declare it with as_partial)" : "");
+    if (x.vary().partial(m) != p.vary().partial(m))
+      fail(op, "{} is {} but {} is {}: finish each with its own collective before combining them", p.str(), what_partial(p, m),
+           x.str(), what_partial(x, m));
+  }
+}
+
+// Deterministic mode: partial sums go only through ops that move their elements or add them
+// (those keep each sum's terms for psum); any other op would reassociate a sum by the mesh.
+void refuse_inexact(std::string_view op, const Operand& o) {
+  const Tensor& x = *o.tensor;
+  if (!x.partial_terms().empty() && o.on_partial != OnPartial::add)
+    fail(op, "deterministic mode: {} is a sum of partial sums over mesh axes ({}) that no psum has finished; {} of it would "
+         "depend on the mesh's order of addition: psum it first (psum finishes each part in the canonical order)",
+         x.str(), fmt::join(x.vary().partial_mesh_axes(), ", "), op);
+  if (o.on_partial == OnPartial::add || o.on_partial == OnPartial::move) return;
+  for (const auto& e : x.vary().entries())
+    if (e.kind == Vary::Partial && e.partial == PartialKind::sum)
+      fail(op, "deterministic mode: {} is a partial sum over mesh axis '{}' that no psum has finished; {} of it would add the "
+           "devices' parts in another order than one device adds the whole (psum it first; only ops that add partial sums or "
+           "move their elements, such as add, neg, concat and layout ops, may take them)", x.str(), e.mesh_axis, op);
+}
+
+}  // namespace
+
+trace::Span enter_op(std::string_view op, const std::vector<Operand>& operands) {
+  check_operands(op, tensors_of(operands));
+  std::vector<std::string> partial_axes;
+  for (const auto& o : operands)
+    for (const auto& m : o.tensor->vary().partial_mesh_axes())
+      if (std::find(partial_axes.begin(), partial_axes.end(), m) == partial_axes.end()) partial_axes.push_back(m);
+  if (!autodiff::transposing())
+    for (const auto& m : partial_axes) check_partials_over(op, operands, m);
   if (deterministic())
-    for (const Tensor* t : operands) refuse_unfinished_sum(op, *t);
+    for (const auto& o : operands) refuse_inexact(op, o);
   return trace::Span("op", op, [&] {
     std::vector<std::string> shapes;
     std::size_t bytes = 0;
-    for (const Tensor* t : operands) shapes.push_back(trace::quote(t->str())), bytes += t->nbytes();
+    for (const auto& o : operands) shapes.push_back(trace::quote(o.tensor->str())), bytes += o.tensor->nbytes();
     return fmt::format("\"operands\": [{}], \"bytes_in\": {}", fmt::join(shapes, ", "), bytes);
   });
+}
+
+trace::Span enter_op(std::string_view op, std::initializer_list<Operand> operands) {
+  return enter_op(op, std::vector<Operand>(operands));
 }
 
 void check_same_dtype(std::string_view op, const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype())
     fail(op, "dtype mismatch: {} and {} (cast one of them first)", a.str(), b.str());
-}
-
-void refuse_unfinished_terms(std::string_view op, const Tensor& x) {
-  std::vector<std::string> axes;
-  for (const auto& e : x.vary().entries())
-    if (e.kind == Vary::Varying && e.reason == VaryReason::partial_sum) axes.push_back(e.mesh_axis);
-  fail(op, "deterministic mode: {} is a sum of partial sums over mesh axes ({}) that no psum has finished; {} of it would "
-       "depend on the mesh's order of addition: psum it first (psum finishes each part in the canonical order)",
-       x.str(), fmt::join(axes, ", "), op);
-}
-
-namespace {
-
-// Ops exact on a partial sum's parts: they move, negate or ignore its elements, never combine them.
-bool exact_on_partial_sums(std::string_view op) {
-  static constexpr std::string_view ops[] = {"add",         "neg",     "concat",     "slice",           "rename",        "transpose",
-                                             "expand_dims", "squeeze", "split_axis", "merge_axes",      "dynamic_slice", "full_like",
-                                             "contiguous_copy"};
-  return std::find(std::begin(ops), std::end(ops), op) != std::end(ops);
-}
-
-}  // namespace
-
-void refuse_unfinished_sum(std::string_view op, const Tensor& x) {
-  if (!x.partial_terms().empty() && op != "add") refuse_unfinished_terms(op, x);  // a layout change would lose the terms
-  if (exact_on_partial_sums(op)) return;
-  for (const auto& e : x.vary().entries())
-    if (e.kind == Vary::Varying && e.reason == VaryReason::partial_sum)
-      fail(op, "deterministic mode: {} is a partial sum over mesh axis '{}' that no psum has finished; {} of it would add the "
-           "devices' parts in another order than one device adds the whole (psum it first; only add, neg, concat and layout "
-           "ops may take partial sums)", x.str(), e.mesh_axis, op);
 }
 
 namespace {
@@ -111,20 +181,29 @@ Tensor term_of_shape(const Tensor& t, const Shape& shape) {
   return wide.with_partial_terms({term_of_shape(terms[0], shape), term_of_shape(terms[1], shape)});
 }
 
+bool common_partial_sum(const Tensor& a, const Tensor& b) {
+  for (const auto& m : a.vary().partial_mesh_axes())
+    if (a.vary().partial_sum(m) && b.vary().partial_sum(m)) return true;
+  return false;
+}
+
 }  // namespace
 
-std::vector<Tensor> partial_terms_of_sum(const Tensor& a, const Tensor& b, const Shape& shape) {
-  if (!deterministic()) return {};
-  bool common = false;
-  for (const auto& e : a.vary().entries())
-    common = common || (e.kind == Vary::Varying && e.reason == VaryReason::partial_sum && b.vary().kind(e.mesh_axis) == Vary::Varying &&
-                        b.vary().reason(e.mesh_axis) == VaryReason::partial_sum);
-  if (!common) return {};
-  return {term_of_shape(a, shape), term_of_shape(b, shape)};  // each keeps its own terms: psum redoes the adds in order
+std::vector<Tensor> partial_terms_of_sum(const Tensor& a, const Tensor& b, const Shape& shape, bool negate_b) {
+  if (!deterministic() || !common_partial_sum(a, b)) return {};
+  Tensor right = b;
+  if (negate_b) {
+    if (!b.partial_terms().empty())  // negating would lose its terms
+      fail("sub", "deterministic mode: {} is a sum of partial sums that no psum has finished; subtracting it would depend on the "
+           "mesh's order of addition: psum it first", b.str());
+    NoGrad no_grad;  // a term for psum only: the gradient flows through the sub itself
+    right = neg(b);
+  }
+  return {term_of_shape(a, shape), term_of_shape(right, shape)};  // each keeps its own terms: psum redoes the adds in order
 }
 
 VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& operands, const std::vector<std::string>& reduced,
-                    VaryReason reduced_reason) {
+                    std::optional<PartialKind> reduced_to) {
   std::vector<std::string> mesh_axes;  // in order of first appearance
   for (const Tensor* t : operands)
     for (const auto& e : t->vary().entries())
@@ -133,15 +212,12 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
   VaryType result;
   for (const auto& m : mesh_axes) {
     bool varying = false;
-    VaryReason reason = VaryReason::per_device;
+    const Tensor* partial = nullptr;
     const Tensor* splitter = nullptr;
     for (const Tensor* t : operands) {
       Vary k = t->vary().kind(m);
-      if (k == Vary::Varying) {
-        const VaryReason p = t->vary().reason(m);
-        reason = !varying || p == reason ? p : VaryReason::per_device;  // mixed reasons: just per-device
-        varying = true;
-      }
+      if (k == Vary::Varying) varying = true;
+      if (k == Vary::Partial && partial == nullptr) partial = t;
       if (k != Vary::Split) continue;
       if (splitter != nullptr && splitter->vary().split_axis(m) != t->vary().split_axis(m))
         fail(op, "two tensor axes, '{}' and '{}', are cut over mesh axis '{}' in one result: {}", splitter->vary().split_axis(m),
@@ -152,8 +228,16 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
              fmt::join(t->vary().split_mesh_axes(t->vary().split_axis(m)), ","), describe(operands));
       splitter = t;
     }
+    if (partial != nullptr) {
+      if (splitter != nullptr)
+        fail(op, "{} is {} while {} is Split along '{}' over it: a term of a sum meets a block of a tensor ({} the one or "
+             "all_gather the other first)", partial->str(), what_partial(*partial, m), splitter->str(), splitter->vary().split_axis(m),
+             finisher(*partial, m));
+      result.set_partial(m, partial->vary().partial(m));
+      continue;
+    }
     if (varying) {
-      result.set_varying(m, reason);
+      result.set_varying(m);
       continue;
     }
     if (splitter == nullptr) continue;
@@ -162,8 +246,9 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
       if (t->vary().kind(m) == Vary::Invariant && t->shape().has(a))
         fail(op, "axis '{}' is cut over mesh axis '{}' in one operand but whole in another: {} (shard both alike, or all_gather first)",
              a, m, describe(operands));
-    if (std::find(reduced.begin(), reduced.end(), a) != reduced.end()) result.set_varying(m, reduced_reason);
-    else result.set_split(m, a);
+    if (std::find(reduced.begin(), reduced.end(), a) == reduced.end()) result.set_split(m, a);
+    else if (reduced_to) result.set_partial(m, *reduced_to);
+    else result.set_varying(m);
   }
   return result;
 }
@@ -186,7 +271,15 @@ kernels::Dims sizes_of(const std::vector<Axis>& axes) {
 
 bool needs_widening(const Tensor& x) { return x.dtype() == DType::bf16 && !kernels_of(x).computes(DType::bf16); }
 Tensor widen(const Tensor& x) { return needs_widening(x) ? cast(x, DType::f32) : x; }
-Tensor narrow_to(const Tensor& x, DType dtype) { return x.dtype() == dtype ? x : cast(x, dtype); }
+// The op's own rounding of its result to the dtype it computes in, not a user's cast: it records
+// nothing and is not subject to the partial-value rules (a bf16 dot's partial sum is bf16).
+Tensor narrow_to(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  if (x.requires_grad()) return cast(x, dtype);
+  Tensor out = make_result(x.shape(), dtype, x.vary(), x.device_ptr());
+  kernels_of(out).convert(x.dtype(), x.raw(), dtype, out.raw_mutable(), x.numel());
+  return out;
+}
 
 Tensor transfer(const Tensor& x, const std::shared_ptr<Device>& device) {
   if (x.device_ptr() == device) return x;

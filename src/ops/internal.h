@@ -1,6 +1,7 @@
 #pragma once
 // Shared by the op implementations: tensor construction, device checks, layouts, vary rules.
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,33 +33,50 @@ ResultObserver* set_result_observer(ResultObserver* observer);
 // A fresh tensor for an op's result, on `device`.
 Tensor make_result(const Shape& shape, DType dtype, VaryType vary, const std::shared_ptr<Device>& device);
 
+// What an op does with a partial value (Vary::Partial: one term of a sum over a mesh axis) in one
+// of its operands, declared by each op where it enters (enter_op). The vary rules and deterministic
+// mode both read it; docs/ops.md "Partial sums" lists each op's.
+enum class OnPartial {
+  refuse,      // nonlinear in it (exp, a divisor, a condition, indices): psum (or pmean) first
+  scale,       // linear in it, the other operands fixed (mul, dot, sum, rotary): at most one partial factor
+  add,         // its elements are added to the other operands' (add, sub): all alike partial, or none
+  accumulate,  // as add, several of its elements into one (scatter_add)
+  move,        // its elements are moved, negated or selected (layout ops, neg, concat, where's branches)
+};
+
+// An op's operand and its OnPartial (refuse unless the op says otherwise).
+struct Operand {
+  Operand(const Tensor* t, OnPartial rule = OnPartial::refuse) : tensor(t), on_partial(rule) {}
+  const Tensor* tensor;
+  OnPartial on_partial;
+};
+
 // Throws naming `op` when the operands live on different devices or are undefined.
 void check_operands(std::string_view op, std::initializer_list<const Tensor*> operands);
-// check_operands, then the op's slice in the trace (nax/trace.h) until the returned span ends:
-// every op enters through it, so an op holds it for its whole body.
-[[nodiscard]] trace::Span enter_op(std::string_view op, std::initializer_list<const Tensor*> operands);
+void check_operands(std::string_view op, const std::vector<const Tensor*>& operands);
+// check_operands, the partial-value rules of the operands' OnPartial, then the op's slice in the
+// trace (nax/trace.h) until the returned span ends: every op enters through it, so an op holds it
+// for its whole body.
+[[nodiscard]] trace::Span enter_op(std::string_view op, std::initializer_list<Operand> operands);
+[[nodiscard]] trace::Span enter_op(std::string_view op, const std::vector<Operand>& operands);
 void check_same_dtype(std::string_view op, const Tensor& a, const Tensor& b);
 
-// The result vary type of an op over `operands` (DESIGN.md §3): Varying wins; Split(a) and Split(a)
-// agree; Split(a) meeting a whole `a` or two axes cut over one mesh axis is an error; a Split axis
-// in `reduced` becomes Varying, for `reduced_reason` (a partial sum unless told). A Varying
-// result keeps its Varying operands' reason when they agree, else is per_device.
-VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& operands,
-                    const std::vector<std::string>& reduced = {}, VaryReason reduced_reason = VaryReason::partial_sum);
+// The result vary type of an op over `operands` (docs/ops.md), once enter_op has checked their
+// partial values: over each mesh axis a Partial operand makes the result Partial (a Split operand
+// beside it is an error), else Varying wins; Split(a) and Split(a) agree; Split(a) meeting a whole
+// `a` or two axes cut over one mesh axis is an error; a Split axis in `reduced` becomes Partial of
+// `reduced_to` (a sum unless told), or Varying when `reduced_to` is empty (max, min).
+VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& operands, const std::vector<std::string>& reduced = {},
+                    std::optional<PartialKind> reduced_to = PartialKind::sum);
 
 // Strides of `x`'s axes in the order of `axes` (0 for axes x lacks): for broadcasting.
 kernels::Dims strides_in_order(const Shape& x, const std::vector<Axis>& axes);
 kernels::Dims sizes_of(const std::vector<Axis>& axes);
 
-// Deterministic mode: the terms of a + b (of shape `shape`), {a, b} broadcast to it, when both are
-// partial sums over a common mesh axis (a and b keep their own terms: psum rebuilds the tree of
-// adds), else none.
-std::vector<Tensor> partial_terms_of_sum(const Tensor& a, const Tensor& b, const Shape& shape);
-[[noreturn]] void refuse_unfinished_terms(std::string_view op, const Tensor& x);
-// Deterministic mode, for every operand of every op (enter_op): refuses, naming `op`, a partial sum
-// over a mesh axis unless the op is exact on its parts (add, neg, concat, layout ops), and a sum of
-// partial sums (terms) unless the op is add: anything else would reassociate the sum by the mesh.
-void refuse_unfinished_sum(std::string_view op, const Tensor& x);
+// Deterministic mode: the terms of a + b (or of a - b, as a + -b: `negate_b`) of shape `shape`,
+// broadcast to it, when both are partial sums over a common mesh axis (a and b keep their own
+// terms: psum rebuilds the tree of adds), else none.
+std::vector<Tensor> partial_terms_of_sum(const Tensor& a, const Tensor& b, const Shape& shape, bool negate_b = false);
 
 // Whether the shard running this thread computes in deterministic mode (RuntimeOptions::deterministic).
 bool deterministic();

@@ -11,6 +11,7 @@ namespace nax {
 namespace {
 thread_local bool g_grad_enabled = true;
 thread_local autodiff::CaptureInputs* g_capture = nullptr;
+thread_local bool g_transposing = false;
 }  // namespace
 
 bool grad_enabled() { return g_grad_enabled; }
@@ -48,15 +49,21 @@ void CaptureInputs::see(const Tensor& t) {
   if (t.defined() && t.requires_grad() && seen_.insert(t.grad_node().get()).second) inputs_.push_back(t);
 }
 
-EnableGrad::EnableGrad() : previous_(g_grad_enabled), previous_capture_(g_capture) {
+EnableGrad::EnableGrad() : previous_(g_grad_enabled), previous_capture_(g_capture), previous_transposing_(g_transposing) {
   g_grad_enabled = true;
   g_capture = nullptr;
+  g_transposing = false;
 }
 
 EnableGrad::~EnableGrad() {
   g_grad_enabled = previous_;
   g_capture = previous_capture_;
+  g_transposing = previous_transposing_;
 }
+
+Transposing::Transposing() : previous_(g_transposing) { g_transposing = true; }
+Transposing::~Transposing() { g_transposing = previous_; }
+bool transposing() { return g_transposing; }
 
 bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
   if (g_capture != nullptr)

@@ -62,7 +62,8 @@ class CaptureInputs {
   std::unordered_set<const Node*> seen_;
 };
 
-// While alive, ops on this thread record (remat's recompute, run inside grad's NoGrad).
+// While alive, ops on this thread record (remat's recompute, run inside grad's NoGrad): the
+// user's function again, so no longer Transposing.
 class EnableGrad {
  public:
   EnableGrad();
@@ -73,6 +74,23 @@ class EnableGrad {
  private:
   bool previous_;
   CaptureInputs* previous_capture_;
+  bool previous_transposing_;
 };
+
+// While alive, ops on this thread compute a backward pass: the transposes of ops the partial-value
+// rules already admitted, whose gradient contributions are partial sums until their psum (a
+// parameter's gradient over a cut batch), rounded to the forward's dtypes on the way. enter_op
+// does not apply the partial-value rules to them (deterministic mode's refusals still hold).
+class Transposing {
+ public:
+  Transposing();
+  ~Transposing();
+  Transposing(const Transposing&) = delete;
+  Transposing& operator=(const Transposing&) = delete;
+
+ private:
+  bool previous_;
+};
+bool transposing();
 
 }  // namespace nax::autodiff

@@ -1,5 +1,6 @@
-// Reductions over named axes. Reducing over a Split axis gives a Varying partial result: a partial
-// sum (sum), a local mean (mean), or per-device extremes (max, min).
+// Reductions over named axes. Reducing over a Split axis gives a Partial result, a partial sum
+// (sum) or a local mean (mean), or per-device extremes (max, min: Varying).
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -11,13 +12,18 @@ namespace nax {
 
 namespace {
 
-VaryReason partial_reason(ReduceOp op, std::string_view name) {
-  if (op != ReduceOp::sum) return VaryReason::per_device;
-  return name == "mean" ? VaryReason::local_mean : VaryReason::partial_sum;
+// What reducing a Split axis leaves over its mesh axes: a partial sum (sum), a local mean (mean),
+// or per-device extremes (max, min: Varying, for pmax / pmin).
+std::optional<PartialKind> reduced_to(ReduceOp op, bool mean) {
+  if (op != ReduceOp::sum) return std::nullopt;
+  return mean ? PartialKind::mean : PartialKind::sum;
 }
 
+// sum and mean are linear: a partial value stays one; max and min are not.
+detail::OnPartial on_partial(ReduceOp op) { return op == ReduceOp::sum ? detail::OnPartial::scale : detail::OnPartial::refuse; }
+
 Tensor reduce_forward(ReduceOp op, std::string_view name, const Tensor& x_in, const Names& axes) {
-  const auto op_span = detail::enter_op(name, {&x_in});
+  const auto op_span = detail::enter_op(name, {{&x_in, on_partial(op)}});
   std::set<std::string> reduced;
   for (const auto& a : axes.list()) {
     x_in.shape().require(a, name);
@@ -33,7 +39,7 @@ Tensor reduce_forward(ReduceOp op, std::string_view name, const Tensor& x_in, co
     if (reduced.count(axis.name) && axis.size == 0 && op != ReduceOp::sum)
       fail(name, "cannot reduce over the empty axis '{}' of {}", axis.name, x_in.str());
   Shape shape(kept);
-  Tensor out = detail::make_result(shape, x_in.dtype(), detail::merge_vary(name, {&x_in}, axes.list(), partial_reason(op, name)),
+  Tensor out = detail::make_result(shape, x_in.dtype(), detail::merge_vary(name, {&x_in}, axes.list(), reduced_to(op, name == "mean")),
                                   x_in.device_ptr());
 
   kernels::Layout<2> layout;
@@ -67,7 +73,7 @@ Tensor min(const Tensor& x, const Names& axes) { return reduce(ReduceOp::min, "m
 
 Tensor mean(const Tensor& x, const Names& axes) {
   if (x.defined() && !is_floating(x.dtype())) fail("mean", "needs a floating dtype, got {}", x.str());
-  const auto op_span = detail::enter_op("mean", {&x});  // the sum and the division: one op
+  const auto op_span = detail::enter_op("mean", {{&x, detail::OnPartial::scale}});  // the sum and the division: one op
   Tensor total = reduce(ReduceOp::sum, "mean", x, axes);
   std::int64_t count = 1;
   for (const auto& a : axes.list()) count *= x.shape().size(a);
@@ -76,8 +82,8 @@ Tensor mean(const Tensor& x, const Names& axes) {
   // Deterministic mode: pmean takes the local sum, typed the partial sum it is (docs/determinism.md).
   VaryType partial = total.vary();
   bool local = false;
-  for (const auto& e : total.vary().entries())
-    if (e.kind == Vary::Varying && e.reason == VaryReason::local_mean) partial.set_varying(e.mesh_axis, VaryReason::partial_sum), local = true;
+  for (const auto& m : total.vary().partial_mesh_axes())
+    if (total.vary().local_mean(m)) partial.set_partial(m, PartialKind::sum), local = true;
   return local ? mean.with_local_mean(total.with_vary(partial), count) : mean;
 }
 

@@ -39,7 +39,7 @@ Tensor scan(const Tensor& v, const std::string& axis, bool exclusive, bool rever
 }  // namespace
 
 Tensor cumsum(const Tensor& x, const std::string& axis, bool exclusive) {
-  const auto op_span = detail::enter_op("cumsum", {&x});
+  const auto op_span = detail::enter_op("cumsum", {{&x, detail::OnPartial::scale}});
   x.shape().require(axis, "cumsum");
   if (!x.vary().split_mesh_axes(axis).empty()) return detail::cumsum_across_blocks(x, axis, exclusive);
   const Tensor out = detail::narrow_to(scan(detail::compute_values(x), axis, exclusive, false), x.dtype());

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "ops/node.h"
@@ -21,7 +22,7 @@ Shape checked_shape(std::string_view op, std::vector<Axis> axes, const Tensor& x
 }
 
 Tensor expand_dims_forward(const Tensor& x, const std::string& axis, int position) {
-  const auto op_span = detail::enter_op("expand_dims", {&x});
+  const auto op_span = detail::enter_op("expand_dims", {{&x, detail::OnPartial::move}});
   if (position < 0 || position > x.rank())
     fail("expand_dims", "position {} for axis '{}' is outside [0, {}] (the rank of {})", position, axis, x.rank(), x.str());
   std::vector<Axis> axes = x.shape().axes();
@@ -44,7 +45,7 @@ std::vector<int> squeezed_positions(const Tensor& x, const Names& axes) {
 }
 
 Tensor squeeze_forward(const Tensor& x, const Names& axes) {
-  const auto op_span = detail::enter_op("squeeze", {&x});
+  const auto op_span = detail::enter_op("squeeze", {{&x, detail::OnPartial::move}});
   const std::vector<int> positions = squeezed_positions(x, axes);
   std::vector<Axis> kept;
   for (int i = 0; i < x.rank(); ++i)
@@ -86,11 +87,17 @@ Tensor stack(const std::vector<Tensor>& xs, const std::string& axis, int positio
   return concat(expanded, axis);
 }
 
+// A constant is the same on every device: where x is a partial value the result is Invariant, but
+// a zero, a term of any sum, keeps x's vary type (an accumulator for partial sums starts from it).
 Tensor full_like(const Tensor& x, double value, DType dtype) {
-  const auto op_span = detail::enter_op("full_like", {&x});
-  Tensor out = detail::make_result(x.shape(), dtype, x.vary(), x.device_ptr());
+  const auto op_span = detail::enter_op("full_like", {{&x, detail::OnPartial::move}});
+  const bool zero = value == 0.0 && !std::signbit(value);
+  VaryType vary = x.vary();
+  if (!zero)
+    for (const auto& m : x.vary().partial_mesh_axes()) vary.set_invariant(m);
+  Tensor out = detail::make_result(x.shape(), dtype, vary, x.device_ptr());
   detail::kernels_of(out).fill(dtype, out.raw_mutable(), out.numel(), value);
-  return out;
+  return zero ? out.as_known_zero() : out;
 }
 
 Tensor full_like(const Tensor& x, double value) { return full_like(x, value, x.defined() ? x.dtype() : DType::f32); }

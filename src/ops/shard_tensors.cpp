@@ -54,10 +54,15 @@ void DeviceShard::check_returned(const Tensor& value) {
 
 Tensor DeviceShard::gather(const Tensor& t) {
   check_operands("gather", {&t});
-  for (const auto& e : t.vary().entries())
+  for (const auto& e : t.vary().entries()) {
+    if (e.kind == Vary::Partial)
+      fail("gather", "{} is {} over mesh axis '{}' (each device holds one term of it): finish it with {} over '{}' first", t.str(),
+           e.partial == PartialKind::mean ? "a local mean" : "a partial sum", e.mesh_axis,
+           e.partial == PartialKind::mean ? "pmean" : "psum", e.mesh_axis);
     if (e.kind == Vary::Varying)
-      fail("gather", "{} is Varying over mesh axis '{}' (a partial sum or a per-device value): reduce it with psum/pmean or "
-           "all_gather_invariant first", t.str(), e.mesh_axis);
+      fail("gather", "{} is Varying over mesh axis '{}' (per-device values): reduce it with psum/pmean or all_gather_invariant "
+           "first", t.str(), e.mesh_axis);
+  }
   if (checking_enabled()) check_invariant(t, "gather");
   Tensor whole = t;
   for (const auto& axis : t.shape().axes()) {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <ostream>
 
 #include "ops/internal.h"
@@ -9,10 +10,16 @@
 namespace nax {
 
 namespace {
+std::atomic<std::uint64_t> next_storage_id{1};
+
 struct Buffer {
   void* data = nullptr;
   std::size_t bytes = 0;
   std::shared_ptr<Allocator> allocator;
+  std::uint64_t id = next_storage_id.fetch_add(1, std::memory_order_relaxed);
+  std::atomic<bool> read{false};
+  bool known_zero = false;
+  std::string pending;  // set and read on the thread of the shard that owns the storage
   Buffer(std::size_t n, std::shared_ptr<Allocator> alloc) : bytes(n), allocator(std::move(alloc)) {
     data = allocator->allocate(bytes);
   }
@@ -74,7 +81,33 @@ const void* Tensor::raw() const {
 }
 void* Tensor::raw_mutable() {
   if (!impl_) undefined("Tensor::data");
-  return impl_->buffer->data;
+  Buffer& b = *impl_->buffer;
+  if (!b.pending.empty())
+    fail("Tensor::mutable_data", "{} is read or written by {}, still in flight: wait() for it before writing (or write a copy)",
+         str(), b.pending);
+  if (b.read.load(std::memory_order_relaxed))
+    fail("Tensor::mutable_data", "{} was already read by an op, and tensors are immutable once used (a gradient, a remat "
+         "recompute or a started collective may read it again): write a fresh tensor instead (Tensor::empty, or contiguous_copy "
+         "of this one)", str());
+  b.known_zero = false;
+  return b.data;
+}
+
+bool Tensor::known_zero() const { return impl_ && impl_->buffer->known_zero; }
+
+Tensor Tensor::as_known_zero() const {
+  if (impl_) impl_->buffer->known_zero = true;
+  return *this;
+}
+
+std::uint64_t Tensor::storage_id() const { return impl_ ? impl_->buffer->id : 0; }
+
+void Tensor::mark_read() const {
+  if (impl_ && !impl_->buffer->read.load(std::memory_order_relaxed)) impl_->buffer->read.store(true, std::memory_order_relaxed);
+}
+
+void Tensor::set_pending(std::string pending) const {
+  if (impl_) impl_->buffer->pending = std::move(pending);
 }
 
 void Tensor::check_element_type(DType requested) const {

@@ -34,6 +34,7 @@ std::string kind_text(const VaryType& v, const std::string& m) {
   switch (v.kind(m)) {
     case Vary::Invariant: return "invariant";
     case Vary::Varying: return "varying";
+    case Vary::Partial: return v.local_mean(m) ? "partial-mean" : "partial";
     case Vary::Split: return v.split_axis(m);
   }
   return "?";
@@ -64,14 +65,31 @@ Tensor as_split(const Tensor& x, const Names& mesh_axes, const std::string& axis
   x.shape().require(axis, "as_split");
   VaryType vary = x.vary();
   for (const auto& m : mesh_axes.list()) {
-    if (x.vary().kind(m) != Vary::Varying)
-      fail("as_split", "{} is {} over mesh axis '{}': only a Varying value can be declared the blocks of '{}' (an Invariant value "
-           "is whole on every device: slice its own block instead)", x.str(), x.vary().kind(m) == Vary::Split ? "already Split" : "Invariant", m, axis);
+    if (x.vary().kind(m) != Vary::Varying && x.vary().kind(m) != Vary::Partial)
+      fail("as_split", "{} is {} over mesh axis '{}': only a Varying or Partial value can be declared the blocks of '{}' (an "
+           "Invariant value is whole on every device: slice its own block instead)", x.str(),
+           x.vary().kind(m) == Vary::Split ? "already Split" : "Invariant", m, axis);
     vary.set_split(m, axis);
   }
   Tensor out = x.with_vary(vary);
   if (!autodiff::any_requires_grad({&x})) return out;
   return autodiff::record("as_split", out, {x}, [mesh_axes](const Tensor& g) { return std::vector<Tensor>{as_varying(g, mesh_axes)}; });
+}
+
+Tensor as_partial(const Tensor& x, const Names& mesh_axes) {
+  running("as_partial").mesh().check_axes(mesh_axes.list(), "as_partial");
+  detail::check_operands("as_partial", {&x});
+  VaryType vary = x.vary();
+  for (const auto& m : mesh_axes.list()) {
+    if (x.vary().kind(m) != Vary::Varying)
+      fail("as_partial", "{} is {} over mesh axis '{}': only a Varying value can be declared a term of a sum over it{}", x.str(),
+           kind_text(x.vary(), m), m,
+           x.vary().kind(m) == Vary::Invariant ? " (an Invariant value would be counted once per device: pvary it on purpose first)" : "");
+    vary.set_partial(m);
+  }
+  Tensor out = x.with_vary(vary);
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record("as_partial", out, {x}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
 }
 
 void expect_vary(const Tensor& x, std::string_view spec, std::source_location where) {
@@ -89,12 +107,14 @@ void expect_vary(const Tensor& x, std::string_view spec, std::source_location wh
     const std::string m = item.substr(0, eq), kind = item.substr(eq + 1);
     s.mesh().check_axes({m}, "expect_vary");
     if (kind == "varying") want.set_varying(m);
+    else if (kind == "partial") want.set_partial(m, PartialKind::sum);
+    else if (kind == "partial-mean") want.set_partial(m, PartialKind::mean);
     else want.set_split(m, kind);
     start = end + 1;
   }
   const std::string site = fmt::format("{}:{}", where.file_name(), where.line());
   for (const auto& m : s.mesh().axis_names()) {
-    const bool same = want.kind(m) == x.vary().kind(m) && (want.kind(m) != Vary::Split || want.split_axis(m) == x.vary().split_axis(m));
+    const bool same = kind_text(want, m) == kind_text(x.vary(), m);
     if (!same)
       fail("expect_vary", "{} is {} over mesh axis '{}' but {} expects {} (at {})", x.str(), kind_text(x.vary(), m), m, spec,
            kind_text(want, m), site);
