@@ -276,3 +276,34 @@ TEST_CASE("a start on threads returns before its peers arrive: other groups can 
     REQUIRE(over_both == std::vector<double>(3, 3.0));
   }
 }
+
+TEST_CASE("a tensor a started collective reads cannot be written until its wait, nor after", "[mesh][async][errors]") {
+  Runtime rt = Runtime::local(Mesh::parse("mp=2"));
+  // The example that gave {200, 2}: the write is refused naming the collective in flight.
+  REQUIRE_THROWS_WITH(rt.run([](Shard&) {
+                        Tensor x = Tensor::empty(Shape{{"i", 2}}, DType::f32);
+                        x.mutable_data<float>()[0] = 1, x.mutable_data<float>()[1] = 1;
+                        x = pvary(x, "mp");
+                        auto p = start_psum(x, "mp");
+                        x.mutable_data<float>()[0] = 100;
+                        return p.wait().to_vector<double>();
+                      }),
+                      Contains("mutable_data") && Contains("psum") && Contains("in flight") && Contains("wait()"));
+  // After the wait it was still read by an op: immutable as every used tensor; the sum is {2, 2}.
+  auto sums = rt.run([](Shard&) {
+    Tensor x = Tensor::empty(Shape{{"i", 2}}, DType::f32);
+    x.mutable_data<float>()[0] = 1, x.mutable_data<float>()[1] = 1;
+    x = pvary(x, "mp");
+    auto p = start_psum(x, "mp");
+    const Tensor y = p.wait();
+    bool refused = false;
+    try {
+      x.mutable_data<float>()[0] = 100;
+    } catch (const Error& e) {
+      refused = std::string(e.what()).find("immutable") != std::string::npos;
+    }
+    NAX_EXPECT(refused);
+    return y.to_vector<double>();
+  });
+  for (const auto& s : sums) REQUIRE(s == std::vector<double>{2, 2});
+}

@@ -125,3 +125,75 @@ TEST_CASE("remat under NoGrad is the function; a function that changes on recomp
   const Tensor y = remat([w, &calls](const Tensor& x) { return ++calls == 1 ? x * w : sum(x * w, "embed"); }, full(Shape{{"embed", 3}}, 1.0, DType::f64));
   REQUIRE_THROWS_WITH(grad(sum(y, "embed"), {w}), Contains("remat") && Contains("same thing again"));
 }
+
+TEST_CASE("a function under remat that reads a reassigned variable or other values on recompute is an error", "[grad][remat][errors]") {
+  const Shape s{{"embed", 2}};
+  // A captured variable reassigned between the forward and the backward: the recompute would read
+  // the new tensor (the gradient would be 5, 5 where it is 1, 1).
+  {
+    Tensor w = parameter(ones(s, DType::f64));
+    Tensor c = ones(s, DType::f64);
+    const Tensor y = remat([&c](const Tensor& x) { return x * c; }, w);
+    c = full(s, 5.0, DType::f64);
+    REQUIRE_THROWS_WITH(grad(sum(y, "embed"), {w}), Contains("remat") && Contains("mul") && Contains("reassigned") &&
+                                                        Contains("as inputs"));
+  }
+  // Captured by value, the same function is pure: its gradient is c.
+  {
+    Tensor w = parameter(ones(s, DType::f64));
+    Tensor c = full(s, 3.0, DType::f64);
+    const Tensor y = remat([c](const Tensor& x) { return x * c; }, w);
+    c = full(s, 5.0, DType::f64);
+    nax::testing::require_close(grad(sum(y, "embed"), {w})[0], {3.0, 3.0}, 0);
+  }
+  // A dropout mask drawn from a seed that advances with every call: the recompute draws another.
+  {
+    Tensor w = parameter(ones(Shape{{"embed", 64}}, DType::f64));
+    std::uint64_t seed = 1;
+    const Tensor y = remat([&seed](const Tensor& x) { return x * gt(random_uniform(x.shape(), seed++, "drop", 0, 1, DType::f64), scalar(0.5, DType::f64)); }, w);
+    REQUIRE_THROWS_WITH(grad(sum(y, "embed"), {w}), Contains("remat") && Contains("other values") && Contains("seed"));
+  }
+  // A C++ scale captured by reference and changed.
+  {
+    Tensor w = parameter(ones(s, DType::f64));
+    double scale = 2;
+    const Tensor y = remat([&scale](const Tensor& x) { return x * scale; }, w);
+    scale = 3;
+    REQUIRE_THROWS_WITH(grad(sum(y, "embed"), {w}), Contains("other values"));
+  }
+}
+
+TEST_CASE("dropout under remat recomputes the forward's mask: its gradient is the mask's", "[grad][remat]") {
+  const Shape s{{"embed", 64}};
+  Tensor w = random_normal(s, 3, "w", 1.0, DType::f64);
+  auto dropout = [](const Tensor& x, std::uint64_t seed) {
+    const Tensor keep = gt(random_uniform(x.shape(), seed, "dropout", 0, 1, DType::f64), scalar(0.25, DType::f64));
+    return x * keep / 0.75;
+  };
+  const std::uint64_t step_seed = 42;  // fixed before the forward (the step, the layer)
+  const Tensor p = parameter(w);
+  const Tensor y = remat([&](const Tensor& x) { return tanh(dropout(x, step_seed)); }, p);
+  const auto with_remat = grad(sum(y * y, "embed"), {p})[0].to_vector<double>();
+  const Tensor q = parameter(w);
+  const Tensor z = tanh(dropout(q, step_seed));
+  const auto without = grad(sum(z * z, "embed"), {q})[0].to_vector<double>();
+  REQUIRE(with_remat == without);
+  const auto mask = gt(random_uniform(s, step_seed, "dropout", 0, 1, DType::f64), scalar(0.25, DType::f64)).to_vector<double>();
+  int dropped = 0;
+  for (std::size_t i = 0; i < mask.size(); ++i)
+    if (mask[i] == 0) {
+      REQUIRE(with_remat[i] == 0);
+      ++dropped;
+    }
+  REQUIRE(dropped > 0);
+  REQUIRE(dropped < 64);
+}
+
+TEST_CASE("tensors are immutable once an op has read them", "[grad][errors]") {
+  Tensor x = Tensor::empty(Shape{{"i", 2}}, DType::f64);
+  x.mutable_data<double>()[0] = 1, x.mutable_data<double>()[1] = 2;  // filling a fresh tensor is fine
+  Tensor w = parameter(full(Shape{{"i", 2}}, 3.0, DType::f64));
+  const Tensor y = sum(x * w, "i");  // mul saves x for w's gradient
+  REQUIRE_THROWS_WITH(x.mutable_data<double>()[0] = 100, Contains("mutable_data") && Contains("immutable") && Contains("fresh tensor"));
+  nax::testing::require_close(grad(y, {w})[0], {1.0, 2.0}, 0);
+}

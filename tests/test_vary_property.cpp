@@ -54,7 +54,8 @@ std::vector<Case> cases(const Mesh& mesh, const std::vector<std::string>& group)
   const int n = mesh.group_size(group);
   const Names names(group);
   auto members = [&mesh](int d, const std::vector<std::string>& order) { return mesh.group(d, order); };
-  auto reduce = [&, group](const PerDevice& v, const std::function<double(double, double)>& op, double scale) {
+  // The returned cases outlive this call: capture its locals by value.
+  auto reduce = [&mesh, members, group](const PerDevice& v, const std::function<double(double, double)>& op, double scale) {
     PerDevice out(v.size());
     for (int d = 0; d < mesh.size(); ++d) {
       auto m = members(d, group);
@@ -66,7 +67,7 @@ std::vector<Case> cases(const Mesh& mesh, const std::vector<std::string>& group)
     }
     return out;
   };
-  auto concat_rows = [&](const PerDevice& v, const std::vector<std::string>& order) {
+  auto concat_rows = [&mesh, members](const PerDevice& v, const std::vector<std::string>& order) {
     PerDevice out(v.size());
     for (int d = 0; d < mesh.size(); ++d)
       for (int m : members(d, order)) {

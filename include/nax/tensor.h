@@ -71,6 +71,7 @@ class Tensor {
   // (internal) A number unique to this storage, increasing in the order storages are made: remat
   // tells the tensors made inside its function from those it read from outside.
   std::uint64_t storage_id() const;
+  static std::uint64_t next_storage_id();  // the id the next storage made will get
   // (internal) Marks the storage read by an op (check_operands): raw_mutable refuses after that.
   // `pending` names a started collective that reads or writes it until its wait (empty: none).
   void mark_read() const;

@@ -1,9 +1,12 @@
 // Activation checkpointing (nax/autodiff.h): a forward that records nothing but the values it
 // reads, and a backward that recomputes and walks the recompute's graph down to those values.
+#include <optional>
 #include <unordered_map>
 
 #include "autodiff/backward.h"
 #include "nax/core/error.h"
+#include "nax/vary_checks.h"
+#include "ops/internal.h"
 
 namespace nax {
 
@@ -18,19 +21,43 @@ Tensor as_contribution(const autodiff::Pending& p) {
   return p.sums.size() == 1 && p.terms.empty() ? p.sums.begin()->second : autodiff::finish(p);
 }
 
+// What the forward ran, for the recompute to check that it runs the same function: the result's
+// shape, dtype and bits, and the tensors read from outside the function.
+struct FirstRun {
+  Shape shape;
+  DType dtype;
+  std::optional<std::uint64_t> bits;
+  std::vector<std::uint64_t> reads;
+};
+
+// A hash of the result's bytes where the host reads them (a recompute of the same function on the
+// same inputs gives the same bits); on other devices only in checking mode (NAX_CHECK=1), since
+// reading them there is a transfer.
+std::optional<std::uint64_t> bits_of(const Tensor& y) {
+  if (!y.device().host_accessible() && !checking_enabled()) return std::nullopt;
+  return detail::content_hash64(y);
+}
+
 // d loss / d captured from d loss / d y: runs fn again, recording, and backpropagates g through
 // the nodes it made (those made from `floor` on), stopping at the values from outside.
 std::vector<Tensor> recompute_backward(const Fn& fn, const std::vector<Tensor>& inputs, const std::vector<Tensor>& captured,
-                                       const Shape& first_shape, DType first_dtype, const Tensor& g) {
+                                       const FirstRun& first, const Tensor& g) {
   const std::uint64_t floor = autodiff::Node::next_sequence();
   Tensor y;
   {
     autodiff::EnableGrad recording;
+    autodiff::OutsideReads replay(&first.reads);
     y = fn(inputs);
+    replay.finish();
   }
-  if (!y.defined() || y.shape() != first_shape || y.dtype() != first_dtype)
+  if (!y.defined() || y.shape() != first.shape || y.dtype() != first.dtype)
     fail("remat", "the function gave {} when recomputed in backward but {}{} the first time: it must compute the same thing again",
-         y.str(), dtype_name(first_dtype), first_shape.str());
+         y.str(), dtype_name(first.dtype), first.shape.str());
+  if (first.bits && bits_of(y) != first.bits)
+    fail("remat", "the function gave other values when recomputed in backward than in the forward ({}): it depends on something "
+         "that changed in between, such as a C++ variable it captured or a random seed drawn from a counter; random ops are pure "
+         "functions of (seed, name), so derive seeds from values fixed before the forward (the step, the layer) and pass "
+         "changing tensors as inputs", y.str());
   std::vector<Tensor> out(captured.size());
   if (!y.requires_grad()) return out;
   std::unordered_map<const autodiff::Node*, std::size_t> index;
@@ -59,15 +86,19 @@ Tensor remat(const Fn& fn, const std::vector<Tensor>& inputs) {
   if (!grad_enabled()) return fn(inputs);  // nothing is recorded (NoGrad, or inside another remat's forward)
   Tensor out;
   std::vector<Tensor> captured;
+  std::vector<std::uint64_t> reads;
   {
     autodiff::CaptureInputs capture;
+    autodiff::OutsideReads outside;
     out = fn(inputs);
     captured = capture.inputs();
+    reads = outside.take();
   }
   if (!out.defined()) fail("remat", "the function returned an undefined tensor");
   if (captured.empty()) return out;
-  return autodiff::record("remat", out, captured, [fn, inputs, captured, shape = out.shape(), dtype = out.dtype()](const Tensor& g) {
-    return recompute_backward(fn, inputs, captured, shape, dtype, g);
+  FirstRun first{out.shape(), out.dtype(), bits_of(out), std::move(reads)};
+  return autodiff::record("remat", out, captured, [fn, inputs, captured, first = std::move(first)](const Tensor& g) {
+    return recompute_backward(fn, inputs, captured, first, g);
   });
 }
 

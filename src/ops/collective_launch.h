@@ -16,13 +16,18 @@ class Launch {
  public:
   static Launch blocking() { return Launch(false); }
   static Launch started() { return Launch(true); }
+  Launch(Launch&&) = default;
+  Launch& operator=(Launch&&) = default;
+  // A started call that is never completed (an error on the way) releases its buffers' marks.
+  ~Launch();
 
   void all_reduce(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
   void all_gather(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype);
   void reduce_scatter(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
   void permute(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype,
                const std::vector<std::pair<int, int>>& pairs);
-  // Buffers a started call reads or writes: alive until it completes.
+  // Buffers a started call reads or writes: alive until it completes, and marked pending until
+  // then, so that a write to one (Tensor::mutable_data) is an error naming the collective.
   void keep(std::initializer_list<Tensor> buffers);
 
   // The op's result, made by `finish` from the received data: at once when the call was blocking
@@ -34,6 +39,8 @@ class Launch {
 
  private:
   explicit Launch(bool start) : start_(start) {}
+  void started(const Communicator& c);  // marks the kept buffers pending under c's origin
+  void release();                       // clears those marks (the buffers stay kept)
   bool start_;
   std::vector<Tensor> kept_;
   std::function<Tensor()> finish_;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 
@@ -37,6 +38,7 @@ void check_operands(std::string_view op, const std::vector<const Tensor*>& opera
   for (const Tensor* t : operands) {
     if (!t->defined()) fail(op, "an operand is undefined (a default-constructed Tensor)");
     t->mark_read();
+    autodiff::note_read(*t, op);
     if (first == nullptr) first = &t->device();
     else if (&t->device() != first) {
       if (t->device().str() == first->str())
@@ -294,15 +296,35 @@ Tensor transfer(const Tensor& x, const std::shared_ptr<Device>& device) {
   return out;
 }
 
-double content_hash48(const Tensor& x) {
-  const Tensor readable = x.device().host_accessible() ? x : transfer(x, Device::host());
-  constexpr std::uint64_t kPrime = 1099511628211ull;
-  std::uint64_t h = 1469598103934665603ull;
-  const auto* bytes = static_cast<const unsigned char*>(readable.raw());
-  const std::size_t n = static_cast<std::size_t>(readable.numel()) * dtype_size(readable.dtype());
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * kPrime;
-  return static_cast<double>(h >> 16);
+namespace {
+std::uint64_t mix(std::uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h;
 }
+}  // namespace
+
+std::uint64_t content_hash64(const Tensor& x) {
+  const Tensor readable = x.device().host_accessible() ? x : transfer(x, Device::host());
+  const auto* bytes = static_cast<const unsigned char*>(readable.raw());
+  const std::size_t n = readable.nbytes();
+  constexpr std::uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  std::uint64_t lane[4] = {n, n ^ 1, n ^ 2, n ^ 3};
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k) {
+      std::uint64_t w;
+      std::memcpy(&w, bytes + i + 8 * k, 8);
+      lane[k] = (lane[k] ^ w) * kMul;
+      lane[k] ^= lane[k] >> 29;
+    }
+  std::uint64_t h = mix(lane[0]) ^ mix(lane[1] + 1) * 3 ^ mix(lane[2] + 2) * 5 ^ mix(lane[3] + 3) * 7;
+  for (; i < n; ++i) h = (h ^ bytes[i]) * kMul;
+  return mix(h);
+}
+
+double content_hash48(const Tensor& x) { return static_cast<double>(content_hash64(x) >> 16); }
 
 Tensor permute_to(const Tensor& x, const std::vector<std::string>& order) {
   if (x.shape().names() == order) return x;

@@ -98,8 +98,11 @@ Tensor narrow_to(const Tensor& x, DType dtype);
 // x's values on `device` (x itself when already there): host <-> device or via the host.
 Tensor transfer(const Tensor& x, const std::shared_ptr<Device>& device);
 
-// A hash of x's bytes (FNV-1a, read on the host), cut to 48 bits so that it is exact in an f64: for
-// comparing a value across the devices of a group with one small collective.
+// A hash of x's bytes (read on the host; four independent multiply-xorshift lanes over 8-byte
+// words, so that it runs near memory speed): equal bytes give equal hashes, on any device.
+std::uint64_t content_hash64(const Tensor& x);
+// content_hash64 cut to 48 bits so that it is exact in an f64: for comparing a value across the
+// devices of a group with one small collective.
 double content_hash48(const Tensor& x);
 
 // Copies x into the axis order `order` (a permutation of x's axes); x itself when already there.

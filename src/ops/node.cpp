@@ -12,6 +12,7 @@ namespace {
 thread_local bool g_grad_enabled = true;
 thread_local autodiff::CaptureInputs* g_capture = nullptr;
 thread_local bool g_transposing = false;
+thread_local autodiff::OutsideReads* g_outside_reads = nullptr;
 }  // namespace
 
 bool grad_enabled() { return g_grad_enabled; }
@@ -59,6 +60,42 @@ EnableGrad::~EnableGrad() {
   g_grad_enabled = previous_;
   g_capture = previous_capture_;
   g_transposing = previous_transposing_;
+}
+
+OutsideReads::OutsideReads(const std::vector<std::uint64_t>* expected)
+    : first_(Tensor::next_storage_id()), previous_(g_outside_reads), expected_(expected) {
+  g_outside_reads = this;
+}
+
+OutsideReads::~OutsideReads() { g_outside_reads = previous_; }
+
+void OutsideReads::see(const Tensor& t, std::string_view op) {
+  const std::uint64_t id = t.storage_id();
+  if (id >= first_) return;  // made inside
+  if (expected_ == nullptr) {
+    reads_.push_back(id);
+    return;
+  }
+  if (next_ < expected_->size() && (*expected_)[next_] == id) {
+    ++next_;
+    return;
+  }
+  fail("remat", "when recomputed in backward, the function's op '{}' read {} from outside the function, {}: a function under "
+       "remat must read the same tensors again; pass the tensors it reads as inputs (remat(fn, {{x, ...}})) or capture them by "
+       "value, not through a variable that changes before the backward", op, t.str(),
+       next_ < expected_->size() ? "a tensor other than the one it read in the forward (was a captured variable reassigned?)"
+                                 : "which it did not read in the forward");
+}
+
+void OutsideReads::finish() const {
+  if (expected_ != nullptr && next_ != expected_->size())
+    fail("remat", "when recomputed in backward, the function read {} of the {} tensors from outside it that it read in the forward: "
+         "a function under remat must compute the same thing again (does it branch on something that changed?)", next_,
+         expected_->size());
+}
+
+void note_read(const Tensor& t, std::string_view op) {
+  for (OutsideReads* r = g_outside_reads; r != nullptr; r = r->previous_) r->see(t, op);
 }
 
 Transposing::Transposing() : previous_(g_transposing) { g_transposing = true; }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <vector>
 
@@ -61,6 +62,35 @@ class CaptureInputs {
   std::vector<Tensor> inputs_;
   std::unordered_set<const Node*> seen_;
 };
+
+// While alive, keeps the storages that ops on this thread read from outside (made before it
+// started), in order: remat's forward records them and its recompute must read the same ones
+// again (a function that reads a variable reassigned in between, or a tensor made since, is not
+// the function the forward ran). Nests: every live one sees the reads from outside itself.
+class OutsideReads {
+ public:
+  // Records, or (with `expected`) checks each read against the next expected one, naming the
+  // tensor and the op that read it when they differ.
+  explicit OutsideReads(const std::vector<std::uint64_t>* expected = nullptr);
+  ~OutsideReads();
+  OutsideReads(const OutsideReads&) = delete;
+  OutsideReads& operator=(const OutsideReads&) = delete;
+
+  void see(const Tensor& t, std::string_view op);
+  std::vector<std::uint64_t> take() { return std::move(reads_); }
+  friend void note_read(const Tensor& t, std::string_view op);
+  // Checking: every expected read happened.
+  void finish() const;
+
+ private:
+  std::uint64_t first_;  // storages with ids from here on were made inside
+  OutsideReads* previous_;
+  const std::vector<std::uint64_t>* expected_;
+  std::size_t next_ = 0;
+  std::vector<std::uint64_t> reads_;
+};
+// Tells the live OutsideReads that `op` reads t (check_operands calls it for every operand).
+void note_read(const Tensor& t, std::string_view op);
 
 // While alive, ops on this thread record (remat's recompute, run inside grad's NoGrad): the
 // user's function again, so no longer Transposing.

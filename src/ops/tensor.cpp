@@ -101,6 +101,7 @@ Tensor Tensor::as_known_zero() const {
 }
 
 std::uint64_t Tensor::storage_id() const { return impl_ ? impl_->buffer->id : 0; }
+std::uint64_t Tensor::next_storage_id() { return nax::next_storage_id.load(std::memory_order_relaxed); }
 
 void Tensor::mark_read() const {
   if (impl_ && !impl_->buffer->read.load(std::memory_order_relaxed)) impl_->buffer->read.store(true, std::memory_order_relaxed);
