@@ -15,7 +15,7 @@ namespace {
 
 Tensor mlp(const Tensor& x, const Tensor& w_in, const Tensor& w_out) {
   Tensor h = tanh(dot(x, w_in, "embed"));  // [batch, mlp|mp]: column-parallel, no communication
-  return dot(h, w_out, "mlp");             // [batch, embed] varying{mp}: a partial sum
+  return dot(h, w_out, "mlp");             // [batch, embed] partial{mp}: a partial sum
 }
 
 }  // namespace

@@ -257,3 +257,26 @@ TEST_CASE("deterministic psum_scatter of a sum of partial sums equals one device
     }
   }
 }
+
+TEST_CASE("deterministic psum of a difference of partial sums equals one device's difference of the trees", "[mesh][deterministic]") {
+  const Shape global{{"k", 64}, {"i", 3}};
+  const Tensor x = spread_values(global, 9), y = spread_values(global, 10);
+  std::vector<float> want(3);
+  for (std::int64_t i = 0; i < 3; ++i) {
+    std::vector<float> cx, cy;
+    for (std::int64_t k = 0; k < 64; ++k) {
+      cx.push_back(x.to_vector<float>()[static_cast<std::size_t>(k * 3 + i)]);
+      cy.push_back(y.to_vector<float>()[static_cast<std::size_t>(k * 3 + i)]);
+    }
+    want[static_cast<std::size_t>(i)] = host_tree(cx) - host_tree(cy);
+  }
+  std::vector<std::uint32_t> want_bits(3);
+  std::memcpy(want_bits.data(), want.data(), sizeof(float) * 3);
+  for (const std::string mesh : {"mp=1", "mp=2", "mp=4"}) {
+    INFO("mesh " << mesh);
+    Runtime rt = deterministic(mesh);
+    const AxisRules rules{{"k", "mp"}};
+    const auto got = rt.run([&](Shard& s) { return bits(psum(sum(s.shard(x, rules), "k") - sum(s.shard(y, rules), "k"), "mp")); });
+    for (const auto& g : got) REQUIRE(g == want_bits);
+  }
+}
