@@ -14,6 +14,18 @@ using namespace nax;
 using namespace nax::testing;
 using Catch::Matchers::Contains;
 
+// Inside Runtime::run, where Catch's macros are not safe.
+#define NAX_EXPECT_THROWS(expr)                          \
+  do {                                                   \
+    bool thrown = false;                                 \
+    try {                                                \
+      (void)(expr);                                      \
+    } catch (const Error&) {                             \
+      thrown = true;                                     \
+    }                                                    \
+    NAX_EXPECT(thrown && "expected a nax::Error: " #expr); \
+  } while (0)
+
 namespace {
 
 constexpr std::int64_t kB = 2, kM = 4, kE = 3;  // batch, mlp (cut over mp), embed
@@ -130,6 +142,55 @@ std::vector<Mistake> catalog() {
          grad(sum(dot(h_of(s), w, "mlp"), {"batch", "embed"}), {w});
        },
        {"grad", "partial sum", "psum over 'mp' first"}},
+      // --- per-device values scaling or selecting each device's term its own way
+      {"a partial sum scaled by per-device values", "mp=2", [](Shard& s) { psum(partial_of(s) * pvary(bias(), "mp"), "mp"); },
+       {"mul", "varies over it", "as_varying"}},
+      {"a partial sum divided by per-device values", "mp=2", [](Shard& s) { partial_of(s) / pvary(bias(), "mp"); }, {"div", "varies"}},
+      {"dot of a partial sum with per-device values", "mp=2", [](Shard& s) { dot(partial_of(s), pvary(bias(), "mp"), "embed"); },
+       {"dot", "varies"}},
+      {"a per-device slice of a partial sum", "mp=2",
+       [](Shard& s) { psum(dynamic_slice(partial_of(s), "batch", axis_index("mp"), 1), "mp"); }, {"dynamic_slice", "varies", "psum"}},
+      {"a per-device selection between partial sums", "mp=2",
+       [](Shard& s) {
+         const Tensor p = partial_of(s);
+         where(pvary(ones(Shape{{"embed", kE}}, DType::f64), "mp"), p, p * 2.0);
+       },
+       {"where", "varies"}},
+      {"a per-device value added to a partial sum through concat", "mp=2",
+       [](Shard& s) { concat({partial_of(s), pvary(ones(Shape{{"batch", kB}, {"embed", kE}}, DType::f64), "mp")}, "batch"); },
+       {"concat", "Varying", "after the psum"}},
+      {"a written zero accumulator", "mp=2",
+       [](Shard& s) {
+         const Tensor p = partial_of(s);
+         Tensor acc = zeros_like(p);
+         acc.mutable_data<double>()[0] = 1;
+         psum(acc + p, "mp");
+       },
+       {"add", "Invariant", "after the psum"}},
+      {"stack of a partial sum and a whole value", "mp=2", [](Shard& s) { stack({partial_of(s), ones(Shape{{"batch", kB}, {"embed", kE}}, DType::f64)}, "k"); },
+       {"stack", "partial sum"}},
+      {"a vocab-parallel lookup of per-device ids", "mp=2",
+       [](Shard& s) {
+         const Tensor table = s.shard(ones(Shape{{"vocab", 4}, {"e", 2}}), {{"vocab", "mp"}});
+         const Tensor ids = pvary(from_vector(Shape{{"t", 2}}, std::vector<std::int32_t>{0, 3}), "mp");
+         psum(embedding(table, ids, "vocab"), "mp");
+       },
+       {"embedding", "not Invariant over mesh axis 'mp'", "same ids"}},
+      {"psum of a mean over a cut axis hidden behind per-device values", "dp=2",
+       [](Shard& s) {
+         const Tensor x = s.shard(ones(Shape{{"batch", 4}}), {{"batch", "dp"}});
+         psum(mean(x * pvary(ones(Shape{{"batch", 2}}), "dp"), "batch"), "dp");
+       },
+       {"psum", "local mean", "pmean"}},
+      {"a column-parallel product, then a bias before the reduce-scatter (sequence parallel)", "mp=2",
+       [](Shard& s) {
+         const Tensor x = s.shard(ones(Shape{{"seq", 4}, {"embed", kE}}, DType::f64), {{"seq", "mp"}});
+         const Tensor xg = all_gather(x, "mp", "seq");  // Varying over mp
+         const Tensor h = dot(xg, s.shard(ones(Shape{{"embed", kE}, {"mlp", 4}}, DType::f64), kRules), "embed");
+         const Tensor o = dot(h, s.shard(ones(Shape{{"mlp", 4}, {"embed", kE}}, DType::f64), kRules), "mlp");
+         psum_scatter(o + bias(), "mp", "seq");
+       },
+       {"add", "partial sum", "after the psum"}},
       {"as_partial of an Invariant value", "mp=2", [](Shard&) { as_partial(bias(), "mp"); }, {"as_partial", "Invariant", "pvary"}},
       {"expect_vary of a partial sum expected varying", "mp=2", [](Shard& s) { expect_vary(partial_of(s), "mp=varying"); },
        {"expect_vary", "partial", "mp=varying"}},
@@ -168,7 +229,6 @@ TEST_CASE("each mistake with a partial value raises a nax::Error naming the op a
 TEST_CASE("contractions and reductions over a cut axis make partial values; linear ops keep them", "[partial]") {
   auto strs = runtime("dp=2,mp=2").run([](Shard& s) {
     const Tensor p = partial_of(s);
-    const Tensor v = pvary(bias(), "mp");
     const Tensor x = s.shard(ones(Shape{{"batch", 4}, {"e", 2}}), {{"batch", "dp"}});
     return std::vector<std::string>{
         p.str(),                                                    // 0
@@ -176,7 +236,7 @@ TEST_CASE("contractions and reductions over a cut axis make partial values; line
         mean(x, "batch").str(),                                     // 2
         (p + p - p).str(),                                          // 3
         (-p * 2.0 / 3.0).str(),                                     // 4
-        (p * v).str(),                                              // 5: scaled by per-device values, still a term
+        (p * bias()).str(),                                         // 5
         dot(p, bias(), "embed").str(),                              // 6
         transpose(rename(p, "embed", "e"), {"e", "batch"}).str(),   // 7
         concat({p, p}, "batch").str(),                              // 8
@@ -204,13 +264,27 @@ TEST_CASE("contractions and reductions over a cut axis make partial values; line
   REQUIRE(strs[9] == "f64[batch=2, embed=3] partial{mp}");
   REQUIRE(strs[10] == "f64[batch=2] partial{mp}");
   REQUIRE(strs[11] == "f64[batch=2, embed=3] partial{mp}");
-  REQUIRE(strs[12] == "f64[batch=2, embed=3] partial{mp}");
+  REQUIRE(strs[12] == "f64[batch=2, embed=3] varying{}");  // a known zero, Invariant
   REQUIRE(strs[13] == "f64[batch=2, embed=3] varying{}");
   REQUIRE(strs[14] == "f64[batch=2, embed=3] partial{mp}");
   REQUIRE(strs[15] == "f64[batch=2, embed=3] partial{mp}");
   REQUIRE(strs[16] == "f64[batch=2, embed=3] varying{}");
   REQUIRE(strs[17] == "f64[batch=1|mp, embed=3] varying{}");
   REQUIRE(strs[18] == "f32[e=2] varying{}");
+}
+
+TEST_CASE("a local mean takes constants and per-device values: pmean averages them", "[partial]") {
+  auto got = runtime("dp=2").run([](Shard& s) {
+    const Tensor x = s.shard(from_vector(Shape{{"batch", 4}}, std::vector<double>{1, 2, 3, 4}, DType::f64), {{"batch", "dp"}});
+    const Tensor local = mean(square(x), "batch");                                   // partial-mean{dp}
+    const Tensor aux = pvary(full(Shape{}, 10.0 * (1 + axis_index("dp").item()), DType::f64), "dp");  // per-device
+    const Tensor loss = pmean(local + 0.5 + aux * 0.1, "dp");
+    NAX_EXPECT_THROWS(psum(local + 0.5, "dp"));
+    NAX_EXPECT_THROWS(local + sum(x, "batch"));  // a mean and a sum do not add
+    return loss.item();
+  });
+  // mean of squares 7.5, plus 0.5, plus the mean of 1 and 2.
+  for (double v : got) REQUIRE(v == 7.5 + 0.5 + 1.5);
 }
 
 TEST_CASE("linear combinations of partial sums finish to the host's values", "[partial]") {
@@ -221,7 +295,10 @@ TEST_CASE("linear combinations of partial sums finish to the host's values", "[p
     for (int k = 0; k < 3; ++k) acc = acc + p * static_cast<double>(k);
     const Tensor keep = gt(bias(), scalar(1.5, DType::f64));
     const Tensor combined = where(keep, acc - p * 0.5, zeros_like(p)) + (-p);
-    const Tensor by_rank = p * pvary(full(Shape{}, 1.0 + axis_index("mp").item(), DType::f64), "mp");  // a weighted sum over mp
+    // Each device's term weighted its own way: refused, unless the terms are declared per-device.
+    const Tensor weights = pvary(full(Shape{}, 1.0 + axis_index("mp").item(), DType::f64), "mp");
+    NAX_EXPECT_THROWS(p * weights);
+    const Tensor by_rank = as_varying(p, "mp") * weights;
     const Tensor terms = p + as_partial(pvary(bias(), "mp") * (1.0 + axis_index("mp").item()), "mp");
     std::vector<std::vector<double>> out;
     for (const Tensor& t : {psum(combined, "mp"), psum(by_rank, "mp"), psum(terms, "mp"), psum(cumsum(p, "embed"), "mp")})
@@ -315,9 +392,10 @@ TEST_CASE("gradients through partial sums equal finite differences", "[partial][
       const Tensor partial = dot(p[0], p[1], "mlp");                    // partial over mp
       const Tensor weights = pvary(full(Shape{}, 1.0 + axis_index("mp").item(), DType::f64), "mp");
       Tensor acc = zeros_like(partial);
-      acc = acc + partial * p[2] - partial * weights;                  // scaled by a parameter and per-device weights
+      acc = acc + partial * p[2] - partial;                            // scaled by a parameter
+      const Tensor weighted = psum(as_varying(partial, "mp") * weights, "mp");  // each term its own weight, on purpose
       const Tensor finished = psum(cumsum(concat({acc, -acc}, "embed"), "embed"), "mp");
-      const Tensor loss = sum(tanh(finished) * finished, {"batch", "embed"});
+      const Tensor loss = sum(tanh(finished) * finished, {"batch", "embed"}) + sum(weighted * weighted, {"batch", "embed"});
       return loss.vary().unreduced_mesh_axes().empty() ? loss : psum(loss, loss.vary().unreduced_mesh_axes());
     }, {h, w, c}, rules);
   }

@@ -15,8 +15,9 @@
 
 namespace nax {
 
-// Split over `mesh_axes` -> Varying: forgets which block each device holds; no data moves.
-// Transpose: the gradient is Split again.
+// Split or Partial over `mesh_axes` -> Varying: forgets which block each device holds, or that
+// each holds a term of a sum (to scale or select each device's term its own way on purpose); no
+// data moves. Transpose: the gradient is Split again (Varying for a partial value).
 Tensor as_varying(const Tensor& x, const Names& mesh_axes);
 // Varying or Partial over `mesh_axes` -> Split(axis), the most minor cuts of `axis` in the order
 // named: the caller asserts that the devices hold the blocks of one tensor in group rank order (a

@@ -93,10 +93,12 @@ std::string devices_over(const std::string& m) {
 
 bool sums_operands(OnPartial rule) { return rule == OnPartial::add || rule == OnPartial::accumulate || rule == OnPartial::move; }
 
-// The rules of OnPartial over mesh axis m, for the operands partial over it.
+bool selects_or_scales(OnPartial rule) { return rule == OnPartial::scale || rule == OnPartial::refuse; }
+
+// The rules of OnPartial over mesh axis m, for an op with an operand partial over it.
 void check_partials_over(std::string_view op, const std::vector<Operand>& operands, const std::string& m) {
   const Operand* factor = nullptr;
-  const Operand* term = nullptr;
+  const Tensor* partial = nullptr;
   for (const auto& o : operands) {
     const Tensor& x = *o.tensor;
     if (x.vary().kind(m) != Vary::Partial) continue;
@@ -109,21 +111,32 @@ void check_partials_over(std::string_view op, const std::vector<Operand>& operan
              "one of them over '{}' first", factor->tensor->str(), x.str(), m, finisher(x, m), m);
       factor = &o;
     }
-    if (sums_operands(o.on_partial) && term == nullptr) term = &o;
+    if (partial == nullptr) partial = &x;
   }
-  if (term == nullptr) return;
-  const Tensor& p = *term->tensor;
+  const Tensor& p = *partial;
+  // A local mean is what pmean averages, so constants and per-device values may join it
+  // (pmean(mean + c) = the mean + c); a partial sum takes only its own kind.
+  const bool mean = p.vary().local_mean(m);
   for (const auto& o : operands) {
-    if (!sums_operands(o.on_partial) || o.tensor == term->tensor) continue;
     const Tensor& x = *o.tensor;
-    if (x.vary().kind(m) != Vary::Partial && x.known_zero()) continue;  // zero is a term of any sum
-    if (x.vary().kind(m) != Vary::Partial)
-      fail(op, "{} is {} but {} is {}: {} would count it once per device ({} times); {} it after the {} over '{}'{}", p.str(),
-           what_partial(p, m), x.str(), kind_of(x, m), finisher(p, m), devices_over(m), op, finisher(p, m), m,
-           x.vary().kind(m) == Vary::Varying ? " (or, if it holds terms of the same sum, declare it with as_partial)" : "");
-    if (x.vary().partial(m) != p.vary().partial(m))
-      fail(op, "{} is {} but {} is {}: finish each with its own collective before combining them", p.str(), what_partial(p, m),
-           x.str(), what_partial(x, m));
+    const Vary k = x.vary().kind(m);
+    if (k == Vary::Partial) {
+      if (x.vary().partial(m) != p.vary().partial(m))
+        fail(op, "{} is {} but {} is {}: finish each with its own collective before combining them", p.str(), what_partial(p, m),
+             x.str(), what_partial(x, m));
+      continue;
+    }
+    if (mean || k == Vary::Split) continue;  // Split beside a partial value: merge_vary names it
+    if (k == Vary::Varying && selects_or_scales(o.on_partial))
+      fail(op, "{} is {} but {} varies over it (per-device values): each device would scale or select its own term "
+           "differently, so the psum would not finish one sum; psum over '{}' first (or, to treat the terms as per-device "
+           "values on purpose, as_varying({}, {}))", p.str(), what_partial(p, m), x.str(), m, "x", m);
+    if (!sums_operands(o.on_partial) || x.known_zero()) continue;  // zero is a term of any sum
+    fail(op, "{} is {} but {} is {}: psum would add it once per device ({} times); {} it after the psum over '{}'{}", p.str(),
+         what_partial(p, m), x.str(), kind_of(x, m), devices_over(m), op, m,
+         k == Vary::Varying ? " (or, if it holds terms of this very sum, not a replicated value made Varying with pvary, "
+                              "declare it with as_partial)"
+                            : "");
   }
 }
 
@@ -222,8 +235,9 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
       if (k == Vary::Partial && partial == nullptr) partial = t;
       if (k != Vary::Split) continue;
       if (splitter != nullptr && splitter->vary().split_axis(m) != t->vary().split_axis(m))
-        fail(op, "two tensor axes, '{}' and '{}', are cut over mesh axis '{}' in one result: {}", splitter->vary().split_axis(m),
-             t->vary().split_axis(m), m, describe(operands));
+        fail(op, "two tensor axes, '{}' and '{}', are cut over mesh axis '{}' in one result: {} (where one operand's block is "
+             "not this device's, as a block passed around a ring in a collective matmul, forget its cut with as_varying first)",
+             splitter->vary().split_axis(m), t->vary().split_axis(m), m, describe(operands));
       if (splitter != nullptr && splitter->vary().split_mesh_axes(t->vary().split_axis(m)) != t->vary().split_mesh_axes(t->vary().split_axis(m)))
         fail(op, "axis '{}' is cut over mesh axes in different orders ({} vs {}): {}", t->vary().split_axis(m),
              fmt::join(splitter->vary().split_mesh_axes(t->vary().split_axis(m)), ","),
@@ -238,11 +252,12 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
       result.set_partial(m, partial->vary().partial(m));
       continue;
     }
-    if (varying) {
-      result.set_varying(m);
+    // A Split axis stays this device's block whatever per-device values meet it, and summing over
+    // it stays a partial sum: per-device values do not hide a cut.
+    if (splitter == nullptr) {
+      if (varying) result.set_varying(m);
       continue;
     }
-    if (splitter == nullptr) continue;
     const std::string& a = splitter->vary().split_axis(m);
     for (const Tensor* t : operands)
       if (t->vary().kind(m) == Vary::Invariant && t->shape().has(a))

@@ -121,6 +121,7 @@ Tensor record(std::string op, const Tensor& out, std::vector<Tensor> inputs, Bac
     else t = Tensor();  // keep nothing alive for an input that takes no gradient
   }
   if (!needed) return out;
+  out.mark_read();  // the backward may read it (an op saves its output): immutable from here
   auto node = std::make_shared<Node>();
   node->op = std::move(op);
   node->inputs = std::move(inputs);

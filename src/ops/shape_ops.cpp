@@ -78,6 +78,9 @@ Tensor squeeze(const Tensor& x, const Names& axes) {
 
 Tensor stack(const std::vector<Tensor>& xs, const std::string& axis, int position) {
   if (xs.empty()) fail("stack", "no tensors to stack along '{}'", axis);
+  std::vector<detail::Operand> moved;
+  for (const auto& x : xs) moved.push_back({&x, detail::OnPartial::move});
+  const auto op_span = detail::enter_op("stack", moved);
   std::vector<Tensor> expanded;
   for (const auto& x : xs) {
     detail::check_operands("stack", {&xs[0], &x});
@@ -87,14 +90,13 @@ Tensor stack(const std::vector<Tensor>& xs, const std::string& axis, int positio
   return concat(expanded, axis);
 }
 
-// A constant is the same on every device: where x is a partial value the result is Invariant, but
-// a zero, a term of any sum, keeps x's vary type (an accumulator for partial sums starts from it).
+// A constant is the same on every device: where x is a partial value the result is Invariant (a
+// zero is a known zero, which partial sums may be added to: an accumulator starts from it).
 Tensor full_like(const Tensor& x, double value, DType dtype) {
   const auto op_span = detail::enter_op("full_like", {{&x, detail::OnPartial::move}});
   const bool zero = value == 0.0 && !std::signbit(value);
   VaryType vary = x.vary();
-  if (!zero)
-    for (const auto& m : x.vary().partial_mesh_axes()) vary.set_invariant(m);
+  for (const auto& m : x.vary().partial_mesh_axes()) vary.set_invariant(m);
   Tensor out = detail::make_result(x.shape(), dtype, vary, x.device_ptr());
   detail::kernels_of(out).fill(dtype, out.raw_mutable(), out.numel(), value);
   return zero ? out.as_known_zero() : out;

@@ -47,9 +47,9 @@ Tensor as_varying(const Tensor& x, const Names& mesh_axes) {
   detail::check_operands("as_varying", {&x});
   VaryType vary = x.vary();
   for (const auto& m : mesh_axes.list()) {
-    if (x.vary().kind(m) != Vary::Split)
-      fail("as_varying", "{} is not Split over mesh axis '{}' ({}): as_varying forgets a cut (use pvary for an Invariant value)",
-           x.str(), m, kind_text(x.vary(), m));
+    if (x.vary().kind(m) != Vary::Split && x.vary().kind(m) != Vary::Partial)
+      fail("as_varying", "{} is not Split or Partial over mesh axis '{}' ({}): as_varying forgets a cut or that a value is a term "
+           "of a sum (use pvary for an Invariant value)", x.str(), m, kind_text(x.vary(), m));
     vary.set_varying(m);
   }
   Tensor out = x.with_vary(vary);

@@ -75,6 +75,13 @@ VocabBlock vocab_block(std::string_view op, const Tensor& t, const std::string& 
 void check_ids(std::string_view op, std::string_view what, const Tensor& ids, const VocabBlock& block, const Tensor& t,
                const std::string& vocab) {
   if (ids.dtype() != DType::i32) fail(op, "{}s must be i32, got {} (with {})", what, ids.str(), t.str());
+  // Each device of the group adds the rows of its block of the vocab: only the same ids on every
+  // device make those the rows of one lookup.
+  for (const auto& m : block.mesh_axes)
+    if (ids.vary().kind(m) != Vary::Invariant)
+      fail(op, "the {}s {} are not Invariant over mesh axis '{}', which cuts the vocab '{}' of {}: every device of the group "
+           "must look up the same {}s, each in its block (all_gather_invariant them over '{}' first)", what, ids.str(), m, vocab,
+           t.str(), what, m);
   if (ids.device().host_accessible()) return check_ids_on_host(op, what, ids, block.total, vocab, t.str());
   NoGrad no_grad;
   const Tensor wide = cast(stop_gradient(ids), DType::f32);  // ids below 2^24 are exact in f32
