@@ -167,7 +167,7 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   if (o.with_jax && o.train.dtype != DType::f32)
     fail("compare", "--with-jax runs JAX in f32 and checks its first loss against nax's: use it with --dtype f32, not {}",
          dtype_name(o.train.dtype));
-  if (!o.cost_model.empty()) set_cost_model(CostModel::parse(read_file(o.cost_model)));
+  if (!o.cost_model.empty()) set_cost_model(CostModel::from_file(o.cost_model));
   TrainOptions hand = o.train, automatic = o.train;
   hand.sharding = "hand", automatic.sharding = "auto";
   const AxisRules rules = axis_rules(mesh);
