@@ -28,24 +28,25 @@ nax::Tensor to_hf_layout(const nax::Tensor& t) {
   return t.with_shape(nax::Shape(axes));
 }
 
-std::string hf_config_json(const Config& c) {
-  json j = {{"architectures", {"GPTJForCausalLM"}},
-            {"model_type", "gptj"},
-            {"vocab_size", c.vocab},
-            {"n_positions", c.max_seq},
-            {"n_embd", c.d_model},
-            {"n_layer", c.n_layers},
-            {"n_head", c.n_heads},
-            {"n_inner", c.d_ff},
-            {"rotary_dim", c.rotary_dims},
-            {"activation_function", "gelu_new"},
-            {"layer_norm_epsilon", c.layer_norm_eps},
-            {"tie_word_embeddings", false},
-            {"bos_token_id", c.bos_token_id},
-            {"eos_token_id", c.eos_token_id},
-            {"torch_dtype", "float32"},
-            {"nax_config", c.name}};
-  return j.dump(2) + "\n";
+std::string hf_config_json(const Config& c) { return hf_config(c).dump(2) + "\n"; }
+
+json hf_config(const Config& c) {
+  return {{"architectures", {"GPTJForCausalLM"}},
+          {"model_type", "gptj"},
+          {"vocab_size", c.vocab},
+          {"n_positions", c.max_seq},
+          {"n_embd", c.d_model},
+          {"n_layer", c.n_layers},
+          {"n_head", c.n_heads},
+          {"n_inner", c.d_ff},
+          {"rotary_dim", c.rotary_dims},
+          {"activation_function", "gelu_new"},
+          {"layer_norm_epsilon", c.layer_norm_eps},
+          {"tie_word_embeddings", false},
+          {"bos_token_id", c.bos_token_id},
+          {"eos_token_id", c.eos_token_id},
+          {"torch_dtype", "float32"},
+          {"nax_config", c.name}};
 }
 
 namespace {

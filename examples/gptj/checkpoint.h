@@ -36,6 +36,7 @@ nax::Tensor to_hf_layout(const nax::Tensor& t);
 // config.json in the form of Hugging Face's GPTJConfig, and back: every field type- and
 // range-checked, errors naming `path` and the field.
 std::string hf_config_json(const Config& c);
+nlohmann::json hf_config(const Config& c);  // the same, as JSON to edit before writing
 Config config_from_json(const std::string& text, const std::string& path = "config.json");
 Config config_from_json(const nax::io::JsonValue& json);
 Config config_from_file(const std::string& path);  // through nax's bounded JSON reader, capped at 1 MiB

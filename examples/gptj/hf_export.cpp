@@ -30,7 +30,7 @@ std::vector<std::string> convert(const ConvertOptions& o) {
       tensors.push_back({r.name, r.global, r.stored_dims, [&, r] { return s.shard(model.weights.read(r.name, r.global, DType::f32), AxisRules{}); }});
     files = checkpoint::save_sharded_folder(s, o.out, tensors, stored, o.max_file_bytes);
   });
-  nlohmann::json config = nlohmann::json::parse(hf_config_json(model.config));
+  nlohmann::json config = hf_config(model.config);
   config["torch_dtype"] = stored == "F32" ? "float32" : stored == "BF16" ? "bfloat16" : "float16";
   checkpoint::write_file_atomically(o.out + "/config.json", config.dump(2) + "\n");
   files.push_back("config.json");
