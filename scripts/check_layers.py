@@ -3,6 +3,7 @@
 
 The layers, lowest first (docs/architecture.md describes each):
   core      include/nax/core, include/nax/tensor.h, src/core
+  io        include/nax/io, src/io (reading the files nax is given: size caps, the bounded JSON reader, output paths)
   trace     include/nax/trace.h, src/trace (the timeline recorder; it uses core only)
   kernels   include/nax/kernels, src/kernels (cpu, cuda)
   comm      include/nax/comm, src/comm (local, mpi, nccl)
@@ -14,7 +15,7 @@ The layers, lowest first (docs/architecture.md describes each):
   global    include/nax/global, src/global
   nn        include/nax/nn, src/nn
   checkpoint include/nax/checkpoint.h, include/nax/checkpoint, src/checkpoint (files, safetensors, sharded)
-  text      include/nax/text, src/text (the tokenizer, its own library nax::text; it uses core and checkpoint's files)
+  text      include/nax/text, src/text (the tokenizer, its own library nax::text; it uses core, io and checkpoint's files)
   (all)     include/nax/nax.h, the umbrella header, may include everything.
 
 A file may include its own layer and any layer below it. A new header at include/nax/ must be
@@ -26,7 +27,7 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["core", "trace", "kernels", "comm", "runtime", "ops", "autodiff", "debug", "global", "nn", "checkpoint", "text"]
+LAYERS = ["core", "io", "trace", "kernels", "comm", "runtime", "ops", "autodiff", "debug", "global", "nn", "checkpoint", "text"]
 TOP_LEVEL_HEADERS = {
     "tensor.h": "core",  # the value type; its methods are defined by the op layer (src/ops/tensor.cpp)
     "trace.h": "trace",

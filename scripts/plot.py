@@ -17,7 +17,7 @@
            mesh axis group into DIR/compare.png and the rows' loss curves into DIR/compare_loss.png.
 
 Runs with Debian's python3 and python3-matplotlib (apt-get install python3-matplotlib).
-Exit status: 0 done, 2 bad arguments or unreadable input.
+Exit status: 0 done, 2 bad arguments, unreadable input or an unwritable output.
 """
 
 import argparse
@@ -41,6 +41,15 @@ def fail(message):
     sys.exit(2)
 
 
+def save(fig, path):
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as e:
+        fail(f"cannot write {path}: {e.strerror}")
+    finally:
+        plt.close(fig)
+
+
 def read_metrics(path):
     """(train, heldout): {step: loss} of a metrics file; later lines win (a resumed run appends)."""
     train, heldout = {}, {}
@@ -52,14 +61,17 @@ def read_metrics(path):
                     continue
                 try:
                     row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    fail(f"{path}:{number}: not JSON ({e})")
+                except (ValueError, RecursionError) as e:  # RecursionError: nested too deep for a metrics line
+                    fail(f"{path}:{number}: not a metrics line ({type(e).__name__}: {str(e)[:200]})")
                 if not isinstance(row, dict) or "step" not in row:
                     continue
-                if row.get("loss") is not None:
-                    train[int(row["step"])] = float(row["loss"])
-                if row.get("heldout_loss") is not None:
-                    heldout[int(row["step"])] = float(row["heldout_loss"])
+                try:
+                    if row.get("loss") is not None:
+                        train[int(row["step"])] = float(row["loss"])
+                    if row.get("heldout_loss") is not None:
+                        heldout[int(row["step"])] = float(row["heldout_loss"])
+                except (TypeError, ValueError, OverflowError) as e:
+                    fail(f"{path}:{number}: \"step\", \"loss\" or \"heldout_loss\" is not a number ({e})")
     except OSError as e:
         fail(f"cannot read {path}: {e.strerror}")
     if not train and not heldout:
@@ -96,8 +108,7 @@ def plot_loss(runs, path):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
 
 
 def read_compare(path):
@@ -106,8 +117,8 @@ def read_compare(path):
             data = json.load(f)
     except OSError as e:
         fail(f"cannot read {path}: {e.strerror}")
-    except json.JSONDecodeError as e:
-        fail(f"{path} is not JSON ({e})")
+    except (ValueError, RecursionError) as e:
+        fail(f"{path} is not a comparison's JSON ({type(e).__name__}: {str(e)[:200]})")
     rows = data.get("rows") if isinstance(data, dict) else data
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and "sharding" in r for r in rows):
         fail(f"{path}: expected a non-empty list of rows, each with a \"sharding\"")
@@ -193,8 +204,7 @@ def plot_compare(rows, path):
 
     fig.suptitle(f"Sharding comparison: {subtitle}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_compare_losses(rows, path):
@@ -236,8 +246,7 @@ def plot_compare_losses(rows, path):
     diff.grid(True, alpha=0.3)
     diff.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
 
 
 def main(argv):
@@ -251,7 +260,10 @@ def main(argv):
         fail("nothing to plot: give --metrics and/or --compare")
     if len(args.label) > len(args.metrics):
         fail(f"{len(args.label)} --label for {len(args.metrics)} --metrics")
-    os.makedirs(args.out, exist_ok=True)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        fail(f"--out: cannot create {args.out}: {e.strerror}")
     written = []
     if args.metrics:
         runs = []

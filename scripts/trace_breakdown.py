@@ -52,8 +52,8 @@ def load(paths):
         try:
             with open(path) as f:
                 data = json.load(f)
-        except (OSError, ValueError) as e:
-            fail(f"cannot read '{path}': {e}")
+        except (OSError, ValueError, RecursionError) as e:
+            fail(f"cannot read '{path}': {type(e).__name__}: {str(e)[:200]}")
         if not isinstance(data, dict) or "traceEvents" not in data:
             fail(f"'{path}' is not a trace-event JSON object (no traceEvents)")
         events.extend(data["traceEvents"])
@@ -307,4 +307,8 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except OSError as e:  # an output (--json, --plot, --merge, --fit-json) that cannot be written
+        fail(f"cannot write '{e.filename}': {e.strerror}")
+    sys.exit(code)

@@ -24,6 +24,15 @@ std::string scratch(const std::string& name) {
   return dir;
 }
 
+// `open` n times, `leaf`, `close` n times: JSON nested n deep.
+std::string nested(int n, const std::string& open, const std::string& leaf, const std::string& close) {
+  std::string text;
+  for (int i = 0; i < n; ++i) text += open;
+  text += leaf;
+  for (int i = 0; i < n; ++i) text += close;
+  return text;
+}
+
 // A file with this header text (which must hold "nax.checksum":"0000000000000000") and data, its
 // checksum filled in as the writer does: so that the loader's other checks are what refuses it.
 std::string sealed(const std::string& header, const std::string& data) {
@@ -105,7 +114,7 @@ TEST_CASE("checkpoint: malformed headers are refused naming the file and the fie
       {"past the end", sealed(header_with(R"("a":{"dtype":"F32","shape":[5],"data_offsets":[0,20]})"), data16), "cover 20 bytes"},
       {"short of the end", sealed(header_with(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})"), data16), "cover 8 bytes"},
       {"dtype x shape", sealed(header_with(R"("a":{"dtype":"F64","shape":[4],"data_offsets":[0,16]})"), data16), "32 bytes by its dtype and shape"},
-      {"duplicate", sealed(header_with(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]})"), data16), "lists 'a' twice"},
+      {"duplicate", sealed(header_with(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]})"), data16), "field 'a' is given twice"},
       {"dtype", sealed(header_with(R"("a":{"dtype":"F8_E4M3","shape":[16],"data_offsets":[0,16]})"), data16), "dtype 'F8_E4M3' (nax reads F32, F64, F16, BF16 and I32)"},
       {"negative dim", sealed(header_with(R"("a":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]})"), data16), "not a non-negative integer"},
       {"fraction", sealed(header_with(R"("a":{"dtype":"F32","shape":[4.0],"data_offsets":[0,16]})"), data16), "not a non-negative integer"},
@@ -116,7 +125,8 @@ TEST_CASE("checkpoint: malformed headers are refused naming the file and the fie
       {"no checksum", sealed(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", data16), "no nax.checksum"},
       {"not JSON", sealed("{\"a\": [", data16), "not valid JSON"},
       {"not an object", sealed("[1, 2]", data16), "not a JSON object"},
-      {"deep", sealed(std::string(100, '{'), data16), "header"},
+      {"deep", sealed(nested(100, "{\"a\":", "1", "}"), data16), "nests deeper than 8 levels, the cap for a safetensors header"},
+      {"deep arrays", sealed(nested(100000, "[", "1", "]"), data16), "nests deeper than 8 levels"},
       {"header longer than the file", std::string("\xff\xff\x00\x00\x00\x00\x00\x00{}", 10), "does not fit the 10-byte file"},
       {"truncated length", std::string("\x02\x00", 2), "fewer than the 8"},
   };
@@ -173,6 +183,45 @@ TEST_CASE("checkpoint: step folders are committed whole, pruned, verified, and t
     REQUIRE_THROWS_WITH(verify_step_folder(folder), Contains("info.json") && Contains("missing"));
   }
   RunFolder again(dir);  // the lock was released with the first
+  fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: non-finite values are refused as they are read, when asked", "[unit][checkpoint][errors]") {
+  const std::string dir = scratch("nonfinite"), path = dir + "/t.safetensors";
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  save_safetensors(path, {{"ok", from_vector(Shape{{"n", 3}}, std::vector<float>{1, 2, 3})},
+                          {"bad", from_vector(Shape{{"n", 4}}, std::vector<float>{nan, 1, -inf, inf})},
+                          {"bad16", cast(from_vector(Shape{{"n", 2}}, std::vector<float>{1, nan}), DType::bf16)},
+                          {"ids", from_vector(Shape{{"n", 2}}, std::vector<std::int32_t>{-1, 7})}});
+  const SafetensorsReader allowing(path), refusing(path, ChecksumPolicy::required, NonFinitePolicy::refuse);
+  REQUIRE(std::isnan(allowing.read("bad").to_vector<float>()[0]));
+  REQUIRE(refusing.read("ok").to_vector<float>() == std::vector<float>{1, 2, 3});
+  REQUIRE(refusing.read("ids").to_vector<std::int32_t>() == std::vector<std::int32_t>{-1, 7});
+  REQUIRE_THROWS_WITH(refusing.read("bad"), Contains(path) && Contains("tensor 'bad' holds 3 non-finite values (NaN or infinity) among its 4"));
+  REQUIRE_THROWS_WITH(refusing.read("bad16"), Contains("tensor 'bad16' holds 1 non-finite"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: what a step folder is, and what an atomic write may replace", "[unit][checkpoint]") {
+  const std::string dir = scratch("step_like");
+  fs::create_directories(dir + "/plain/model");
+  REQUIRE(!looks_like_step_folder(dir + "/plain/model"));
+  REQUIRE(looks_like_step_folder(dir + "/plain/step_000007"));  // by its name, even absent
+  REQUIRE(looks_like_step_folder(dir + "/plain/step_000007.tmp.123"));
+  {
+    RunFolder run(dir + "/run");
+    fs::create_directories(dir + "/run/renamed");
+    REQUIRE(looks_like_step_folder(dir + "/run/renamed"));  // inside a run folder
+    REQUIRE(looks_like_step_folder(dir + "/run/renamed/"));
+  }
+  fs::create_directories(dir + "/elsewhere");
+  testing::replace_file(dir + "/elsewhere/manifest.json", "{}");
+  REQUIRE(looks_like_step_folder(dir + "/elsewhere"));
+  REQUIRE_THROWS_WITH(verify_step_folder(dir + "/plain/model"), Contains("has no manifest.json"));
+  REQUIRE_THROWS_WITH(write_file_atomically(dir + "/plain", "x"), Contains("exists and is not a regular file"));
+  fs::create_symlink("/dev/null", dir + "/null");
+  REQUIRE_THROWS_WITH(write_file_atomically(dir + "/null", "x"), Contains("exists and is not a regular file"));
+  REQUIRE(fs::is_symlink(dir + "/null"));
   fs::remove_all(dir);
 }
 

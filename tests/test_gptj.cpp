@@ -224,8 +224,8 @@ TEST_CASE("config.json: every field type- and range-checked, the file and field 
     INFO(field << " = " << value);
     REQUIRE_THROWS_WITH(gptj::config_from_json(with(field, value), "c.json"), Contains(expected) && Contains("c.json"));
   }
-  REQUIRE_THROWS_WITH(gptj::config_from_json("[1]", "c.json"), Contains("'c.json' is not a JSON object"));
-  REQUIRE_THROWS_WITH(gptj::config_from_json("{", "c.json"), Contains("'c.json' is not a JSON object"));
+  REQUIRE_THROWS_WITH(gptj::config_from_json("[1]", "c.json"), Contains("'c.json' is an array, not a JSON object"));
+  REQUIRE_THROWS_WITH(gptj::config_from_json("{", "c.json"), Contains("'c.json' is not valid JSON"));
   auto custom = nlohmann::json::parse(with("nax_config", "\"mine\""));
   custom["n_head"] = 8, custom["rotary_dim"] = 2, custom["layer_norm_epsilon"] = 0.25;
   const gptj::Config c = gptj::config_from_json(custom.dump(), "c.json");

@@ -117,8 +117,8 @@ TEST_CASE("Hugging Face folders: pickles, broken indexes, missing, extra and ill
       {[](auto& j) { j["weight_map"].erase("lm_head.bias"); }, "holds tensor 'lm_head.bias', which"},
       {[&](auto& j) { j["weight_map"]["lm_head.bias"] = first; }, "maps tensor 'lm_head.bias' to"},
       {[&](auto& j) { j["weight_map"]["lm_head.bias"] = "../" + second; }, "not a .safetensors file in the folder"},
-      {[](auto& j) { j["weight_map"]["lm_head.bias"] = 3; }, "maps to 3, not a file name"},
-      {[](auto& j) { j.erase("weight_map"); }, "no object 'weight_map'"},
+      {[](auto& j) { j["weight_map"]["lm_head.bias"] = 3; }, "field 'weight_map[\"lm_head.bias\"]' is 3, not a string"},
+      {[](auto& j) { j.erase("weight_map"); }, "field 'weight_map' is missing"},
       {[](auto& j) { j["weight_map"]["lm_head.bias"] = "model-00003-of-00002.safetensors"; }, "cannot read"},
   };
   for (std::size_t i = 0; i < broken.size(); ++i) {

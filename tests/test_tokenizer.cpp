@@ -1,6 +1,7 @@
 // The byte-level BPE tokenizer (nax/text) against Hugging Face `tokenizers`: the ids and decodings
 // in tests/fixtures/tokenizer/reference.json were made by scripts/make_tokenizer_fixtures.py.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <nax/core/error.h>
 #include <nax/text/bpe_tokenizer.h>
 #include <nax/text/token_file.h>
@@ -206,6 +207,42 @@ TEST_CASE("tokenizer: bad files and fields are errors naming the file and the fi
   require_error([&] { tok.decode(std::vector<std::int32_t>{-1}); }, {"decode", "-1"});
 }
 
+TEST_CASE("tokenizer: ids are checked before a table is made of them", "[tokenizer]") {
+  auto token_with_id = [](json& j, std::int64_t id) {  // the vocabulary's token of id 5 given `id`
+    for (auto& [token, value] : j["model"]["vocab"].items())
+      if (value == 5) value = id;
+  };
+  for (std::int64_t id : {std::int64_t{2147483647}, std::int64_t{2147483646}, std::int64_t{16777216}, std::int64_t{-1}}) {
+    INFO(id);
+    require_error([&] { BpeTokenizer::from_json(edited([&](json& j) { token_with_id(j, id); }), "t.json"); },
+                  {"t.json", "model.vocab", fmt::format("is {}, outside [0, 16777215]", id)});
+  }
+  // Below 2^24, but a table of ten million entries for 1001 tokens: refused, whichever command reads it.
+  require_error([&] { BpeTokenizer::from_json(edited([&](json& j) { token_with_id(j, 10'000'000); }), "t.json"); },
+                {"t.json", "is 10000000, but the file has only 1001 tokens: ids are expected below 3026"});
+  CHECK(BpeTokenizer::from_json(edited([&](json& j) { token_with_id(j, 3025); })).vocab_size() == 3026);  // holes, within the cap
+  require_error([&] { BpeTokenizer::from_json(edited([&](json& j) { token_with_id(j, 6); }), "t.json"); }, {"t.json", "is 6, the id of token"});
+  require_error([] { BpeTokenizer::from_json(edited([](json& j) { j["added_tokens"][1]["id"] = 2147483647; }), "t.json"); },
+                {"t.json", "added_tokens[1].id", "outside [0, 16777215]"});
+  require_error([] { BpeTokenizer::from_json(edited([](json& j) { j["added_tokens"][1]["id"] = 7; }), "t.json"); },
+                {"t.json", "added_tokens[1].id", "is 7, the id of token"});
+  CHECK_NOTHROW(BpeTokenizer::from_json(edited([](json& j) { j["added_tokens"][0]["id"] = j["model"]["vocab"]["<|endoftext|>"]; })));
+  require_error([] { BpeTokenizer::from_json(edited([](json& j) { j["added_tokens"][1]["content"] = std::string(300, 'x'); }), "t.json"); },
+                {"t.json", "added_tokens[1].content", "has 300 bytes, more than the 256"});
+  require_error([] { BpeTokenizer::from_json("{\"model\": {\"vocab\": {\"a\": 1, \"a\": 2}}}", "t.json"); }, {"t.json", "model.vocab.a", "given twice"});
+}
+
+TEST_CASE("tokenizer: added tokens sharing their first bytes are matched leftmost, then longest", "[tokenizer]") {
+  const auto tok = BpeTokenizer::from_json(edited([](json& j) {
+    for (int i = 0; i < 3000; ++i)  // many tokens on one path of the trie
+      j["added_tokens"].push_back({{"id", 1001 + i}, {"content", fmt::format("<|t{}|>", i)}, {"special", true}, {"normalized", false}});
+    j["added_tokens"].push_back({{"id", 4001}, {"content", "<|t1|>x"}, {"special", true}, {"normalized", false}});
+  }));
+  CHECK(tok.encode("<|t12|>") == std::vector<std::int32_t>{1013});
+  CHECK(tok.encode("<|t1|>x<|t1|>") == std::vector<std::int32_t>{4001, 1002});
+  CHECK(tok.encode("<|t2999|><|t").front() == 4000);
+}
+
 TEST_CASE("tokenizer: merges written as \"left right\" strings (tokenizers before 0.20) read the same", "[tokenizer]") {
   const std::string old_style = edited([](json& j) {
     for (auto& m : j["model"]["merges"]) m = m[0].get<std::string>() + " " + m[1].get<std::string>();
@@ -238,6 +275,19 @@ TEST_CASE("token files: uint16 and uint32 round trips, atomic writes, refusals",
   require_error([&] { nax::text::read_token_file(dir + "/large.tokens"); }, {"large.tokens", "truncated"});
   require_error([&] { nax::text::read_token_file(fixtures + "/tokenizer.json"); }, {"tokenizer.json", "not a nax token file"});
   require_error([&] { nax::text::read_token_file(dir + "/missing.tokens"); }, {"missing.tokens", "cannot read"});
+  // Forged headers: a count whose bytes overflow, a token beyond the vocabulary, a vocabulary of 0.
+  auto forged = [&](std::size_t at, std::uint64_t value) {  // a fresh file with one u64 of its header replaced
+    nax::text::write_token_file(dir + "/f.tokens", small, 65536, 42);
+    std::fstream f(dir + "/f.tokens", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.write(reinterpret_cast<const char*>(&value), sizeof value);
+  };
+  forged(16, std::uint64_t{1} << 63);  // the count: 2^63 tokens of 2 bytes would overflow to 0
+  require_error([&] { nax::text::read_token_file(dir + "/f.tokens"); }, {"f.tokens", "truncated"});
+  forged(24, 1000);  // the vocabulary, below token 3 = 65535
+  require_error([&] { nax::text::read_token_file(dir + "/f.tokens"); }, {"f.tokens", "token 3 is 65535, outside the vocabulary of 1000 ids"});
+  forged(24, 0);
+  require_error([&] { nax::text::read_token_file(dir + "/f.tokens"); }, {"f.tokens", "vocabulary size 0"});
   std::filesystem::remove_all(dir);
 }
 

@@ -6,9 +6,11 @@
 //   model.safetensors      the parameters, Hugging Face names and layouts, f32
 //   optimizer.safetensors  AdamW's moments m.NAME and v.NAME, f32
 //   trainer.json           the step, the optimizer's step count, the tokenizer and the run record
-//                          (what defines the trajectory, compared on --resume)
+//                          (what defines the trajectory, compared on --resume; step_files.h)
 //   manifest.json          every file's size and checksum, written last
+// Every command reads a step folder through one loader, open_step (step_files.h).
 #include <nax/checkpoint.h>
+#include <nax/io/json.h>
 #include <nax/nax.h>
 
 #include <map>
@@ -34,7 +36,10 @@ nax::Tensor to_hf_layout(const nax::Tensor& t);
 // config.json in the form of Hugging Face's GPTJConfig, and back: every field type- and
 // range-checked, errors naming `path` and the field.
 std::string hf_config_json(const Config& c);
+nlohmann::json hf_config(const Config& c);  // the same, as JSON to edit before writing
 Config config_from_json(const std::string& text, const std::string& path = "config.json");
+Config config_from_json(const nax::io::JsonValue& json);
+Config config_from_file(const std::string& path);  // through nax's bounded JSON reader, capped at 1 MiB
 
 // The model tensors of device `s`'s parameters, gathered to global host tensors in Hugging Face
 // layout (collective: every device calls it; the result is whole on each).
@@ -48,9 +53,8 @@ std::vector<nax::checkpoint::ShardedRead> optimizer_reads(const std::vector<nax:
 // Checks that `file` holds exactly `reads` (names, stored dims, f32), naming the file and tensor.
 void expect_exactly(const nax::checkpoint::SafetensorsReader& file, const std::vector<nax::checkpoint::ShardedRead>& reads);
 
-// A folder to load a model from: `dir` itself when it holds config.json (a step folder, or a
-// Hugging Face-style folder), else the newest committed step folder of run folder `dir`. A folder
-// with a manifest is verified against it.
+// A folder to load a model from: `dir` itself when it holds config.json or is a step folder
+// (is_step_folder), else the newest committed step folder of run folder `dir`.
 std::string model_folder(const std::string& dir);
 
 // Checks that `weights` holds exactly `reads` (names, stored dims, any floating dtype; the
@@ -58,21 +62,18 @@ std::string model_folder(const std::string& dir);
 void expect_model_tensors(const nax::checkpoint::SafetensorsFolder& weights, const std::vector<nax::checkpoint::ShardedRead>& reads);
 
 // A model folder opened for inference or fine-tuning: its config (checked against the tensors)
-// and weights, either a nax step folder or a Hugging Face folder (model.safetensors, or shards
-// and model.safetensors.index.json; F32, F16 or BF16, read as f32; docs/hf-import.md).
+// and weights, either a nax step folder (opened by open_step, as --resume opens it) or a Hugging
+// Face folder (model.safetensors, or shards and model.safetensors.index.json; F32, F16 or BF16,
+// read as f32; docs/hf-import.md). `nonfinite`: whether NaN or infinite weights are refused as
+// they are read.
 struct ModelFiles {
   std::string folder;
   Config config;
   nax::checkpoint::SafetensorsFolder weights;
 };
-ModelFiles open_model(const std::string& dir);
-
-// trainer.json, validated: the step, the optimizer's steps and the run record.
-struct TrainerState {
-  std::int64_t step = 0, adam_steps = 0;
-  nlohmann::json run;
-};
-TrainerState trainer_state_from_json(const std::string& text, const std::string& path);
-std::string trainer_json(std::int64_t step, std::int64_t adam_steps, const nlohmann::json& run);
+inline nax::checkpoint::NonFinitePolicy nonfinite_policy(bool allow) {
+  return allow ? nax::checkpoint::NonFinitePolicy::allow : nax::checkpoint::NonFinitePolicy::refuse;
+}
+ModelFiles open_model(const std::string& dir, nax::checkpoint::NonFinitePolicy nonfinite = nax::checkpoint::NonFinitePolicy::refuse);
 
 }  // namespace gptj

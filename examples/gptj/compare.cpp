@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nax/io/json.h>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -105,16 +106,16 @@ std::optional<CompareRow> run_jax(const CompareOptions& o, const TextData& data,
     return std::nullopt;
   }
   if (code != 0) fail("compare", "the JAX baseline failed (exit {}): {}", code, command);
-  auto j = nlohmann::json::parse(read_file(json), nullptr, false);
-  if (j.is_array() && !j.empty()) j = j[0];
-  if (j.is_discarded() || !j.contains("tokens_per_s")) fail("compare", "the JAX baseline wrote no usable row to '{}'", json);
+  const io::JsonValue rows = io::read_json(json, io::kResultRowsCaps, "compare");
+  const io::JsonValue j = rows.is_array() && rows.size() > 0 ? rows.at(std::size_t{0}) : rows;
+  if (!j.is_object()) j.fail("is {}, not the JAX baseline's row", j.brief());
   CompareRow row;
   row.sharding = "jax";
-  row.tokens_per_s = j["tokens_per_s"].get<double>();
-  row.first_loss = j.value("first_loss", 0.0);
-  row.final_loss = j.value("final_loss", 0.0);
-  if (j.contains("losses")) row.losses = j["losses"].get<std::vector<double>>();
-  if (j.contains("peak_bytes") && j["peak_bytes"].is_number()) row.peak_bytes = j["peak_bytes"].get<std::size_t>();
+  row.tokens_per_s = j.at("tokens_per_s").number(0, 1e300);
+  if (const auto v = j.given("first_loss")) row.first_loss = v->number(-1e300, 1e300);
+  if (const auto v = j.given("final_loss")) row.final_loss = v->number(-1e300, 1e300);
+  if (const auto losses = j.given("losses")) losses->for_each_element([&](const io::JsonValue& l) { row.losses.push_back(l.number(-1e300, 1e300)); });
+  if (const auto v = j.given("peak_bytes")) row.peak_bytes = static_cast<std::size_t>(v->integer(0, INT64_MAX));
   row.measured_comm = false;
   std::filesystem::remove_all(dir);
   return row;
@@ -167,7 +168,7 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   if (o.with_jax && o.train.dtype != DType::f32)
     fail("compare", "--with-jax runs JAX in f32 and checks its first loss against nax's: use it with --dtype f32, not {}",
          dtype_name(o.train.dtype));
-  if (!o.cost_model.empty()) set_cost_model(CostModel::parse(read_file(o.cost_model)));
+  if (!o.cost_model.empty()) set_cost_model(CostModel::from_file(o.cost_model));
   TrainOptions hand = o.train, automatic = o.train;
   hand.sharding = "hand", automatic.sharding = "auto";
   const AxisRules rules = axis_rules(mesh);

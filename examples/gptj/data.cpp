@@ -1,9 +1,11 @@
 #include "data.h"
 
 #include <fmt/format.h>
-#include <nax/checkpoint/files.h>
+#include <nax/io/read_file.h>
 
 #include <nax/text/token_file.h>
+
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -24,13 +26,33 @@ std::string decode(const std::vector<std::int32_t>& tokens) {
   return out;
 }
 
+namespace {
+
+// The text, its tokens (4 bytes each) and their split into training and held-out copies are in
+// memory together, about 9 bytes per byte of text: a corpus that cannot fit is refused before it is read.
+void check_text_fits(const std::vector<std::string>& files) {
+  std::uint64_t bytes = 0;
+  for (const auto& path : files) {
+    std::error_code ec;
+    const auto n = std::filesystem::file_size(path, ec);
+    if (!ec) bytes += n;
+  }
+  const double need = 9.0 * static_cast<double>(bytes), have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  if (need > have)
+    nax::fail("data", "--data: {} bytes of text need about {:.1f} GB in memory as tokens, more than this machine's {:.1f} GB", bytes, need * 1e-9,
+              have * 1e-9);
+}
+
+}  // namespace
+
 TextData TextData::load(const std::vector<std::string>& files, double heldout_fraction) {
   if (files.empty()) nax::fail("data", "no text files given (--data FILE...)");
+  check_text_fits(files);
   std::string text;
   for (const auto& path : files) {
     std::string contents;
     try {
-      contents = nax::checkpoint::read_file(path, 1ull << 36);  // regular files only: a folder or a FIFO is refused
+      contents = nax::io::read_file(path, nax::io::kTrainingTextCaps);  // regular files only: a folder or a FIFO is refused
     } catch (const nax::Error& e) {
       nax::fail("data", "{}", e.what());
     }
@@ -46,6 +68,7 @@ TextData TextData::from_text(const std::string& text, double heldout_fraction) {
 TextData TextData::load_tokenized(const std::vector<std::string>& files, const std::string& tokenizer_path, const std::string& cache_dir,
                                   bool quiet, double heldout_fraction) {
   if (files.empty()) nax::fail("data", "no text files given (--data FILE...)");
+  check_text_fits(files);
   const auto tokenizer = nax::text::BpeTokenizer::from_file(tokenizer_path);
   const auto key = nax::text::tokenizer_file_key(tokenizer_path);
   const auto end_of_text = tokenizer.token_to_id("<|endoftext|>");
@@ -54,7 +77,9 @@ TextData TextData::load_tokenized(const std::vector<std::string>& files, const s
     if (!std::filesystem::is_regular_file(path)) nax::fail("data", "cannot read '{}'", path);
     std::string cache;
     if (!cache_dir.empty()) {
-      std::filesystem::create_directories(cache_dir);
+      std::error_code ec;
+      std::filesystem::create_directories(cache_dir, ec);
+      if (ec || !std::filesystem::is_directory(cache_dir)) nax::fail("data", "--token-cache: cannot create folder '{}': {}", cache_dir, ec ? ec.message() : "not a folder");
       cache = (std::filesystem::path(cache_dir) / (std::filesystem::path(path).filename().string() + ".tokens")).string();
     }
     const auto file_tokens = nax::text::tokenize_file(tokenizer, key, path, cache, quiet ? nax::text::TokenizeProgress{} : nax::text::print_tokenize_progress);

@@ -81,7 +81,9 @@ void export_run(const ExportOptions& options, const TextData& data) {
       {"files", {"model.safetensors", "config.json", "batches.safetensors"}}};
   for (const auto& [name, t] : model) info["parameters"].push_back(name);
 
-  std::filesystem::create_directories(options.out);
+  std::error_code ec;
+  std::filesystem::create_directories(options.out, ec);
+  if (ec || !std::filesystem::is_directory(options.out)) fail("export", "--out: cannot create folder '{}': {}", options.out, ec ? ec.message() : "not a folder");
   const std::string dir = options.out;
   save_safetensors(dir + "/model.safetensors", model, {{"format", "pt"}});
   write_file_atomically(dir + "/config.json", hf_config_json(config));

@@ -12,6 +12,7 @@ struct ConvertOptions {
   std::string out;              // a new or empty folder
   std::string dtype = "F32";    // F32, BF16 or F16 (nax::checkpoint::parse_stored_dtype)
   std::uint64_t max_file_bytes = 10ull << 30;  // above this, shards and model.safetensors.index.json (transformers' default: 10 GB)
+  bool allow_nonfinite = false;  // weights holding NaN or infinities are refused unless set
 };
 
 // Writes out/config.json and the weights, one tensor at a time; returns the files written.

@@ -11,9 +11,12 @@
 #include <algorithm>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
+#include <nax/io/output_path.h>
 #include <nlohmann/json.hpp>
 
 #include "compare.h"
@@ -90,21 +93,29 @@ Handler set_true(bool& field) {
 }
 
 // --trace FILE: records the command's timeline and writes it at the end (nax/trace.h; under mpirun
-// one file per process, FILE.rank<r>.json).
+// one file per process, FILE.rank<r>.json). The path is checked before the work; a trace that
+// cannot be written at the end fails the command.
 class TraceFile {
  public:
   Handler flag() {
     return [this](const std::string& v) { path_ = v; };
   }
   void start() {
-    if (!path_.empty()) nax::trace::start();
-  }
-  ~TraceFile() {
     if (path_.empty()) return;
+    nax::io::check_writable(nax::trace::process_path(path_), "--trace");
+    nax::trace::start();
+  }
+  void finish() {
+    if (path_.empty() || finished_) return;
+    finished_ = true;
     nax::trace::stop();
+    nax::trace::write(path_, "gptj");
+    fmt::print(stderr, "trace: {} spans written to {}\n", nax::trace::event_count(), nax::trace::process_path(path_));
+  }
+  ~TraceFile() {  // a command that failed still leaves its timeline, if it can (the exit is already non-zero)
+    if (path_.empty() || finished_ || !nax::trace::enabled()) return;
     try {
-      nax::trace::write(path_, "gptj");
-      fmt::print(stderr, "trace: {} spans written to {}\n", nax::trace::event_count(), nax::trace::process_path(path_));
+      finish();
     } catch (const std::exception& e) {
       fmt::print(stderr, "error: {}\n", e.what());
     }
@@ -112,6 +123,7 @@ class TraceFile {
 
  private:
   std::string path_;
+  bool finished_ = false;
 };
 
 // The flags that say what to train on, shared by train, compare and export.
@@ -174,6 +186,8 @@ void train_help() {
       "                     all-gathers the parameters (same steps; checkpoints as without)\n"
       "  --deterministic    bitwise-identical results on every mesh (docs/determinism.md): every\n"
       "                     sum in a canonical order fixed by the global problem; slower\n"
+      "  --allow-nonfinite  with --init-from or --resume: load weights holding NaN or infinities\n"
+      "                     (refused otherwise); a non-finite loss still stops the run\n"
       "  --trace FILE       write a timeline of every device's ops and collectives (Chrome trace JSON,\n"
       "                     for Perfetto and scripts/trace_breakdown.py; one file per rank under mpirun)\n"
       "  --quiet            no progress line (on a terminal a live line, else a plain line per second at most)\n");
@@ -200,6 +214,7 @@ void sample_help() {
       "                     sum in a canonical order fixed by the global problem; slower\n"
       "  --seed S           sampling seed                                 (default 0)\n"
       "  --tokenizer FILE   the tokenizer.json the model was trained with (default: bytes)\n"
+      "  --allow-nonfinite  load weights holding NaN or infinities (refused otherwise)\n"
       "  --trace FILE       write a timeline of the devices' ops and collectives (as for gptj train)\n");
 }
 
@@ -226,6 +241,7 @@ int run_train(int argc, char** argv) {
                {"--remat", set_true(o.remat)},
                {"--zero", set_true(o.zero)},
                {"--deterministic", set_true(o.deterministic)},
+               {"--allow-nonfinite", set_true(o.allow_nonfinite)},
                {"--quiet", set_true(o.quiet)}});
   if (!o.init_from.empty() && std::any_of(argv + 2, argv + argc, [](const char* a) { return std::string_view(a) == "--config"; }))
     nax::fail("gptj", "--config and --init-from: the config comes from '{}/config.json', give one of them", o.init_from);
@@ -233,6 +249,7 @@ int run_train(int argc, char** argv) {
   trace.start();
   auto result = gptj::train(o, o.tokenizer.empty() ? gptj::TextData::load(o.data)
                                                    : gptj::TextData::load_tokenized(o.data, o.tokenizer, o.token_cache, o.quiet));
+  trace.finish();
   if (nax::process_index() != 0) return 0;  // under mpirun, process 0 reports
   if (!o.init_from.empty() && !o.resume) fmt::print("pretrained model's held-out loss: {:.4f}\n", result.initial_heldout_loss);
   fmt::print("final: train loss {:.4f}, held-out loss {:.4f}, {:.0f} tokens/s, MFU {:.1f}% of {:.0f} GFLOP/s, {} compute\n",
@@ -320,10 +337,12 @@ int run_compare(int argc, char** argv) {
     return gptj::compare_meshes(c, gptj::TextData::load(o.data));
   }
   gptj::check_options(o);
+  if (!c.json.empty()) nax::io::check_writable(c.json, "--json");
   if (c.timing_skip < 0 || c.timing_skip >= o.steps) nax::fail("gptj", "--warmup-steps must be at least 0 and below --steps ({})", o.steps);
   if (c.projected_mfu <= 0 || c.projected_mfu > 1) nax::fail("gptj", "--mfu must be in (0, 1]");
   trace.start();
   const auto rows = gptj::compare(c, gptj::TextData::load(o.data));
+  trace.finish();
   if (nax::process_index() != 0) return 0;
   gptj::print_comparison(rows, c);
   if (!c.json.empty()) gptj::write_comparison_json(rows, c, c.json);
@@ -349,10 +368,11 @@ int run_logits(int argc, char** argv) {
                {"--prompt", set(o.prompt)},
                {"--tokenizer", set(o.tokenizer)}},
               [] {
-                fmt::print("usage: gptj logits --ckpt DIR --prompt TEXT [--mesh SPEC] [--tokenizer FILE] [--deterministic]\nPrints the "
-                           "logits of every prompt position as JSON (--deterministic: the same bits on every mesh).\n");
+                fmt::print("usage: gptj logits --ckpt DIR --prompt TEXT [--mesh SPEC] [--tokenizer FILE] [--deterministic] [--allow-nonfinite]\n"
+                           "Prints the logits of every prompt position as JSON (--deterministic: the same bits on every mesh;\n"
+                           "--allow-nonfinite: load weights holding NaN or infinities, which are refused otherwise).\n");
               },
-              {{"--deterministic", set_true(o.deterministic)}});
+              {{"--deterministic", set_true(o.deterministic)}, {"--allow-nonfinite", set_true(o.allow_nonfinite)}});
   const auto rows = gptj::prompt_logits(o);
   if (nax::process_index() != 0) return 0;
   std::vector<std::string> lines;
@@ -394,11 +414,13 @@ int run_convert(int argc, char** argv) {
                   o.max_file_bytes = static_cast<std::uint64_t>(mb * 1e6);
                 }}},
               [] {
-                fmt::print("usage: gptj convert --ckpt DIR --out HF_DIR [--dtype f32|bf16|f16] [--max-file-mb N]\n"
+                fmt::print("usage: gptj convert --ckpt DIR --out HF_DIR [--dtype f32|bf16|f16] [--max-file-mb N] [--allow-nonfinite]\n"
                            "Writes a model (a run folder's newest step, a step folder or a Hugging Face folder) as a Hugging Face\n"
                            "GPT-J folder: config.json and model.safetensors, or above N MB (default 10000) shards\n"
-                           "model-0000k-of-0000n.safetensors with model.safetensors.index.json, in the dtype (default f32).\n");
-              });
+                           "model-0000k-of-0000n.safetensors with model.safetensors.index.json, in the dtype (default f32).\n"
+                           "Weights holding NaN or infinities are refused unless --allow-nonfinite.\n");
+              },
+              {{"--allow-nonfinite", set_true(o.allow_nonfinite)}});
   if (o.from.empty()) nax::fail("gptj", "convert needs --ckpt DIR");
   if (o.out.empty()) nax::fail("gptj", "convert needs --out DIR");
   const auto files = gptj::convert(o);
@@ -426,10 +448,13 @@ int run_sample(int argc, char** argv) {
                {"--seed", set_int("--seed", o.seed)},
                {"--tokenizer", set(o.tokenizer)}},
               sample_help,
-              {{"--ignore-eos", [&](const std::string&) { o.stop_at_eos = false; }}, {"--deterministic", set_true(o.deterministic)}});
+              {{"--ignore-eos", [&](const std::string&) { o.stop_at_eos = false; }},
+               {"--deterministic", set_true(o.deterministic)},
+               {"--allow-nonfinite", set_true(o.allow_nonfinite)}});
   trace.start();
   if (o.prompts.empty()) o.prompts.push_back("");
   const auto texts = gptj::sample_batch(o);
+  trace.finish();
   if (nax::process_index() != 0) return 0;
   if (texts.size() == 1) {
     fmt::print("{}{}\n", o.prompts[0], texts[0]);
@@ -468,27 +493,37 @@ int run_plan(int argc, char** argv) {
   return 0;
 }
 
+int run_command(int argc, char** argv) {
+  const std::string command = argc > 1 ? argv[1] : "--help";
+  if (command == "train") return run_train(argc, argv);
+  if (command == "sample") return run_sample(argc, argv);
+  if (command == "logits") return run_logits(argc, argv);
+  if (command == "export") return run_export(argc, argv);
+  if (command == "compare") return run_compare(argc, argv);
+  if (command == "tokenize") return run_tokenize(argc, argv);
+  if (command == "convert") return run_convert(argc, argv);
+  if (command == "plan") return run_plan(argc, argv);
+  if (command == "--help" || command == "-h" || command == "help") {
+    fmt::print("usage: gptj <train|sample|logits|compare|export|tokenize|convert|plan> [flags]   (gptj <command> --help for the flags)\n");
+    return argc > 1 ? 0 : 2;
+  }
+  nax::fail("gptj", "unknown command '{}' (expected train, sample, logits, compare, export, tokenize, convert or plan)", command);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);  // a file size limit: a write error naming the file, not a kill
+  int code = 1;
   try {
-    const std::string command = argc > 1 ? argv[1] : "--help";
-    if (command == "train") return run_train(argc, argv);
-    if (command == "sample") return run_sample(argc, argv);
-    if (command == "logits") return run_logits(argc, argv);
-    if (command == "export") return run_export(argc, argv);
-    if (command == "compare") return run_compare(argc, argv);
-    if (command == "tokenize") return run_tokenize(argc, argv);
-    if (command == "convert") return run_convert(argc, argv);
-    if (command == "plan") return run_plan(argc, argv);
-    if (command == "--help" || command == "-h" || command == "help") {
-      fmt::print("usage: gptj <train|sample|logits|compare|export|tokenize|convert|plan> [flags]   (gptj <command> --help for the flags)\n");
-      return argc > 1 ? 0 : 2;
-    }
-    nax::fail("gptj", "unknown command '{}' (expected train, sample, logits, compare, export, tokenize, convert or plan)", command);
+    code = run_command(argc, argv);
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
+  }
+  // The results printed are the command's output too: a full disk or a closed pipe is an error.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    fmt::print(stderr, "error: gptj: cannot write the standard output: {}\n", std::strerror(errno));
     return 1;
   }
+  return code;
 }

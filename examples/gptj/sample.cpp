@@ -9,6 +9,7 @@
 #include "checkpoint.h"
 #include "train.h"
 
+#include <nax/io/read_file.h>
 #include <nax/text/bpe_tokenizer.h>
 
 namespace gptj {
@@ -58,7 +59,9 @@ struct Loaded {
 Loaded load_for_inference(const SampleOptions& o) {
   if (o.ckpt_dir.empty()) fail("sample", "--ckpt DIR is required");
   const Mesh mesh = Mesh::parse(o.mesh);
-  Loaded m{open_model(o.ckpt_dir), {}, mesh, {}, {}};
+  Loaded m{open_model(o.ckpt_dir, nonfinite_policy(o.allow_nonfinite)), {}, mesh, {}, {}};
+  check_host_memory("sample", fmt::format("the model in '{}' ({} parameters, f32)", m.files.folder, parameter_count(m.files.config)),
+                    4.0 * static_cast<double>(parameter_count(m.files.config)));
   check_fits(m.files.config, m.mesh, m.mesh.has("dp") ? m.mesh.axis_size("dp") : 1);
   m.specs = parameter_specs(m.files.config);
   m.rules = axis_rules(m.mesh);
@@ -88,6 +91,9 @@ std::vector<std::int32_t> prompt_tokens(const SampleOptions& o, const std::strin
     tokens = tokenizer.encode(prompt_text);
     if (tokens.empty()) tokens.push_back(tokenizer.token_to_id("<|endoftext|>").value_or(0));
   }
+  for (std::size_t i = 0; i < tokens.size(); ++i)  // bytes above a small vocabulary (a tokenizer's ids were checked above)
+    if (tokens[i] >= c.vocab)
+      fail("sample", "the prompt's token {} is id {}, beyond the model's {} rows{}", i, tokens[i], c.vocab, m.tokenizer ? "" : " (give its --tokenizer)");
   const auto context = c.max_seq, prompt = static_cast<std::int64_t>(tokens.size());
   if (prompt > context || generated > context - prompt)  // subtracted, so that no sum overflows
     fail("sample", "the prompt ({} tokens) plus {} generated exceeds the model's context of {} tokens", prompt, generated, context);
@@ -125,7 +131,7 @@ void check_options(const SampleOptions& o) {
 }
 
 std::vector<std::string> read_prompts(const std::string& path) {
-  const std::string text = checkpoint::read_file(path, 16ull << 20);
+  const std::string text = io::read_file(path, io::kPromptsCaps);
   std::vector<std::string> prompts;
   std::size_t begin = 0;
   while (begin <= text.size()) {

@@ -13,9 +13,12 @@
 #include <optional>
 #include <thread>
 
+#include <nax/io/output_path.h>
+
 #include "checkpoint.h"
 #include "learner.h"
 #include "progress.h"
+#include "step_files.h"
 
 namespace gptj {
 
@@ -59,7 +62,7 @@ namespace ckpt = nax::checkpoint;
 // and the sharding are not in it: a checkpoint resumes on any mesh.
 nlohmann::json run_record(const TrainOptions& o) {
   // unpadded: the padding follows the mesh
-  const Config c = o.init_from.empty() ? config_by_name(o.config) : open_model(o.init_from).config;
+  const Config c = o.init_from.empty() ? config_by_name(o.config) : open_model(o.init_from, nonfinite_policy(o.allow_nonfinite)).config;
   nlohmann::json data = nlohmann::json::array();
   for (const auto& path : o.data) {
     std::error_code ec;
@@ -75,48 +78,69 @@ nlohmann::json run_record(const TrainOptions& o) {
           {"tokenizer", o.tokenizer.empty() ? std::string("bytes") : ckpt::file_checksum(o.tokenizer)}};
 }
 
-// A difference between the checkpoint's run and this one is an error naming the field and both
-// values; --allow-extend-steps lets --steps grow.
-void check_resume(const nlohmann::json& saved, const nlohmann::json& now, const TrainOptions& o, std::int64_t step, const std::string& path) {
+// A difference between the checkpoint's run (trainer.json's record, at `path`) and this one is an
+// error naming the field, both values and the file; --allow-extend-steps lets --steps grow.
+void check_resume(const TrainerState& saved, const nlohmann::json& now, const TrainOptions& o) {
+  auto differs = [&](const std::string& field, const nlohmann::json& before, const nlohmann::json& value) {
+    fail("train", "--resume: {} differs: the checkpoint's run has {}, this one {} ('{}', field 'run.{}'){}", field, before.dump(), value.dump(),
+         saved.path, field, field == "steps" ? " (add --allow-extend-steps to stretch the schedule over more steps)" : "");
+  };
   for (const auto& [field, value] : now.items()) {
-    if (!saved.contains(field)) fail("train", "--resume: '{}' has no field '{}' in its run record", path, field);
-    const auto& before = saved[field];
+    if (!saved.run.contains(field)) fail("train", "--resume: '{}' has no field 'run.{}' in its run record", saved.path, field);
+    const auto& before = saved.run[field];
     if (before == value) continue;
     if (field == "steps" && o.allow_extend_steps && before.is_number_integer() && value.get<std::int64_t>() > before.get<std::int64_t>())
       continue;
-    fail("train", "--resume: {} differs: the checkpoint's run has {}, this one {}{}", field, before.dump(), value.dump(),
-         field == "steps" ? " (add --allow-extend-steps to stretch the schedule over more steps)" : "");
+    if (value.is_object() && before.is_object())  // the config: named by its field (this run's record is two levels deep)
+      for (const auto& [key, part] : value.items())
+        if (!before.contains(key) || before[key] != part) differs(field + "." + key, before.value(key, nlohmann::json()), part);
+    differs(field, before, value);
   }
-  if (step >= o.steps) fail("train", "--resume: the checkpoint '{}' is at step {}, and --steps is {}: nothing left to run", path, step, o.steps);
+  if (saved.step >= o.steps)
+    fail("train", "--resume: the checkpoint '{}' is at step {}, and --steps is {}: nothing left to run", saved.path, saved.step, o.steps);
+}
+
+// The step folder's config against the one this run builds (the vocabulary padded for this mesh
+// included): the model resumed is the model saved.
+void check_same_config(const Config& saved, const std::string& folder, const Config& now) {
+  auto differ = [&](const char* field, const auto& a, const auto& b) {
+    fail("train", "--resume: '{}/config.json' has {} {}, this run's config {}", folder, field, a, b);
+  };
+  if (saved.name != now.name) differ("nax_config", saved.name, now.name);
+  if (saved.vocab != now.vocab) differ("vocab_size", saved.vocab, now.vocab);
+  if (saved.d_model != now.d_model) differ("n_embd", saved.d_model, now.d_model);
+  if (saved.n_layers != now.n_layers) differ("n_layer", saved.n_layers, now.n_layers);
+  if (saved.n_heads != now.n_heads) differ("n_head", saved.n_heads, now.n_heads);
+  if (saved.d_ff != now.d_ff) differ("n_inner", saved.d_ff, now.d_ff);
+  if (saved.rotary_dims != now.rotary_dims) differ("rotary_dim", saved.rotary_dims, now.rotary_dims);
+  if (saved.max_seq != now.max_seq) differ("n_positions", saved.max_seq, now.max_seq);
+  if (saved.layer_norm_eps != now.layer_norm_eps) differ("layer_norm_epsilon", saved.layer_norm_eps, now.layer_norm_eps);
 }
 
 struct ResumePoint {
-  std::string folder;
-  TrainerState trainer;
-  std::optional<ckpt::SafetensorsReader> model, optimizer;
+  std::optional<StepFiles> step;
+  std::optional<ckpt::SafetensorsReader> optimizer;
 };
 
-// The newest committed checkpoint of `dir`, verified and compared with this run (`run`, its
-// run_record) before any work.
+// The newest committed checkpoint of `dir`, opened as every command opens a step folder, compared
+// with this run (`run`, its run_record) before any work.
 ResumePoint open_resume(const TrainOptions& o, const Config& config, const std::vector<nn::ParamSpec>& specs, const nlohmann::json& run) {
   const auto steps = ckpt::committed_steps(o.ckpt_dir);
   if (steps.empty()) fail("train", "--resume: '{}' holds no committed checkpoint (step_NNNNNN/)", o.ckpt_dir);
   ResumePoint r;
-  r.folder = ckpt::step_folder(o.ckpt_dir, steps.back());
-  ckpt::verify_step_folder(r.folder);
-  const std::string config_path = r.folder + "/config.json", trainer_path = r.folder + "/trainer.json";
-  const Config saved = config_from_json(read_file(config_path), config_path);
-  if (saved.name != config.name) fail("checkpoint", "'{}' was trained with config '{}', not '{}'", r.folder, saved.name, config.name);
-  r.trainer = trainer_state_from_json(read_file(trainer_path), trainer_path);
-  if (r.trainer.step != steps.back()) fail("checkpoint", "'{}': field 'step' is {}, the folder's name says {}", trainer_path, r.trainer.step, steps.back());
-  check_resume(r.trainer.run, run, o, r.trainer.step, r.folder);
-  r.model.emplace(r.folder + "/model.safetensors");
-  expect_exactly(*r.model, model_reads(specs));
-  r.optimizer.emplace(r.folder + "/optimizer.safetensors");
+  const std::string folder = ckpt::step_folder(o.ckpt_dir, steps.back());
+  r.step.emplace(open_step(folder, nonfinite_policy(o.allow_nonfinite)));
+  if (r.step->config.name != config.name)
+    fail("checkpoint", "'{}/config.json' was trained with config '{}' (field 'nax_config'), not '{}'", folder, r.step->config.name, config.name);
+  check_resume(r.step->trainer, run, o);
+  check_same_config(r.step->config, folder, config);
+  expect_exactly(r.step->weights.file_of(specs.front().name), model_reads(specs));
+  r.optimizer.emplace(folder + "/optimizer.safetensors", ckpt::ChecksumPolicy::required, nonfinite_policy(o.allow_nonfinite));
   expect_exactly(*r.optimizer, optimizer_reads(specs));
   const auto& meta = r.optimizer->metadata();
-  if (auto it = meta.find("adam_steps"); it == meta.end() || it->second != std::to_string(r.trainer.adam_steps))
-    fail("checkpoint", "'{}': metadata adam_steps differs from trainer.json's {}", r.optimizer->path(), r.trainer.adam_steps);
+  if (auto it = meta.find("adam_steps"); it == meta.end() || it->second != std::to_string(r.step->trainer.adam_steps))
+    fail("checkpoint", "'{}': metadata adam_steps differs from '{}' field 'adam_steps' = {}", r.optimizer->path(), r.step->trainer.path,
+         r.step->trainer.adam_steps);
   return r;
 }
 
@@ -146,6 +170,13 @@ void save_checkpoint(Shard& s, ckpt::RunFolder* folder, const Config& c, const n
     }
     throw;
   }
+}
+
+// A value training cannot go on from: the run stops at `step` (0-based; reported 1-based as the
+// progress line does) before anything of it is saved, so the newest checkpoint stays the last good one.
+[[noreturn]] void stop_nonfinite(const char* what, double value, std::int64_t step, std::int64_t last_saved) {
+  fail("train", "step {}: {} is {}: training stopped, nothing of this step saved ({})", step + 1, what, value,
+       last_saved >= 0 ? fmt::format("the newest checkpoint, step {}, is the last good one", last_saved) : std::string("no checkpoint written"));
 }
 
 // A fresh run refuses a folder that holds anything but temporaries (another run's checkpoints
@@ -185,15 +216,16 @@ void check_options(const TrainOptions& o) {
   if (o.resume && o.ckpt_dir.empty()) fail("train", "--resume needs --ckpt-dir");
   if (o.allow_extend_steps && !o.resume) fail("train", "--allow-extend-steps goes with --resume");
   if (o.remat && o.sharding != "hand") fail("train", "--remat needs --sharding hand (the global view has no checkpointing yet)");
+  if (!o.metrics.empty()) io::check_writable(o.metrics, "--metrics");
+}
+
+void check_host_memory(const std::string& op, const std::string& what, double need) {
+  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE)) * process_count();
+  if (need > have) fail(op, "{} needs at least {:.1f} GB of memory, more than this machine's {:.1f} GB", what, need * 1e-9, have * 1e-9);
 }
 
 void check_memory(const Config& config, std::int64_t batch, std::int64_t seq) {
-  const double need = training_bytes_lower_bound(config, batch, seq);
-  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE)) * process_count();
-  if (need > have)
-    fail("train", "config {} at batch {} x seq {} needs at least {:.1f} GB (parameters, gradients, AdamW state and activations), "
-         "more than this machine's {:.1f} GB of memory",
-         config.name, batch, seq, need * 1e-9, have * 1e-9);
+  check_host_memory("train", fmt::format("config {} at batch {} x seq {}", config.name, batch, seq), training_bytes_lower_bound(config, batch, seq));
 }
 
 // Deterministic mode with micro-batches: the global batch's rows reordered so that micro-batch m of
@@ -233,7 +265,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
   check_options(o);
   const Mesh mesh = Mesh::parse(o.mesh);
   std::optional<ModelFiles> pretrained;  // --init-from: its config and weights
-  if (!o.init_from.empty()) pretrained.emplace(open_model(o.init_from));
+  if (!o.init_from.empty()) pretrained.emplace(open_model(o.init_from, nonfinite_policy(o.allow_nonfinite)));
   if (pretrained && data.vocab_size() > pretrained->config.vocab)
     fail("train", "--init-from '{}': the data's tokenizer has {} ids, more than the model's vocab_size {}", o.init_from, data.vocab_size(),
          pretrained->config.vocab);
@@ -261,7 +293,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
   const bool lead_process = process_index() == 0;  // under mpirun, process 0 alone reports and writes
   if (!o.metrics.empty() && lead_process) {
     metrics.open(o.metrics, o.resume ? std::ios::app : std::ios::trunc);
-    if (!metrics) fail("train", "cannot write metrics to '{}'", o.metrics);
+    if (!metrics) fail("train", "--metrics: cannot write '{}'", o.metrics);
   }
 
   TrainResult result;
@@ -280,11 +312,11 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
     Learner learner(s, config, rules, o);
     Model& model = learner.model();
     nn::AdamW& opt = learner.optimizer();
-    std::int64_t first = 0;
+    std::int64_t first = 0, last_saved = -1;
     if (o.resume) {  // one global tensor at a time, each device keeping its block
-      model.params().assign(ckpt::load_sharded(s, *resume.model, model_reads(specs), rules));
-      opt.load_state(ckpt::load_sharded(s, *resume.optimizer, optimizer_reads(specs), rules), resume.trainer.adam_steps);
-      first = resume.trainer.step;
+      model.params().assign(ckpt::load_sharded(s, resume.step->weights, model_reads(specs), rules, DType::f32));
+      opt.load_state(ckpt::load_sharded(s, *resume.optimizer, optimizer_reads(specs), rules), resume.step->trainer.adam_steps);
+      first = last_saved = resume.step->trainer.step;
     } else if (pretrained) {
       model.params().assign(ckpt::load_sharded(s, pretrained->weights, model_reads(specs), rules, DType::f32));
     }
@@ -315,6 +347,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       Tensor x = s.shard(inputs, rules), y = s.shard(targets, rules);
       const auto stats = learner.step(x, y, lr);
       const double loss = stats.loss;
+      if (!std::isfinite(loss)) stop_nonfinite("the loss", loss, step, last_saved);  // the same on every device: all stop
       if (step > first) {
         forward.push_back(stats.forward_s), backward.push_back(stats.backward_s), optimizer.push_back(stats.optimizer_s);
       }
@@ -335,8 +368,13 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       // Evaluation and checkpoints are collective: every device takes part, device 0 reports.
       const bool eval_now = o.eval_every > 0 && (step + 1) % o.eval_every == 0;
       const double heldout = eval_now ? heldout_loss() : 0.0;
-      if (!o.ckpt_dir.empty() && ((o.save_every > 0 && (step + 1) % o.save_every == 0) || step + 1 == last))
+      if (!std::isfinite(heldout)) stop_nonfinite("the held-out loss", heldout, step, last_saved);
+      if (!o.ckpt_dir.empty() && ((o.save_every > 0 && (step + 1) % o.save_every == 0) || step + 1 == last)) {
+        // A finite loss with a non-finite gradient has just made the weights non-finite.
+        if (const double norm = stats.grad_norm.item(); !std::isfinite(norm)) stop_nonfinite("the gradient norm", norm, step, last_saved);
         save_checkpoint(s, lead && folder ? &*folder : nullptr, config, model.params(), opt, step + 1, o, run);
+        last_saved = step + 1;
+      }
       if (!lead) continue;
       result.losses.push_back(loss);
       result.collectives_per_step = static_cast<double>(calls);
@@ -354,6 +392,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
         if (metrics) metrics << nlohmann::json{{"step", step}, {"heldout_loss", heldout}}.dump() << "\n";
       }
       metrics.flush();
+      if (!o.metrics.empty() && !metrics) fail("train", "--metrics: writing '{}' failed (at step {})", o.metrics, step + 1);
     }
     const double final_heldout = heldout_loss();
     if (!lead) return;

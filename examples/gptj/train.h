@@ -52,6 +52,8 @@ struct TrainOptions {
   bool zero = false;
   // nax::RuntimeOptions::deterministic: the same bits on every mesh (docs/determinism.md).
   bool deterministic = false;
+  // Loads (--init-from, --resume) accept weights holding NaN or infinities, which are refused otherwise.
+  bool allow_nonfinite = false;
 };
 
 struct TrainResult {
@@ -75,6 +77,9 @@ void check_options(const TrainOptions& options);
 // Refuses a run whose training_bytes_lower_bound exceeds the machine's memory (times the
 // processes under mpirun), naming both.
 void check_memory(const Config& config, std::int64_t batch, std::int64_t seq);
+// Refuses, as `op`, work on `what` that needs more than `need` bytes of this machine's memory (all
+// processes' under mpirun): a model folder whose tensors say so is refused before they are read.
+void check_host_memory(const std::string& op, const std::string& what, double need);
 
 TrainResult train(const TrainOptions& options, const TextData& data);
 
@@ -99,6 +104,7 @@ struct SampleOptions {
   std::uint64_t seed = 0;
   std::string tokenizer;  // the tokenizer.json the model was trained with; empty: bytes
   bool deterministic = false;  // nax::RuntimeOptions::deterministic
+  bool allow_nonfinite = false;  // weights holding NaN or infinities are refused unless set
 };
 
 // Checks --tokens, --temperature, --top-k and --top-p.

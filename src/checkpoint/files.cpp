@@ -72,6 +72,10 @@ std::string file_checksum(const std::string& path) {
 }
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_(fmt::format("{}.tmp.{}", path_, ::getpid())) {
+  // The rename at commit would put a regular file in place of a folder, a device or a FIFO.
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail("checkpoint", "cannot write '{}': it exists and is not a regular file (a folder, a device or a FIFO)", path_);
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) fail("checkpoint", "cannot create '{}': {}", tmp_, errno_text());
 }
@@ -124,32 +128,6 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   AtomicFile file(path);
   file.write(text);
   file.commit();
-}
-
-bool is_regular_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-std::string read_file(const std::string& path, std::uint64_t max_bytes) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};  // O_NONBLOCK: a FIFO does not block the open
-  if (f.fd < 0) fail("read_file", "cannot read '{}': {}", path, errno_text());
-  struct stat st {};
-  if (::fstat(f.fd, &st) != 0) fail("read_file", "cannot stat '{}': {}", path, errno_text());
-  if (S_ISDIR(st.st_mode)) fail("read_file", "'{}' is a folder, not a file", path);
-  if (!S_ISREG(st.st_mode)) fail("read_file", "'{}' is not a regular file (a device, FIFO or socket)", path);
-  const auto size = static_cast<std::uint64_t>(st.st_size);
-  if (size > max_bytes) fail("read_file", "'{}' has {} bytes, more than the {} expected of it", path, size, max_bytes);
-  std::string text(size, '\0');
-  std::size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::pread(f.fd, text.data() + done, size - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail("read_file", "reading '{}' failed: {}", path, errno_text());
-    if (n == 0) fail("read_file", "'{}' shrank while being read ({} of {} bytes)", path, done, size);
-    done += static_cast<std::size_t>(n);
-  }
-  return text;
 }
 
 void fsync_directory(const std::string& path) {

@@ -16,11 +16,12 @@
 
 #include "nax/checkpoint/files.h"
 #include "nax/core/error.h"
+#include "nax/io/json.h"
 
 namespace nax::checkpoint {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
+using nlohmann::json;  // the manifest as written
 
 namespace {
 
@@ -37,14 +38,6 @@ long temporary_pid(const std::string& name) {
 
 bool process_alive(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }
 
-// The step of a committed folder's name "step_NNNNNN", or -1.
-std::int64_t step_of(const std::string& name) {
-  if (name.rfind("step_", 0) != 0) return -1;
-  const std::string digits = name.substr(5);
-  if (digits.size() < 6 || digits.size() > 15 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return std::stoll(digits);
-}
-
 void remove_tree(const fs::path& p) {
   std::error_code ec;
   fs::remove_all(p, ec);
@@ -60,6 +53,13 @@ void kill_point() {
   }();
   static std::atomic<long> count{0};
   if (target > 0 && ++count == target) ::kill(::getpid(), SIGKILL);
+}
+
+std::int64_t step_of_name(const std::string& name) {
+  if (name.rfind("step_", 0) != 0) return -1;
+  const std::string digits = name.substr(5);
+  if (digits.size() < 6 || digits.size() > 15 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
 }
 
 std::string step_folder(const std::string& dir, std::int64_t step) { return fmt::format("{}/step_{:06d}", dir, step); }
@@ -141,45 +141,64 @@ std::vector<std::int64_t> committed_steps(const std::string& dir) {
   std::vector<std::int64_t> steps;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::int64_t step = step_of(it->path().filename().string());
+    const std::int64_t step = step_of_name(it->path().filename().string());
     if (step >= 0 && it->is_directory()) steps.push_back(step);
   }
   std::sort(steps.begin(), steps.end());
   return steps;
 }
 
+namespace {
+
+// The manifest's entry for one file, checked against the file on disk.
+void verify_listed_file(const std::string& folder, const std::string& name, const io::JsonValue& entry) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") entry.fail("does not name a file in the folder");
+  const std::string file = folder + "/" + name;
+  const auto bytes = static_cast<std::uint64_t>(entry.at("bytes").integer(0, INT64_MAX));
+  const std::string& want = entry.at("checksum").string();
+  if (!is_regular_file(file)) fail("checkpoint", "'{}' is missing or not a regular file (listed in '{}', field '{}')", file, entry.file(), entry.path());
+  if (fs::file_size(file) != bytes)
+    fail("checkpoint", "'{}' has {} bytes, its manifest says {} ('{}', field '{}.bytes')", file, fs::file_size(file), bytes, entry.file(), entry.path());
+  const std::string sum = file_checksum(file);
+  if (sum != want)
+    fail("checkpoint", "'{}' fails its checksum (manifest {}, computed {}): the file is corrupt ('{}', field '{}.checksum')", file, want, sum,
+         entry.file(), entry.path());
+}
+
+}  // namespace
+
 void verify_step_folder(const std::string& folder) {
   const std::string path = folder + "/" + kManifest;
-  const json manifest = json::parse(read_file(path, 1 << 20), nullptr, false);
-  if (manifest.is_discarded() || !manifest.is_object()) fail("checkpoint", "'{}' is not a JSON object", path);
-  if (manifest.value("format", json()) != "nax.checkpoint" || manifest.value("version", json()) != 1)
-    fail("checkpoint", "'{}': format or version is not nax.checkpoint 1", path);
-  const json step = manifest.value("step", json());
-  const std::int64_t named = step_of(fs::path(folder).filename().string());
-  if (!step.is_number_unsigned() || (named >= 0 && step.get<std::int64_t>() != named))
-    fail("checkpoint", "'{}': field 'step' is {}, the folder's name says {}", path, step.dump(), named);
-  const json files = manifest.value("files", json());
-  if (!files.is_object() || files.empty()) fail("checkpoint", "'{}': field 'files' is not an object listing the files", path);
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    fail("checkpoint", "'{}' has no {}: a step folder without its manifest is not a committed checkpoint, and is not read", folder, kManifest);
+  const io::JsonValue manifest = io::read_json(path, io::kManifestCaps, "checkpoint");
+  if (!manifest.is_object()) manifest.fail("is {}, not an object", manifest.brief());
+  const io::JsonValue format = manifest.at("format"), version = manifest.at("version");
+  if (!format.is_string() || format.string() != "nax.checkpoint") format.fail("is {}, not \"nax.checkpoint\"", format.brief());
+  if (version.integer(1, 1) != 1) version.fail("is not 1");
+  const io::JsonValue step = manifest.at("step");
+  const std::int64_t named = step_of_name(fs::path(folder).filename().string()), value = step.integer(0, INT64_MAX);
+  if (named >= 0 && value != named) step.fail("is {}, the folder's name says {}", value, named);
+  const io::JsonValue files = manifest.at("files");
+  if (!files.is_object() || files.size() == 0) files.fail("is {}, not an object listing the files", files.brief());
   std::set<std::string> listed{kManifest};
-  for (const auto& [name, entry] : files.items()) {
-    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
-      fail("checkpoint", "'{}' lists '{}', not a file name", path, name);
-    const std::string file = folder + "/" + name;
-    if (!entry.is_object() || !entry.contains("bytes") || !entry["bytes"].is_number_unsigned() || !entry.contains("checksum") ||
-        !entry["checksum"].is_string())
-      fail("checkpoint", "'{}': the entry of '{}' needs bytes and checksum", path, name);
-    if (!is_regular_file(file)) fail("checkpoint", "'{}' is missing or not a regular file (listed in {})", file, kManifest);
-    const auto bytes = fs::file_size(file);
-    if (bytes != entry["bytes"].get<std::uint64_t>())
-      fail("checkpoint", "'{}' has {} bytes, its manifest says {}", file, bytes, entry["bytes"].get<std::uint64_t>());
-    const std::string sum = file_checksum(file);
-    if (sum != entry["checksum"].get<std::string>())
-      fail("checkpoint", "'{}' fails its checksum (manifest {}, computed {}): the file is corrupt", file, entry["checksum"].get<std::string>(), sum);
+  files.for_each_member([&](const std::string& name, const io::JsonValue& entry) {
+    verify_listed_file(folder, name, entry);
     listed.insert(name);
-  }
+  });
   for (const auto& entry : fs::directory_iterator(folder))
     if (!listed.contains(entry.path().filename().string()))
       fail("checkpoint", "'{}' holds '{}', which its manifest does not list", folder, entry.path().filename().string());
+}
+
+bool looks_like_step_folder(const std::string& dir) {
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(dir, ec), ec);  // "." and links resolved to the folder's own name
+  if (ec) return false;
+  const std::string name = p.filename().string(), parent = p.parent_path().string();
+  if (step_of_name(name) >= 0 || (name.rfind("step_", 0) == 0 && temporary_pid(name) > 0)) return true;
+  return fs::exists(p / kManifest, ec) || fs::exists(fs::path(parent) / ".lock", ec) || !committed_steps(parent).empty();
 }
 
 }  // namespace nax::checkpoint

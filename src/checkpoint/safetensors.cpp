@@ -13,6 +13,7 @@
 
 #include "nax/checkpoint/files.h"
 #include "nax/checkpoint/run_folder.h"
+#include "nax/io/json.h"
 
 namespace nax::checkpoint {
 
@@ -23,7 +24,6 @@ namespace {
 constexpr const char* kChecksumKey = "nax.checksum";
 constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;  // the safetensors specification's limit
 constexpr int kMaxRank = 16;
-constexpr std::size_t kMaxJsonDepth = 8;
 const std::string kZeroChecksum(16, '0');
 
 constexpr const char* kHalf = "F16";
@@ -94,29 +94,9 @@ std::uint64_t element_count(const std::vector<std::int64_t>& dims, const std::st
   return n;
 }
 
-// JSON parse that refuses duplicate keys (JSON allows them; the last would win silently) and
-// deep nesting, naming the file.
-json parse_header(const std::string& text, const std::string& path) {
-  std::vector<std::set<std::string>> keys;
-  json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) {
-      keys.emplace_back();
-      if (keys.size() > kMaxJsonDepth) fail("safetensors", "'{}': the header nests deeper than {} levels", path, kMaxJsonDepth);
-    } else if (event == json::parse_event_t::object_end) {
-      keys.pop_back();
-    } else if (event == json::parse_event_t::key && !keys.empty()) {
-      const auto key = parsed.get<std::string>();
-      if (!keys.back().insert(key).second) fail("safetensors", "'{}': the header lists '{}' twice", path, key);
-    }
-    return true;
-  };
-  try {
-    return json::parse(text, check);
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    fail("safetensors", "'{}' has a header that is not valid JSON: {}", path, e.what());
-  }
+// The header through nax's bounded JSON reader (duplicate names, deep nesting and excess refused).
+io::JsonValue parse_header(const std::string& text, const std::string& path) {
+  return io::parse_json(text, path, io::kSafetensorsHeaderCaps, "safetensors");
 }
 
 std::int64_t dim_from(const json& d, const std::string& path, const std::string& name) {
@@ -155,6 +135,23 @@ TensorInfo entry_from(const std::string& name, const json& entry, const std::str
     fail("safetensors", "'{}': tensor '{}' is {} [{}] ({} bytes by its dtype and shape) but data_offsets [{}, {}) hold {} bytes", path, name,
          entry["dtype"].get<std::string>(), fmt::join(info.dims, ", "), bytes, info.begin, info.end, info.nbytes());
   return info;
+}
+
+// NaNs and infinities in a host tensor (0 for integer dtypes).
+std::uint64_t count_nonfinite(const Tensor& host) {
+  const auto n = static_cast<std::size_t>(host.numel());
+  std::uint64_t bad = 0;
+  if (host.dtype() == DType::f32) {
+    const auto* v = static_cast<const float*>(host.raw());
+    for (std::size_t i = 0; i < n; ++i) bad += !std::isfinite(v[i]);
+  } else if (host.dtype() == DType::f64) {
+    const auto* v = static_cast<const double*>(host.raw());
+    for (std::size_t i = 0; i < n; ++i) bad += !std::isfinite(v[i]);
+  } else if (host.dtype() == DType::bf16) {
+    const auto* v = static_cast<const std::uint16_t*>(host.raw());
+    for (std::size_t i = 0; i < n; ++i) bad += (v[i] & 0x7f80u) == 0x7f80u;  // exponent all ones
+  }
+  return bad;
 }
 
 struct Fd {
@@ -266,6 +263,7 @@ void SafetensorsWriter::commit() {
 
 struct SafetensorsReader::State {
   std::string path;
+  NonFinitePolicy nonfinite = NonFinitePolicy::allow;
   std::shared_ptr<Fd> fd;
   std::uint64_t data_start = 0;
   std::vector<TensorInfo> tensors;
@@ -273,9 +271,10 @@ struct SafetensorsReader::State {
   Metadata metadata;
 };
 
-SafetensorsReader::SafetensorsReader(const std::string& path, ChecksumPolicy policy) {
+SafetensorsReader::SafetensorsReader(const std::string& path, ChecksumPolicy policy, NonFinitePolicy nonfinite) {
   auto st = std::make_shared<State>();
   st->path = path;
+  st->nonfinite = nonfinite;
   st->fd = std::make_shared<Fd>(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (st->fd->fd < 0) fail("safetensors", "cannot read '{}': {}", path, std::strerror(errno));
   struct stat info {};
@@ -295,7 +294,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path, ChecksumPolicy pol
   pread_all(st->fd->fd, text.data(), n, 8, path);
   st->data_start = 8 + n;
   const std::uint64_t data_size = file_size - st->data_start;
-  const json header = parse_header(text, path);
+  const io::JsonValue parsed = parse_header(text, path);
+  const json& header = parsed.raw();
   if (!header.is_object()) fail("safetensors", "'{}': the header is not a JSON object", path);
 
   for (const auto& [name, entry] : header.items()) {
@@ -389,12 +389,16 @@ Tensor SafetensorsReader::read(const std::string& name, const Shape& shape) cons
   Tensor out = Tensor::empty(shape, t->dtype, Device::host());
   if (!t->f16) {
     pread_all(state_->fd->fd, out.raw_mutable(), t->nbytes(), state_->data_start + t->begin, path());
-    return out;
+  } else {
+    std::vector<std::uint16_t> halves(static_cast<std::size_t>(shape.numel()));
+    pread_all(state_->fd->fd, halves.data(), t->nbytes(), state_->data_start + t->begin, path());
+    auto* values = static_cast<float*>(out.raw_mutable());
+    for (std::size_t i = 0; i < halves.size(); ++i) values[i] = half_to_float(halves[i]);
   }
-  std::vector<std::uint16_t> halves(static_cast<std::size_t>(shape.numel()));
-  pread_all(state_->fd->fd, halves.data(), t->nbytes(), state_->data_start + t->begin, path());
-  auto* values = static_cast<float*>(out.raw_mutable());
-  for (std::size_t i = 0; i < halves.size(); ++i) values[i] = half_to_float(halves[i]);
+  if (state_->nonfinite == NonFinitePolicy::refuse)
+    if (const std::uint64_t bad = count_nonfinite(out); bad > 0)
+      fail("safetensors", "'{}': tensor '{}' holds {} non-finite values (NaN or infinity) among its {}: refused as weights", path(), name, bad,
+           out.numel());
   return out;
 }
 

@@ -7,6 +7,7 @@
 
 #include "nax/autodiff.h"
 #include "nax/checkpoint/files.h"
+#include "nax/io/json.h"
 #include "nax/ops.h"
 
 namespace nax::checkpoint {
@@ -31,19 +32,17 @@ bool exists(const std::string& path) {
 
 // The shard files an index maps tensors to, after checking its form.
 std::map<std::string, std::string> weight_map(const std::string& dir) {
-  const std::string path = dir + "/" + kWeightsIndexFile;
-  const json index = json::parse(read_file(path), nullptr, false);
-  if (index.is_discarded() || !index.is_object()) fail("checkpoint", "'{}' is not a JSON object", path);
-  if (!index.contains("weight_map") || !index["weight_map"].is_object() || index["weight_map"].empty())
-    fail("checkpoint", "'{}' has no object 'weight_map' of tensor names to files", path);
+  const io::JsonValue index = io::read_json(dir + "/" + kWeightsIndexFile, io::kWeightsIndexCaps, "checkpoint");
+  if (!index.is_object()) index.fail("is {}, not an object with a 'weight_map'", index.brief());
+  const io::JsonValue files = index.at("weight_map");
+  if (!files.is_object() || files.size() == 0) files.fail("is {}, not an object of tensor names to files", files.brief());
   std::map<std::string, std::string> map;
-  for (const auto& [name, file] : index["weight_map"].items()) {
-    if (!file.is_string()) fail("checkpoint", "'{}': tensor '{}' maps to {}, not a file name", path, name, file.dump());
-    const auto f = file.get<std::string>();
+  files.for_each_member([&](const std::string& name, const io::JsonValue& file) {
+    const std::string& f = file.string();
     if (f.empty() || f.find('/') != std::string::npos || f == "." || f == ".." || !f.ends_with(".safetensors"))
-      fail("checkpoint", "'{}': tensor '{}' maps to '{}', not a .safetensors file in the folder", path, name, f);
+      file.fail("is '{}', not a .safetensors file in the folder", f);
     map[name] = f;
-  }
+  });
   return map;
 }
 
@@ -56,7 +55,7 @@ std::vector<std::int64_t> stored_dims_of(const ShardedRead& t) {
 
 }  // namespace
 
-SafetensorsFolder::SafetensorsFolder(const std::string& dir, ChecksumPolicy checksum) : dir_(dir) {
+SafetensorsFolder::SafetensorsFolder(const std::string& dir, ChecksumPolicy checksum, NonFinitePolicy nonfinite) : dir_(dir) {
   const bool single = exists(dir + "/" + kSingleWeightsFile), indexed = exists(dir + "/" + kWeightsIndexFile);
   if (single && indexed)
     fail("checkpoint", "'{}' holds both {} and {}: two sets of weights, remove one", dir, kSingleWeightsFile, kWeightsIndexFile);
@@ -66,7 +65,7 @@ SafetensorsFolder::SafetensorsFolder(const std::string& dir, ChecksumPolicy chec
     fail("checkpoint", "'{}' holds neither {} nor {} (a Hugging Face model folder's weights)", dir, kSingleWeightsFile, kWeightsIndexFile);
   }
   if (single) {
-    files_.push_back(std::make_shared<SafetensorsReader>(dir + "/" + kSingleWeightsFile, checksum));
+    files_.push_back(std::make_shared<SafetensorsReader>(dir + "/" + kSingleWeightsFile, checksum, nonfinite));
     for (const auto& t : files_[0]->tensors()) owner_[t.name] = 0;
     return;
   }
@@ -75,7 +74,11 @@ SafetensorsFolder::SafetensorsFolder(const std::string& dir, ChecksumPolicy chec
   for (const auto& [name, file] : map) file_index.emplace(file, 0);
   for (auto& [file, i] : file_index) {
     i = files_.size();
-    files_.push_back(std::make_shared<SafetensorsReader>(dir + "/" + file, checksum));
+    try {
+      files_.push_back(std::make_shared<SafetensorsReader>(dir + "/" + file, checksum, nonfinite));
+    } catch (const Error& e) {  // named with the index that sent the reader there
+      fail("checkpoint", "'{}/{}' maps tensors to '{}', which is refused: {}", dir, kWeightsIndexFile, file, e.what());
+    }
   }
   for (const auto& [name, file] : map) {
     const std::size_t i = file_index.at(file);

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
-#include <nlohmann/json.hpp>
 
 #include "nax/core/error.h"
+#include "nax/io/json.h"
 
 namespace nax {
 
@@ -16,26 +16,29 @@ CostModel::CostModel() {
   links_["inter"] = {"inter", 15e-6, 45e9};
 }
 
-CostModel CostModel::parse(std::string_view text) {
-  auto json = nlohmann::json::parse(text, nullptr, false);
-  const std::string_view start = text.substr(0, std::min(text.find('\n'), std::size_t{60}));  // its first line, for errors
-  if (json.is_discarded() || !json.is_object()) fail("CostModel::parse", "not a JSON object (it starts '{}')", start);
+CostModel CostModel::parse(std::string_view text, const std::string& source) {
+  return from_json(io::parse_json(text, source, io::kCostModelCaps, "CostModel::parse"));
+}
+
+CostModel CostModel::from_file(const std::string& path) { return from_json(io::read_json(path, io::kCostModelCaps, "CostModel::parse")); }
+
+CostModel CostModel::from_json(const io::JsonValue& root) {
+  if (!root.is_object()) root.fail("is {}, not a JSON object", root.brief());
   CostModel model;
-  try {
-    const auto links = json.value("links", nlohmann::json::object()), axes = json.value("mesh_axes", nlohmann::json::object());
-    for (const auto& [name, l] : links.items()) {
-      const double latency_us = l.at("latency_us").get<double>(), bandwidth = l.at("bandwidth_GBps").get<double>();
-      if (latency_us < 0 || bandwidth <= 0)
-        fail("CostModel::parse", "link '{}': latency_us must be >= 0 and bandwidth_GBps > 0 (got {} and {})", name, latency_us, bandwidth);
+  if (const auto links = root.find("links"))
+    links->for_each_member([&](const std::string& name, const io::JsonValue& l) {
+      const double latency_us = l.at("latency_us").number(0, 1e9), bandwidth = l.at("bandwidth_GBps").number(1e-9, 1e9);
+      if (bandwidth <= 0) l.fail("has bandwidth_GBps {}: it must be above 0", bandwidth);
       model.set_link(name, {name, latency_us * 1e-6, bandwidth * 1e9});
-    }
-    if (json.contains("default")) model.default_link_ = json["default"].get<std::string>();
-    if (json.contains("memory_GBps")) model.memory_Bps_ = json["memory_GBps"].get<double>() * 1e9;
-    for (const auto& [axis, link] : axes.items()) model.assign(axis, link.get<std::string>());
-  } catch (const nlohmann::json::exception& e) {
-    fail("CostModel::parse", "malformed cost model (it starts '{}'): {}", start, e.what());
-  }
-  if (!model.links_.count(model.default_link_)) fail("CostModel::parse", "default link '{}' is not defined", model.default_link_);
+    });
+  if (const auto link = root.find("default")) model.default_link_ = link->string();
+  if (const auto memory = root.find("memory_GBps")) model.memory_Bps_ = memory->number(1e-9, 1e9) * 1e9;
+  if (const auto axes = root.find("mesh_axes"))
+    axes->for_each_member([&](const std::string& axis, const io::JsonValue& link) {
+      if (!model.links_.count(link.string())) link.fail("is '{}', an unknown link", link.string());
+      model.assign(axis, link.string());
+    });
+  if (!model.links_.count(model.default_link_)) fail("CostModel::parse", "'{}': default link '{}' is not defined", root.file(), model.default_link_);
   return model;
 }
 

@@ -78,7 +78,9 @@ void encode_level(const BpeTokenizer::Impl& t, std::string_view text, std::size_
 
 }  // namespace
 
-BpeTokenizer BpeTokenizer::from_file(const std::string& path) { return BpeTokenizer(parse_tokenizer_json(read_text_file(path, fmt::format("tokenizer {}", path)), path)); }
+BpeTokenizer BpeTokenizer::from_file(const std::string& path) {
+  return BpeTokenizer(parse_tokenizer_json(read_text_file(path, "tokenizer", io::kTokenizerCaps), path));
+}
 
 BpeTokenizer BpeTokenizer::from_json(std::string_view json, const std::string& source) { return BpeTokenizer(parse_tokenizer_json(json, source)); }
 

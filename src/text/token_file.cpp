@@ -8,6 +8,7 @@
 
 #include "nax/checkpoint/files.h"
 #include "nax/core/error.h"
+#include "nax/io/read_file.h"
 #include "text/tokenizer_impl.h"
 
 namespace nax::text {
@@ -42,9 +43,9 @@ T get(const std::string& in, std::size_t& at) {
 
 }  // namespace
 
-std::string read_text_file(const std::string& path, std::string_view what) {
+std::string read_text_file(const std::string& path, std::string_view what, const io::FileCaps& caps) {
   try {
-    return checkpoint::read_file(path, 1ull << 36);
+    return io::read_file(path, caps);
   } catch (const Error& e) {
     std::string_view message = e.what();
     if (message.starts_with("read_file: ")) message.remove_prefix(11);  // `what` names the op instead
@@ -75,32 +76,37 @@ void write_token_file(const std::string& path, const std::vector<std::int32_t>& 
 }
 
 TokenFile read_token_file(const std::string& path) {
-  const std::string in = read_text_file(path, "token file");
+  const std::string in = read_text_file(path, "token file", io::kTokenFileCaps);
   if (in.size() < header_bytes || std::memcmp(in.data(), magic, sizeof magic) != 0) fail("token file", "'{}' is not a nax token file", path);
   std::size_t at = sizeof magic;
   TokenFile f;
   f.bytes_per_token = static_cast<int>(get<std::uint32_t>(in, at));
   get<std::uint32_t>(in, at);
   const auto count = get<std::uint64_t>(in, at);
-  f.vocab_size = static_cast<std::int64_t>(get<std::uint64_t>(in, at));
+  const auto vocab = get<std::uint64_t>(in, at);
   f.key = get<std::uint64_t>(in, at);
   if (f.bytes_per_token != 2 && f.bytes_per_token != 4) fail("token file", "'{}': {} bytes per token (expected 2 or 4)", path, f.bytes_per_token);
-  if (in.size() != header_bytes + count * static_cast<std::uint64_t>(f.bytes_per_token)) {
+  if (vocab == 0 || vocab > static_cast<std::uint64_t>(io::kMaxTokenIds))
+    fail("token file", "'{}': vocabulary size {} outside [1, {}]", path, vocab, io::kMaxTokenIds);
+  f.vocab_size = static_cast<std::int64_t>(vocab);
+  const std::uint64_t payload = in.size() - header_bytes, width = static_cast<std::uint64_t>(f.bytes_per_token);
+  if (payload % width != 0 || count != payload / width)  // a division: no count can overflow it
     fail("token file", "'{}' is truncated: {} bytes for {} tokens of {} bytes", path, in.size(), count, f.bytes_per_token);
-  }
   f.tokens.resize(count);
   for (std::uint64_t i = 0; i < count; ++i) {
-    f.tokens[i] = f.bytes_per_token == 2 ? get<std::uint16_t>(in, at) : static_cast<std::int32_t>(get<std::uint32_t>(in, at));
+    const std::uint32_t t = f.bytes_per_token == 2 ? get<std::uint16_t>(in, at) : get<std::uint32_t>(in, at);
+    if (t >= vocab) fail("token file", "'{}': token {} is {}, outside the vocabulary of {} ids", path, i, t, vocab);
+    f.tokens[i] = static_cast<std::int32_t>(t);
   }
   return f;
 }
 
-std::uint64_t tokenizer_file_key(const std::string& tokenizer_path) { return fnv1a(read_text_file(tokenizer_path, "tokenizer")); }
+std::uint64_t tokenizer_file_key(const std::string& tokenizer_path) { return fnv1a(read_text_file(tokenizer_path, "tokenizer", io::kTokenizerCaps)); }
 
 std::vector<std::int32_t> tokenize_file(const BpeTokenizer& tokenizer, std::uint64_t tokenizer_key, const std::string& text_path,
                                         std::string cache_path, const TokenizeProgress& progress) {
   if (cache_path.empty()) cache_path = text_path + ".tokens";
-  const std::string text = read_text_file(text_path, "tokenize");
+  const std::string text = read_text_file(text_path, "tokenize", io::kTrainingTextCaps);
   const std::uint64_t key = fnv1a(text, tokenizer_key);
   if (std::filesystem::exists(cache_path)) {
     try {

@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "nax/io/caps.h"
 #include "nax/text/bpe_tokenizer.h"
 #include "text/added_tokens.h"
 #include "text/bpe_model.h"
@@ -37,8 +38,8 @@ struct BpeTokenizer::Impl {
 // Reads a tokenizer.json's text into an Impl; errors name `source` and the field.
 std::shared_ptr<BpeTokenizer::Impl> parse_tokenizer_json(std::string_view json, const std::string& source);
 
-// A regular file's bytes (nax::checkpoint::read_file: a folder or FIFO is refused, up to 64 GiB);
-// errors start with `what`.
-std::string read_text_file(const std::string& path, std::string_view what);
+// A regular file's bytes (nax::io::read_file: a folder or FIFO is refused, and a file above the
+// kind's cap); errors start with `what`.
+std::string read_text_file(const std::string& path, std::string_view what, const io::FileCaps& caps);
 
 }  // namespace nax::text

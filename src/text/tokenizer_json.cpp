@@ -1,148 +1,153 @@
-// Reading a Hugging Face tokenizer.json: only what a byte-level BPE (GPT-2, GPT-J) uses is
-// accepted; anything that would change the ids and that nax does not implement is refused by name.
-#include <nlohmann/json.hpp>
+// Reading a Hugging Face tokenizer.json through nax's bounded JSON reader: only what a byte-level
+// BPE (GPT-2, GPT-J) uses is accepted; anything that would change the ids and that nax does not
+// implement is refused by name, and so are ids that would not make a table of the vocabulary.
+#include <unordered_map>
 
 #include "nax/core/error.h"
+#include "nax/io/json.h"
 #include "text/byte_level.h"
 #include "text/tokenizer_impl.h"
 
 namespace nax::text {
 namespace {
 
-using nlohmann::json;
+using io::JsonValue;
 
-struct Reader {
-  std::string where;  // "tokenizer FILE"
+std::string type_of(const JsonValue& part) {
+  if (!part.is_object()) part.fail("is {}, not an object", part.brief());
+  return part.at("type").string();
+}
 
-  [[noreturn]] void refuse(const std::string& field, const std::string& why) const { fail(where, "field '{}': {}", field, why); }
+bool flag(const JsonValue& object, std::string_view name, bool fallback) {
+  const auto value = object.given(name);
+  return value ? value->boolean() : fallback;
+}
 
-  const json& member(const json& object, const std::string& name, const std::string& field) const {
-    auto it = object.find(name);
-    if (it == object.end()) refuse(field, "missing");
-    return *it;
-  }
-  std::string type_of(const json& part, const std::string& field) const {
-    if (!part.is_object()) refuse(field, "expected an object");
-    auto it = part.find("type");
-    if (it == part.end() || !it->is_string()) refuse(field + ".type", "missing");
-    return it->get<std::string>();
-  }
-  bool flag(const json& object, const std::string& name, const std::string& field, bool fallback) const {
-    auto it = object.find(name);
-    if (it == object.end() || it->is_null()) return fallback;
-    if (!it->is_boolean()) refuse(field + "." + name, "expected true or false");
-    return it->get<bool>();
-  }
-  // A field that must be null, absent or one of `allowed` (strings) for the ids to be right.
-  void require_absent(const json& object, const std::string& name, const std::string& field, const std::string& why) const {
-    auto it = object.find(name);
-    if (it == object.end() || it->is_null() || (it->is_string() && it->get<std::string>().empty())) return;
-    refuse(field.empty() ? name : field + "." + name, fmt::format("{} is not supported ({})", it->dump(), why));
-  }
+// A field that must be null, absent or empty for the ids to be right.
+void require_absent(const JsonValue& object, std::string_view name, const std::string& why) {
+  const auto value = object.given(name);
+  if (!value || (value->is_string() && value->string().empty())) return;
+  value->fail("is {}, which is not supported ({})", value->brief(), why);
+}
+
+std::int32_t token_id(const JsonValue& id) { return static_cast<std::int32_t>(id.integer(0, io::kMaxTokenIds - 1)); }
+
+// Every id of the file and where it was given, to find two tokens with one id and the largest id.
+struct Ids {
+  std::unordered_map<std::int32_t, std::string> token_of;
+  std::int32_t largest = -1;
+  std::string largest_path;
 };
 
-void read_pre_tokenizer(const Reader& r, const json& root, BpeTokenizer::Impl& t) {
-  const json& pre = r.member(root, "pre_tokenizer", "pre_tokenizer");
-  const std::string type = r.type_of(pre, "pre_tokenizer");
-  if (type != "ByteLevel") r.refuse("pre_tokenizer.type", fmt::format("'{}' is not supported (expected ByteLevel, as GPT-2's)", type));
-  t.add_prefix_space = r.flag(pre, "add_prefix_space", "pre_tokenizer", true);
-  if (r.flag(pre, "use_regex", "pre_tokenizer", true)) t.splitter = std::make_unique<RegexSplitter>(gpt2_pattern, r.where + " (pre_tokenizer)");
+void read_pre_tokenizer(const JsonValue& root, BpeTokenizer::Impl& t, const std::string& where) {
+  const JsonValue pre = root.at("pre_tokenizer");
+  if (const std::string type = type_of(pre); type != "ByteLevel") pre.at("type").fail("is '{}', which is not supported (expected ByteLevel, as GPT-2's)", type);
+  t.add_prefix_space = flag(pre, "add_prefix_space", true);
+  if (flag(pre, "use_regex", true)) t.splitter = std::make_unique<RegexSplitter>(gpt2_pattern, where + " (pre_tokenizer)");
 }
 
-void check_other_parts(const Reader& r, const json& root) {
-  if (auto it = root.find("normalizer"); it != root.end() && !it->is_null()) {
-    r.refuse("normalizer.type", fmt::format("'{}' is not supported (expected null, as GPT-2's)", r.type_of(*it, "normalizer")));
-  }
-  if (auto it = root.find("post_processor"); it != root.end() && !it->is_null()) {
-    const std::string type = r.type_of(*it, "post_processor");
-    if (type != "ByteLevel") r.refuse("post_processor.type", fmt::format("'{}' is not supported (expected null or ByteLevel)", type));
-  }
-  const json& decoder = r.member(root, "decoder", "decoder");
-  const std::string type = r.type_of(decoder, "decoder");
-  if (type != "ByteLevel") r.refuse("decoder.type", fmt::format("'{}' is not supported (expected ByteLevel)", type));
-  r.require_absent(root, "truncation", "", "encode would truncate: remove it and truncate the ids");
-  r.require_absent(root, "padding", "", "encode would pad: remove it and pad the ids");
+void check_other_parts(const JsonValue& root) {
+  if (const auto normalizer = root.given("normalizer"))
+    normalizer->at("type").fail("is '{}', which is not supported (expected null, as GPT-2's)", type_of(*normalizer));
+  if (const auto post = root.given("post_processor"); post && type_of(*post) != "ByteLevel")
+    post->at("type").fail("is '{}', which is not supported (expected null or ByteLevel)", type_of(*post));
+  const JsonValue decoder = root.at("decoder");
+  if (type_of(decoder) != "ByteLevel") decoder.at("type").fail("is '{}', which is not supported (expected ByteLevel)", type_of(decoder));
+  require_absent(root, "truncation", "encode would truncate: remove it and truncate the ids");
+  require_absent(root, "padding", "encode would pad: remove it and pad the ids");
 }
 
-std::vector<std::pair<std::string, std::string>> read_merges(const Reader& r, const json& merges) {
-  if (!merges.is_array()) r.refuse("model.merges", "expected an array");
+std::vector<std::pair<std::string, std::string>> read_merges(const JsonValue& merges) {
   std::vector<std::pair<std::string, std::string>> out;
   out.reserve(merges.size());
-  for (std::size_t i = 0; i < merges.size(); ++i) {
-    const json& m = merges[i];
-    const std::string field = fmt::format("model.merges[{}]", i);
+  merges.for_each_element([&](const JsonValue& m) {
     if (m.is_string()) {  // "left right" (tokenizers before 0.20)
-      const std::string s = m.get<std::string>();
+      const std::string& s = m.string();
       const auto space = s.find(' ');
-      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) r.refuse(field, "expected \"left right\"");
+      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) m.fail("is {}, not \"left right\"", m.brief());
       out.emplace_back(s.substr(0, space), s.substr(space + 1));
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {  // ["left", "right"]
-      out.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+    } else if (m.is_array() && m.size() == 2 && m.at(std::size_t{0}).is_string() && m.at(std::size_t{1}).is_string()) {  // ["left", "right"]
+      out.emplace_back(m.at(std::size_t{0}).string(), m.at(std::size_t{1}).string());
     } else {
-      r.refuse(field, "expected \"left right\" or [\"left\", \"right\"]");
+      m.fail("is {}, not \"left right\" or [\"left\", \"right\"]", m.brief());
     }
-  }
+  });
   return out;
 }
 
-void read_model(const Reader& r, const json& root, BpeTokenizer::Impl& t) {
-  const json& model = r.member(root, "model", "model");
-  if (!model.is_object()) r.refuse("model", "expected an object");
-  if (auto it = model.find("type"); it != model.end() && (!it->is_string() || it->get<std::string>() != "BPE")) {
-    r.refuse("model.type", fmt::format("{} is not supported (expected \"BPE\")", it->dump()));
-  }
-  r.require_absent(model, "dropout", "model", "dropout makes encoding random");
-  r.require_absent(model, "continuing_subword_prefix", "model", "byte-level BPE has none");
-  r.require_absent(model, "end_of_word_suffix", "model", "byte-level BPE has none");
-  if (r.flag(model, "byte_fallback", "model", false)) r.refuse("model.byte_fallback", "true is not supported (byte-level BPE needs none)");
-  const json& vocab = r.member(model, "vocab", "model.vocab");
-  if (!vocab.is_object()) r.refuse("model.vocab", "expected an object of token: id");
-  for (const auto& [token, id] : vocab.items()) {
-    if (!id.is_number_integer() || id.get<std::int64_t>() < 0 || id.get<std::int64_t>() > INT32_MAX) {
-      r.refuse("model.vocab", fmt::format("id of token \"{}\" is {}, expected an integer in [0, 2^31)", token, id.dump()));
-    }
-    t.model_ids.emplace(token, id.get<std::int32_t>());
-  }
-  BpeModel::Options options;
-  options.fuse_unk = r.flag(model, "fuse_unk", "model", false);
-  options.ignore_merges = r.flag(model, "ignore_merges", "model", false);
-  if (auto it = model.find("unk_token"); it != model.end() && !it->is_null()) {
-    if (!it->is_string()) r.refuse("model.unk_token", "expected a string or null");
-    auto unk = t.model_ids.find(it->get<std::string>());
-    if (unk == t.model_ids.end()) r.refuse("model.unk_token", fmt::format("\"{}\" is not in model.vocab", it->get<std::string>()));
-    options.unk_id = unk->second;
-  }
-  t.model = std::make_unique<BpeModel>(t.model_ids, read_merges(r, r.member(model, "merges", "model.merges")), options, r.where);
+void read_vocab(const JsonValue& vocab, BpeTokenizer::Impl& t, Ids& ids) {
+  if (!vocab.is_object()) vocab.fail("is {}, not an object of token: id", vocab.brief());
+  t.model_ids.reserve(vocab.size());
+  vocab.for_each_member([&](const std::string& token, const JsonValue& value) {
+    const std::int32_t id = token_id(value);
+    if (const auto [it, fresh] = ids.token_of.emplace(id, token); !fresh) value.fail("is {}, the id of token \"{}\" too", id, it->second);
+    if (id > ids.largest) ids.largest = id, ids.largest_path = value.path();
+    t.model_ids.emplace(token, id);
+  });
 }
 
-void read_added_tokens(const Reader& r, const json& root, BpeTokenizer::Impl& t) {
-  auto it = root.find("added_tokens");
-  if (it == root.end() || it->is_null()) return;
-  if (!it->is_array()) r.refuse("added_tokens", "expected an array");
-  for (std::size_t i = 0; i < it->size(); ++i) {
-    const json& a = (*it)[i];
-    const std::string field = fmt::format("added_tokens[{}]", i);
-    if (!a.is_object()) r.refuse(field, "expected an object");
-    const json& id = r.member(a, "id", field + ".id");
-    const json& content = r.member(a, "content", field + ".content");
-    if (!id.is_number_integer() || id.get<std::int64_t>() < 0 || id.get<std::int64_t>() > INT32_MAX) r.refuse(field + ".id", "expected an integer in [0, 2^31)");
-    if (!content.is_string() || content.get<std::string>().empty()) r.refuse(field + ".content", "expected a non-empty string");
-    for (const char* option : {"single_word", "lstrip", "rstrip"}) {
-      if (r.flag(a, option, field, false)) r.refuse(field + "." + option, "true is not supported");
-    }
-    AddedToken token{content.get<std::string>(), id.get<std::int32_t>(), r.flag(a, "special", field, false), r.flag(a, "normalized", field, true)};
-    t.added.push_back(std::move(token));
+void read_model(const JsonValue& root, BpeTokenizer::Impl& t, Ids& ids, const std::string& where) {
+  const JsonValue model = root.at("model");
+  if (!model.is_object()) model.fail("is {}, not an object", model.brief());
+  if (const auto type = model.find("type"); type && (!type->is_string() || type->string() != "BPE"))
+    type->fail("is {}, which is not supported (expected \"BPE\")", type->brief());
+  require_absent(model, "dropout", "dropout makes encoding random");
+  require_absent(model, "continuing_subword_prefix", "byte-level BPE has none");
+  require_absent(model, "end_of_word_suffix", "byte-level BPE has none");
+  if (flag(model, "byte_fallback", false)) model.at("byte_fallback").fail("is true, which is not supported (byte-level BPE needs none)");
+  read_vocab(model.at("vocab"), t, ids);
+  BpeModel::Options options;
+  options.fuse_unk = flag(model, "fuse_unk", false);
+  options.ignore_merges = flag(model, "ignore_merges", false);
+  if (const auto unk = model.given("unk_token")) {
+    auto it = t.model_ids.find(unk->string());
+    if (it == t.model_ids.end()) unk->fail("is \"{}\", which is not in model.vocab", unk->string());
+    options.unk_id = it->second;
   }
+  t.model = std::make_unique<BpeModel>(t.model_ids, read_merges(model.at("merges")), options, where);
+}
+
+// Added tokens are matched in the text before anything else: a few hundred of a few dozen bytes
+// each in real tokenizers (GPT-J's 143 <|extratoken_N|>).
+constexpr std::size_t kMaxAddedTokenBytes = 256, kMaxAddedTokensBytes = 1 << 20;
+
+void read_added_tokens(const JsonValue& root, BpeTokenizer::Impl& t, Ids& ids) {
+  const auto added = root.given("added_tokens");
+  if (!added) return;
+  std::size_t added_bytes = 0;
+  added->for_each_element([&](const JsonValue& a) {
+    if (!a.is_object()) a.fail("is {}, not an object", a.brief());
+    const JsonValue id_value = a.at("id"), content = a.at("content");
+    const std::int32_t id = token_id(id_value);
+    if (content.string().empty()) content.fail("is empty");
+    if (content.string().size() > kMaxAddedTokenBytes) content.fail("has {} bytes, more than the {} an added token may have", content.string().size(), kMaxAddedTokenBytes);
+    if ((added_bytes += content.string().size()) > kMaxAddedTokensBytes)
+      content.fail("brings the added tokens to more than {} bytes, the cap for all of them", kMaxAddedTokensBytes);
+    for (const char* option : {"single_word", "lstrip", "rstrip"})
+      if (flag(a, option, false)) a.at(option).fail("is true, which is not supported");
+    // An added token may restate a vocabulary token (GPT-2's <|endoftext|>), not take its id.
+    if (const auto [it, fresh] = ids.token_of.emplace(id, content.string()); !fresh && it->second != content.string())
+      id_value.fail("is {}, the id of token \"{}\" too", id, it->second);
+    if (id > ids.largest) ids.largest = id, ids.largest_path = id_value.path();
+    t.added.push_back({content.string(), id, flag(a, "special", false), flag(a, "normalized", true)});
+  });
+}
+
+// The id table is as long as the largest id: a file whose ids are mostly holes is refused before
+// it is made (an id of 2^24 - 1 among a thousand tokens would ask for 16 M entries).
+void check_dense(const Ids& ids, const std::string& file) {
+  const auto count = static_cast<std::int64_t>(ids.token_of.size()), limit = 2 * count + 1024;
+  if (ids.largest >= limit)
+    fail("tokenizer", "'{}': field '{}' is {}, but the file has only {} tokens: ids are expected below {} (twice the tokens, plus 1024)", file,
+         ids.largest_path, ids.largest, count, limit);
 }
 
 // Id tables (added tokens over the model's) and the matchers.
-void index_tokens(BpeTokenizer::Impl& t) {
-  std::int64_t size = 0;
-  for (const auto& [token, id] : t.model_ids) size = std::max<std::int64_t>(size, id + 1);
-  for (const auto& a : t.added) size = std::max<std::int64_t>(size, a.id + 1);
-  t.tokens.assign(static_cast<std::size_t>(size), "");
-  t.has_token.assign(static_cast<std::size_t>(size), false);
-  t.special.assign(static_cast<std::size_t>(size), false);
+void index_tokens(BpeTokenizer::Impl& t, std::int32_t largest) {
+  const auto size = static_cast<std::size_t>(largest + 1);
+  t.tokens.assign(size, "");
+  t.has_token.assign(size, false);
+  t.special.assign(size, false);
   for (const auto& [token, id] : t.model_ids) {
     t.tokens[static_cast<std::size_t>(id)] = token;
     t.has_token[static_cast<std::size_t>(id)] = true;
@@ -166,25 +171,18 @@ void index_tokens(BpeTokenizer::Impl& t) {
 }  // namespace
 
 std::shared_ptr<BpeTokenizer::Impl> parse_tokenizer_json(std::string_view text, const std::string& source) {
-  Reader r{fmt::format("tokenizer {}", source)};
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::exception& e) {
-    fail(r.where, "not valid JSON: {}", e.what());
-  }
-  if (!root.is_object()) fail(r.where, "not a JSON object");
+  const JsonValue root = io::parse_json(text, source, io::kTokenizerCaps, "tokenizer");
+  if (!root.is_object()) root.fail("is {}, not a JSON object", root.brief());
+  const std::string where = fmt::format("tokenizer: '{}'", source);
   auto t = std::make_shared<BpeTokenizer::Impl>();
   t->source = source;
-  try {
-    read_model(r, root, *t);
-    read_pre_tokenizer(r, root, *t);
-    check_other_parts(r, root);
-    read_added_tokens(r, root, *t);
-  } catch (const json::exception& e) {
-    fail(r.where, "unexpected JSON: {}", e.what());
-  }
-  index_tokens(*t);
+  Ids ids;
+  read_model(root, *t, ids, where);
+  read_pre_tokenizer(root, *t, where);
+  check_other_parts(root);
+  read_added_tokens(root, *t, ids);
+  check_dense(ids, source);
+  index_tokens(*t, ids.largest);
   return t;
 }
 

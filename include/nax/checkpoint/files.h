@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "nax/io/read_file.h"
+
 namespace nax::checkpoint {
 
 // A streaming 64-bit checksum (FNV-1a over 8-byte words, then the tail bytes): fast enough to
@@ -53,14 +55,11 @@ class AtomicFile {
 // Writes `text` to `path` atomically (AtomicFile).
 void write_file_atomically(const std::string& path, const std::string& text);
 
-// The whole of `path`, which must be a regular file (after links) of at most `max_bytes`; a
-// folder, a device, a FIFO or a larger file is refused with a nax::Error naming it.
-std::string read_file(const std::string& path, std::uint64_t max_bytes = 64ull << 20);
-
 // Flushes a folder's entries (after a rename or a new file in it) to disk.
 void fsync_directory(const std::string& path);
 
-// Whether `path` is a regular file (following links).
-bool is_regular_file(const std::string& path);
+// Size-capped reads of regular files (nax/io/read_file.h), as checkpoints read their files.
+using io::is_regular_file;
+using io::read_file;
 
 }  // namespace nax::checkpoint

@@ -32,11 +32,17 @@ class RunFolder {
 };
 
 std::string step_folder(const std::string& dir, std::int64_t step);  // DIR/step_000120
+// The step of a committed folder's name "step_NNNNNN", or -1 for any other name.
+std::int64_t step_of_name(const std::string& name);
 // The committed steps in `dir`, oldest first (temporaries and other entries ignored).
 std::vector<std::int64_t> committed_steps(const std::string& dir);
 // Checks a committed step folder against its manifest: every file listed present, a regular
 // file of its size and checksum, no other file; errors name the file.
 void verify_step_folder(const std::string& folder);
+// Whether `dir` is, or was, a run's step folder, to be read only as a committed one: named
+// step_NNNNNN (or a temporary of one), inside a run folder (one holding a writer's .lock or
+// committed steps), or holding a manifest.json.
+bool looks_like_step_folder(const std::string& dir);
 
 // Test hook: with $NAX_CHECKPOINT_KILL_AT=N, the Nth point of a checkpoint's writing (files
 // written, flushed, renamed; folders renamed) kills the process with SIGKILL, as a crash would.

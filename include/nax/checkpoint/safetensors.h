@@ -35,6 +35,10 @@ std::string safetensors_dtype(const TensorInfo& info);
 // a file nax did not write (a Hugging Face model's) is read without one, every other check kept.
 enum class ChecksumPolicy { required, if_present };
 
+// Whether read() accepts NaN and infinities in a floating tensor. A model's weights should hold
+// none: with `refuse`, such a tensor is an error naming the file, the tensor and how many it holds.
+enum class NonFinitePolicy { allow, refuse };
+
 // Writes the header at once (every tensor's name, dtype and dims, in the order write() will be
 // called), then each tensor's bytes as it comes: memory stays one tensor, whatever the file.
 class SafetensorsWriter {
@@ -57,7 +61,8 @@ class SafetensorsWriter {
 // refusal is a nax::Error naming the file and the field. Reads tensors on demand (thread-safe).
 class SafetensorsReader {
  public:
-  explicit SafetensorsReader(const std::string& path, ChecksumPolicy checksum = ChecksumPolicy::required);
+  explicit SafetensorsReader(const std::string& path, ChecksumPolicy checksum = ChecksumPolicy::required,
+                             NonFinitePolicy nonfinite = NonFinitePolicy::allow);
 
   const std::string& path() const;
   const std::vector<TensorInfo>& tensors() const;  // in file order
@@ -68,7 +73,7 @@ class SafetensorsReader {
   const TensorInfo& expect(const std::string& name, const std::vector<std::int64_t>& dims) const;
   const TensorInfo& expect(const std::string& name, const std::vector<std::int64_t>& dims, DType dtype) const;
   // Tensor `name` on the host, with axes d0, d1, ... or, given, `shape` (same element count);
-  // an F16 tensor is converted to f32.
+  // an F16 tensor is converted to f32. Non-finite values follow the reader's NonFinitePolicy.
   Tensor read(const std::string& name) const;
   Tensor read(const std::string& name, const Shape& shape) const;
 

@@ -26,7 +26,8 @@ class SafetensorsFolder {
   // convert), both a single file and an index, an index that is not {"weight_map": {name: file}},
   // a shard name with a folder in it, a tensor the index maps to a file that does not hold it, a
   // tensor in a shard that the index does not map to it.
-  SafetensorsFolder(const std::string& dir, ChecksumPolicy checksum);
+  // `nonfinite` applies to every tensor read (SafetensorsReader).
+  SafetensorsFolder(const std::string& dir, ChecksumPolicy checksum, NonFinitePolicy nonfinite = NonFinitePolicy::allow);
 
   const std::string& dir() const { return dir_; }
   std::vector<std::string> files() const;  // the safetensors files' paths, in name order

@@ -11,6 +11,10 @@
 
 #include "nax/comm/communicator.h"
 
+namespace nax::io {
+class JsonValue;
+}
+
 namespace nax {
 
 struct Link {
@@ -26,8 +30,11 @@ class CostModel {
   CostModel();
   // A small JSON config: {"links": {"nvlink": {"latency_us": 3, "bandwidth_GBps": 300}, ...},
   // "mesh_axes": {"mp": "nvlink", "dp": "ib"}, "default": "nvlink", "memory_GBps": 20}. Links named
-  // here add to (or replace) the defaults; "default" is the link of mesh axes not listed.
-  static CostModel parse(std::string_view json);
+  // here add to (or replace) the defaults; "default" is the link of mesh axes not listed. Read by
+  // nax's bounded JSON reader (nax/io/json.h); errors name `source` and the field.
+  static CostModel parse(std::string_view json, const std::string& source = "<cost model>");
+  // The same from a file (at most 1 MiB).
+  static CostModel from_file(const std::string& path);
 
   void set_link(const std::string& name, Link link);
   void assign(const std::string& mesh_axis, const std::string& link_name);
@@ -44,6 +51,8 @@ class CostModel {
   std::string str() const;
 
  private:
+  static CostModel from_json(const io::JsonValue& root);
+
   std::map<std::string, Link> links_;
   std::map<std::string, std::string> mesh_axes_;
   std::string default_link_ = "intra";
