@@ -197,3 +197,35 @@ TEST_CASE("tensors are immutable once an op has read them", "[grad][errors]") {
   REQUIRE_THROWS_WITH(x.mutable_data<double>()[0] = 100, Contains("mutable_data") && Contains("immutable") && Contains("fresh tensor"));
   nax::testing::require_close(grad(y, {w})[0], {1.0, 2.0}, 0);
 }
+
+TEST_CASE("a function under remat whose gradient path or hidden values change before the backward is an error", "[grad][remat][errors]") {
+  const Shape s{{"embed", 2}};
+  // A stop_gradient decided by a flag that changes: the values are the same, the gradient is not.
+  {
+    Tensor w = parameter(ones(s, DType::f64));
+    bool frozen = false;
+    const Tensor y = remat([&frozen](const Tensor& x) { return (frozen ? stop_gradient(x) : x) * 3.0; }, w);
+    frozen = true;
+    REQUIRE_THROWS_WITH(grad(sum(y, "embed"), {w}), Contains("remat") && Contains("gradient goes another way"));
+  }
+  // A NoGrad scope opened by a flag that changes.
+  {
+    Tensor w = parameter(ones(s, DType::f64));
+    bool frozen = false;
+    const Tensor y = remat([&frozen](const Tensor& x) {
+      if (!frozen) return x * 3.0;
+      NoGrad no_grad;
+      return x * 3.0;
+    }, w);
+    frozen = true;
+    REQUIRE_THROWS_WITH(grad(sum(y, "embed"), {w}), Contains("remat") && Contains("gradient goes another way"));
+  }
+  // An exponent changed from 2 to 5 at x = 1: the result's bits agree (1), the gradient would not.
+  {
+    Tensor w = parameter(ones(s, DType::f64));
+    double k = 2;
+    const Tensor y = remat([&k](const Tensor& x) { return pow(x, full_like(x, k)); }, w);
+    k = 5;
+    REQUIRE_THROWS_WITH(grad(sum(y, "embed"), {w}), Contains("remat") && Contains("'pow'") && Contains("other values"));
+  }
+}

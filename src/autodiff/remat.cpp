@@ -27,7 +27,7 @@ struct FirstRun {
   Shape shape;
   DType dtype;
   std::optional<std::uint64_t> bits;
-  std::vector<std::uint64_t> reads;
+  std::vector<autodiff::ReadLog::Read> reads;
 };
 
 // A hash of the result's bytes where the host reads them (a recompute of the same function on the
@@ -46,7 +46,7 @@ std::vector<Tensor> recompute_backward(const Fn& fn, const std::vector<Tensor>& 
   Tensor y;
   {
     autodiff::EnableGrad recording;
-    autodiff::OutsideReads replay(&first.reads);
+    autodiff::ReadLog replay(&first.reads);
     y = fn(inputs);
     replay.finish();
   }
@@ -86,13 +86,13 @@ Tensor remat(const Fn& fn, const std::vector<Tensor>& inputs) {
   if (!grad_enabled()) return fn(inputs);  // nothing is recorded (NoGrad, or inside another remat's forward)
   Tensor out;
   std::vector<Tensor> captured;
-  std::vector<std::uint64_t> reads;
+  std::vector<autodiff::ReadLog::Read> reads;
   {
     autodiff::CaptureInputs capture;
-    autodiff::OutsideReads outside;
+    autodiff::ReadLog log;
     out = fn(inputs);
     captured = capture.inputs();
-    reads = outside.take();
+    reads = log.take();
   }
   if (!out.defined()) fail("remat", "the function returned an undefined tensor");
   if (captured.empty()) return out;

@@ -63,33 +63,45 @@ class CaptureInputs {
   std::unordered_set<const Node*> seen_;
 };
 
-// While alive, keeps the storages that ops on this thread read from outside (made before it
-// started), in order: remat's forward records them and its recompute must read the same ones
-// again (a function that reads a variable reassigned in between, or a tensor made since, is not
-// the function the forward ran). Nests: every live one sees the reads from outside itself.
-class OutsideReads {
+// While alive, keeps what the ops on this thread read, in order: for a tensor from outside (made
+// before it started) its storage, whether it needs a gradient; for every tensor a sample of its
+// bytes; and how many NoGrad scopes the reading op runs under. remat's forward records the reads
+// and its recompute must make the same ones: a function that reads a variable reassigned in
+// between, other values (a seed drawn from a counter, a C++ value that changed) or takes its
+// gradient through another path (a stop_gradient or NoGrad decided by a changed flag) is not the
+// function the forward ran. Nests: every live one sees the reads made under it.
+class ReadLog {
  public:
-  // Records, or (with `expected`) checks each read against the next expected one, naming the
-  // tensor and the op that read it when they differ.
-  explicit OutsideReads(const std::vector<std::uint64_t>* expected = nullptr);
-  ~OutsideReads();
-  OutsideReads(const OutsideReads&) = delete;
-  OutsideReads& operator=(const OutsideReads&) = delete;
+  struct Read {
+    std::uint64_t storage = 0;  // outside tensors only
+    std::uint64_t sample = 0;
+    int no_grad = 0;
+    bool needs_gradient = false;  // outside tensors only
+    bool operator==(const Read&) const = default;
+  };
 
-  void see(const Tensor& t, std::string_view op);
-  std::vector<std::uint64_t> take() { return std::move(reads_); }
-  friend void note_read(const Tensor& t, std::string_view op);
+  // Records, or (with `expected`) checks each read against the next expected one, naming the
+  // tensor, the op that read it and what changed when they differ.
+  explicit ReadLog(const std::vector<Read>* expected = nullptr);
+  ~ReadLog();
+  ReadLog(const ReadLog&) = delete;
+  ReadLog& operator=(const ReadLog&) = delete;
+
+  std::vector<Read> take() { return std::move(reads_); }
   // Checking: every expected read happened.
   void finish() const;
+  friend void note_read(const Tensor& t, std::string_view op);
 
  private:
+  void see(const Tensor& t, std::uint64_t sample, std::string_view op);
   std::uint64_t first_;  // storages with ids from here on were made inside
-  OutsideReads* previous_;
-  const std::vector<std::uint64_t>* expected_;
+  int no_grad_;          // NoGrad scopes open when it started
+  ReadLog* previous_;
+  const std::vector<Read>* expected_;
   std::size_t next_ = 0;
-  std::vector<std::uint64_t> reads_;
+  std::vector<Read> reads_;
 };
-// Tells the live OutsideReads that `op` reads t (check_operands calls it for every operand).
+// Tells the live ReadLogs that `op` reads t (check_operands calls it for every operand).
 void note_read(const Tensor& t, std::string_view op);
 
 // While alive, ops on this thread record (remat's recompute, run inside grad's NoGrad): the
