@@ -400,3 +400,16 @@ TEST_CASE("gradients through partial sums equal finite differences", "[partial][
     }, {h, w, c}, rules);
   }
 }
+
+TEST_CASE("the global view takes a partial sum as Partial(sum) and per-device values only with their reduction", "[partial][global]") {
+  auto got = runtime("mp=2").run([](Shard& s) {
+    const Tensor xs = s.shard(from_vector(Shape{{"i", 4}}, std::vector<double>{1, 2, 3, 4}, DType::f64), {{"i", "mp"}});
+    NAX_EXPECT_THROWS(GlobalTensor::from_local(max(xs, "i")));  // per-device maxima: sum or max?
+    const GlobalTensor largest = GlobalTensor::from_local(max(xs, "i"), {{"mp", ReduceOp::max}});
+    const GlobalTensor total = GlobalTensor::from_local(sum(xs, "i"));
+    NAX_EXPECT(total.placements().on("mp").is_partial() && total.placements().on("mp").op() == ReduceOp::sum);
+    NAX_EXPECT_THROWS(GlobalTensor::from_local(sum(xs, "i"), {{"mp", ReduceOp::max}}));
+    return std::vector<double>{redistribute(largest, Placements{}).local().item(), redistribute(total, Placements{}).local().item()};
+  });
+  for (const auto& v : got) REQUIRE(v == std::vector<double>{4, 10});
+}

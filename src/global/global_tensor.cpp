@@ -39,6 +39,14 @@ GlobalTensor GlobalTensor::from_local(const Tensor& local, const std::map<std::s
     if (local.vary().local_mean(m) && it == partial_ops.end())
       fail("GlobalTensor::from_local", "{} is a local mean over mesh axis '{}' (a mean over a tensor axis cut along it), which a "
            "partial-sum placement would sum to {} times the mean; pmean it over '{}' first", local.str(), m, mesh.axis_size(m), m);
+    // Per-device values are no partial reduction until told which (a max over a cut axis is one of a max).
+    if (kind == Vary::Varying && it == partial_ops.end())
+      fail("GlobalTensor::from_local", "{} is Varying over mesh axis '{}' (per-device values): say how the global value reduces "
+           "them, partial_ops {{{{\"{}\", ReduceOp::max}}}} for per-device maxima or ReduceOp::sum for terms of a sum (or reduce "
+           "it with pmax / psum first)", local.str(), m, m);
+    if (kind == Vary::Partial && local.vary().partial_sum(m) && it != partial_ops.end() && it->second != ReduceOp::sum)
+      fail("GlobalTensor::from_local", "{} is a partial sum over mesh axis '{}': its placement is Partial(sum), not the {} given",
+           local.str(), m, reduce_op_name(it->second));
     const Placement p = placement_of(kind, kind == Vary::Split ? local.vary().split_axis(m) : std::string(),
                                      it == partial_ops.end() ? ReduceOp::sum : it->second);
     if (!p.is_replicate()) placements.set(m, p);

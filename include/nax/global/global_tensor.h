@@ -18,8 +18,9 @@ class GlobalTensor {
  public:
   GlobalTensor() = default;
 
-  // Wraps a per-shard block: Invariant -> replicate, Split(a) -> shard(a), Varying -> partial
-  // (sum, or the op given in `partial_ops` for that mesh axis). Runs inside Runtime::run.
+  // Wraps a per-shard block: Invariant -> replicate, Split(a) -> shard(a), a partial sum ->
+  // partial(sum); Varying (per-device values) -> partial of the op `partial_ops` gives for that
+  // mesh axis, refused without one (as a local mean is). Runs inside Runtime::run.
   static GlobalTensor from_local(const Tensor& local, const std::map<std::string, PartialOp>& partial_ops = {});
   // This device's block of a host tensor, cut by `rules` (every device calls it).
   static GlobalTensor from_host(const Tensor& host, const AxisRules& rules);
