@@ -34,7 +34,8 @@ std::uint64_t CallSite::hash() const {
   for (char c : short_path(file)) h = (h ^ static_cast<unsigned char>(c)) * kPrime;
   h = (h ^ line) * kPrime;
   h = (h ^ column) * kPrime;
-  return (h ^ (backward_of != nullptr ? 1u : 0u)) * kPrime;
+  h = (h ^ (backward_of != nullptr ? 1u : 0u)) * kPrime;
+  return (h ^ arguments) * kPrime;
 }
 
 void check_permute_pairs(const std::vector<std::pair<int, int>>& pairs, int n, std::string_view op, std::string_view group,

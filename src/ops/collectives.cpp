@@ -76,7 +76,9 @@ Context enter(std::string_view op, const Tensor* x, const Names& mesh_axes, cons
   const std::string call = x != nullptr ? fmt::format("{}({}, {}{})", op, x->str(), mesh_axes.str(), extra)
                                         : fmt::format("{}({}{})", op, mesh_axes.str(), extra);
   comm.set_origin(site.label(call));
-  comm.set_call_site(site);
+  CallSite with_arguments = site;
+  with_arguments.arguments = std::hash<std::string>{}(call);
+  comm.set_call_site(with_arguments);
   if (span.active()) span.add_args(fmt::format("\"group_size\": {}", comm.size()));
   return {shard, comm, comm.size(), std::move(span)};
 }
@@ -314,12 +316,14 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
       fail(op, "{} is Split along axis '{}' over mesh axis '{}': its blocks are different parts of one tensor, not "
            "partial values (use all_gather or psum_scatter)", x_in.str(), x_in.vary().split_axis(m), m);
     if (op == "psum") refuse_local_mean(op, x_in, m);
-    if (reduce != ReduceOp::sum && x_in.vary().kind(m) == Vary::Partial)
+    vary.set_invariant(m);
+  }
+  // The max of terms is no term of the max, whichever mesh axes the max runs over.
+  if (reduce != ReduceOp::sum)
+    for (const auto& m : x_in.vary().partial_mesh_axes())
       fail(op, "{} is a partial {} over mesh axis '{}' (one term of it per device): the {} of the terms is not the {} of the "
            "whole; {} over '{}' first", x_in.str(), x_in.vary().local_mean(m) ? "mean" : "sum", m, op.substr(1), op.substr(1),
            x_in.vary().local_mean(m) ? "pmean" : "psum", m);
-    vary.set_invariant(m);
-  }
   if (c.n == 1) return x_in.with_vary(vary);  // a group of one: nothing to reduce, nothing sent
   if (reduce == ReduceOp::sum && detail::deterministic()) return tree_psum(c, x_in, mesh_axes, vary, launch);
   Tensor x = reduce == ReduceOp::sum ? summed_form(x_in) : x_in;
@@ -439,6 +443,11 @@ void check_gatherable(std::string_view op, const Tensor& x, const Names& mesh_ax
       fail(op, "{} is Invariant over mesh axis '{}': every device holds the same value, so the gather would return {} copies "
            "of it (use it as it is; to tile it on purpose, pvary it over '{}' first)", x.str(), m, axis_size(mesh_axes), m);
   for (const auto& m : mesh_axes.list())
+    if (!stack && x.vary().kind(m) == Vary::Split && x.vary().split_axis(m) != axis)
+      fail(op, "{} is cut along '{}' over mesh axis '{}': gathering along '{}' would put the blocks of '{}' side by side along "
+           "'{}'; gather along '{}' (or forget the cut with as_varying first, to do it on purpose)", x.str(), x.vary().split_axis(m),
+           m, axis, x.vary().split_axis(m), axis, x.vary().split_axis(m));
+  for (const auto& m : mesh_axes.list())
     if (x.vary().kind(m) == Vary::Partial)
       fail(op, "{} is a partial {} over mesh axis '{}' (a {} over a tensor axis cut along it): gathering would concatenate the "
            "devices' terms, not the whole; finish it with {} over '{}'{}", x.str(), x.vary().local_mean(m) ? "mean" : "sum", m,
@@ -449,7 +458,7 @@ void check_gatherable(std::string_view op, const Tensor& x, const Names& mesh_ax
 Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant,
                          const CallSite& site, bool stack, detail::Launch& launch) {
   check_gatherable(op, x, mesh_axes, axis, stack);
-  Context c = enter(op, &x, mesh_axes, site);
+  Context c = enter(op, &x, mesh_axes, site, fmt::format(", {}", axis));
   const auto& group_axes = mesh_axes.list();
   VaryType vary = x.vary();
   // Split(axis) over the gathered mesh axes is consumed; any other cut over them becomes Varying.
@@ -524,7 +533,7 @@ namespace {
 
 Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const std::string& axis, const CallSite& site,
                             detail::Launch& launch) {
-  Context c = enter("psum_scatter", &x_in, mesh_axes, site);
+  Context c = enter("psum_scatter", &x_in, mesh_axes, site, fmt::format(", {}", axis));
   const int i = x_in.shape().require(axis, "psum_scatter");
   const std::int64_t size = x_in.shape()[i].size;
   if (size % c.n != 0)
@@ -590,6 +599,12 @@ Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vect
                         detail::Launch& launch) {
   Context c = enter("ppermute", &x, mesh_axes, site, fmt::format(", pairs [{}]", pairs_text(pairs)));
   check_permute_pairs(pairs, c.n, "ppermute", "the group over " + mesh_axes.str(), [&] { return x.str(); });
+  // A partial sum's terms may change places, but none may be lost (an unmatched rank gets zeros).
+  for (const auto& m : mesh_axes.list())
+    if (x.vary().kind(m) == Vary::Partial && static_cast<int>(pairs.size()) != c.n)
+      fail("ppermute", "{} is a partial value over mesh axis '{}': pairs [{}] move {} of the {} devices' terms, so psum would "
+           "miss the others; permute every rank's term (or as_varying first, to drop terms on purpose)", x.str(), m,
+           pairs_text(pairs), pairs.size(), c.n);
   // A partial value's terms change places: still one term each of a sum over the group.
   VaryType vary = x.vary();
   for (const auto& m : mesh_axes.list())
@@ -623,7 +638,7 @@ namespace {
 
 Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::string& split_axis, const std::string& concat_axis,
                           const CallSite& site) {
-  Context c = enter("all_to_all", &x, mesh_axes, site);
+  Context c = enter("all_to_all", &x, mesh_axes, site, fmt::format(", {}, {}", split_axis, concat_axis));
   const int is = x.shape().require(split_axis, "all_to_all");
   x.shape().require(concat_axis, "all_to_all");
   const std::int64_t split_size = x.shape()[is].size;

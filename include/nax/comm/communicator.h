@@ -49,6 +49,10 @@ struct CallSite {
   std::uint32_t line = 0;
   std::uint32_t column = 0;
   const char* backward_of = nullptr;  // the forward collective, when this call is its transpose
+  // A hash of the call's arguments that every rank must pass alike beyond the buffer's size (the
+  // tensor's shape and axes, the axis gathered or scattered): two ranks at one line that gather
+  // along different axes of same-sized tensors disagree.
+  std::uint64_t arguments = 0;
 
   std::string str() const;  // "tests/test_x.cpp:12:7"
   // "psum(...) at tests/test_x.cpp:12:7", "psum_scatter(...) in the backward of all_gather at ..."
