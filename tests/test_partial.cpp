@@ -135,6 +135,8 @@ std::vector<Mistake> catalog() {
       {"all_gather along an axis other than the one cut", "mp=2",
        [](Shard& s) { all_gather(s.shard(ones(Shape{{"i", 4}, {"j", 2}}), {{"i", "mp"}}), "mp", "j"); },
        {"all_gather", "cut along 'i'", "gather along 'i'"}},
+      {"all_gather over a mesh axis named twice", "mp=2",
+       [](Shard& s) { all_gather(s.shard(ones(Shape{{"i", 4}}), {{"i", "mp"}}), {"mp", "mp"}, "i"); }, {"all_gather", "'mp' named twice"}},
       {"devices scattering along different axes at one call", "mp=2",
        [](Shard& s) { psum_scatter(pvary(ones(Shape{{"i", 2}, {"j", 2}}), "mp"), "mp", s.device() == 0 ? "i" : "j"); },
        {"psum_scatter", "mismatch"}},

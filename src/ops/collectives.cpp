@@ -89,7 +89,8 @@ bool contains(const std::vector<std::string>& list, const std::string& name) {
 
 // The group's mesh axes ranked as they cut tensor axis `axis` of x (major first), then the others
 // in the order given: blocks then join in the tensor's order whatever order the user names.
-Names cut_order(const Tensor& x, const Names& mesh_axes, const std::string& axis) {
+Names cut_order(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis) {
+  if (Shard* shard = Shard::current()) shard->mesh().check_axes(mesh_axes.list(), op);  // before reordering hides a repeat
   std::vector<std::string> ordered;
   for (const auto& m : x.vary().split_mesh_axes(axis))
     if (contains(mesh_axes.list(), m)) ordered.push_back(m);
@@ -495,7 +496,7 @@ Tensor unstack(const Tensor& g, const Tensor& x, const std::string& axis) { retu
 
 Tensor gather(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant, bool stack,
               const CallSite& site) {
-  const Names group = cut_order(x, mesh_axes, axis);
+  const Names group = cut_order(op, x, mesh_axes, axis);
   detail::Launch launch = detail::Launch::blocking();
   Tensor out = gather_collective(op, x, group, axis, invariant, site, stack, launch);
   if (!autodiff::any_requires_grad({&x})) return out;
@@ -686,7 +687,7 @@ Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::st
 Tensor all_to_all(const Tensor& x, const Names& mesh_axes, const std::string& split_axis, const std::string& concat_axis,
                   std::source_location where) {
   const CallSite site = site_of(where);
-  const Names group = cut_order(x, mesh_axes, concat_axis);
+  const Names group = cut_order("all_to_all", x, mesh_axes, concat_axis);
   Tensor out = all_to_all_forward(x, group, split_axis, concat_axis, site);
   if (!autodiff::any_requires_grad({&x})) return out;
   return autodiff::record("all_to_all", out, {x}, [group, split_axis, concat_axis, site](const Tensor& g) {
@@ -701,7 +702,7 @@ Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch, std:
   return reduce_collective("psum", ReduceOp::sum, x, mesh_axes, site_of(where), launch);
 }
 Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch, std::source_location where) {
-  return gather_collective("all_gather", x, cut_order(x, mesh_axes, axis), axis, false, site_of(where), false, launch);
+  return gather_collective("all_gather", x, cut_order("start_all_gather", x, mesh_axes, axis), axis, false, site_of(where), false, launch);
 }
 Tensor launch_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch, std::source_location where) {
   return psum_scatter_forward(x, mesh_axes, axis, site_of(where), launch);
@@ -710,7 +711,9 @@ Tensor launch_ppermute(const Tensor& x, const Names& mesh_axes, const std::vecto
                        std::source_location where) {
   return ppermute_forward(x, mesh_axes, pairs, site_of(where), launch);
 }
-Names gather_order(const Tensor& x, const Names& mesh_axes, const std::string& axis) { return cut_order(x, mesh_axes, axis); }
+Names gather_order(const Tensor& x, const Names& mesh_axes, const std::string& axis) {
+  return cut_order("start_all_gather", x, mesh_axes, axis);
+}
 Tensor unstack_gradient(const Tensor& g, const Tensor& x, const std::string& axis) { return unstack(g, x, axis); }
 }  // namespace detail
 
