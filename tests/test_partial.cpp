@@ -154,20 +154,6 @@ std::vector<Mistake> catalog() {
          grad(sum(dot(h_of(s), w, "mlp"), {"batch", "embed"}), {w});
        },
        {"grad", "partial sum", "psum over 'mp' first"}},
-      // --- per-device values scaling or selecting each device's term its own way
-      {"a partial sum scaled by per-device values", "mp=2", [](Shard& s) { psum(partial_of(s) * pvary(bias(), "mp"), "mp"); },
-       {"mul", "varies over it", "as_varying"}},
-      {"a partial sum divided by per-device values", "mp=2", [](Shard& s) { partial_of(s) / pvary(bias(), "mp"); }, {"div", "varies"}},
-      {"dot of a partial sum with per-device values", "mp=2", [](Shard& s) { dot(partial_of(s), pvary(bias(), "mp"), "embed"); },
-       {"dot", "varies"}},
-      {"a per-device slice of a partial sum", "mp=2",
-       [](Shard& s) { psum(dynamic_slice(partial_of(s), "batch", axis_index("mp"), 1), "mp"); }, {"dynamic_slice", "varies", "psum"}},
-      {"a per-device selection between partial sums", "mp=2",
-       [](Shard& s) {
-         const Tensor p = partial_of(s);
-         where(pvary(ones(Shape{{"embed", kE}}, DType::f64), "mp"), p, p * 2.0);
-       },
-       {"where", "varies"}},
       {"a per-device value added to a partial sum through concat", "mp=2",
        [](Shard& s) { concat({partial_of(s), pvary(ones(Shape{{"batch", kB}, {"embed", kE}}, DType::f64), "mp")}, "batch"); },
        {"concat", "Varying", "after the psum"}},
@@ -203,6 +189,11 @@ std::vector<Mistake> catalog() {
          psum_scatter(o + bias(), "mp", "seq");
        },
        {"add", "partial sum", "after the psum"}},
+      {"cross_entropy with a target outside the vocabulary", "mp=2",
+       [](Shard&) {
+         cross_entropy(ones(Shape{{"b", 2}, {"vocab", 3}}, DType::f64), from_vector(Shape{{"b", 2}}, std::vector<std::int32_t>{0, 9}), "vocab");
+       },
+       {"cross_entropy", "target 9", "outside the vocabulary"}},
       {"as_partial of an Invariant value", "mp=2", [](Shard&) { as_partial(bias(), "mp"); }, {"as_partial", "Invariant", "pvary"}},
       {"expect_vary of a partial sum expected varying", "mp=2", [](Shard& s) { expect_vary(partial_of(s), "mp=varying"); },
        {"expect_vary", "partial", "mp=varying"}},
@@ -307,10 +298,10 @@ TEST_CASE("linear combinations of partial sums finish to the host's values", "[p
     for (int k = 0; k < 3; ++k) acc = acc + p * static_cast<double>(k);
     const Tensor keep = gt(bias(), scalar(1.5, DType::f64));
     const Tensor combined = where(keep, acc - p * 0.5, zeros_like(p)) + (-p);
-    // Each device's term weighted its own way: refused, unless the terms are declared per-device.
+    // Each device's term weighted its own way: a weighted sum, still one sum of terms.
     const Tensor weights = pvary(full(Shape{}, 1.0 + axis_index("mp").item(), DType::f64), "mp");
-    NAX_EXPECT_THROWS(p * weights);
-    const Tensor by_rank = as_varying(p, "mp") * weights;
+    const Tensor by_rank = p * weights;
+    NAX_EXPECT(by_rank.vary().partial_sum("mp"));
     const Tensor terms = p + as_partial(pvary(bias(), "mp") * (1.0 + axis_index("mp").item()), "mp");
     std::vector<std::vector<double>> out;
     for (const Tensor& t : {psum(combined, "mp"), psum(by_rank, "mp"), psum(terms, "mp"), psum(cumsum(p, "embed"), "mp")})

@@ -22,8 +22,8 @@ Tensor as_varying(const Tensor& x, const Names& mesh_axes);
 // Varying or Partial over `mesh_axes` -> Split(axis), the most minor cuts of `axis` in the order
 // named: the caller asserts that the devices hold the blocks of one tensor in group rank order (a
 // reduce-scatter written by hand with ppermute ends with partial-typed blocks that are whole).
-// Refused over an Invariant or already Split mesh axis, and along an axis x lacks. Transpose:
-// as_varying.
+// Already Split along `axis` over a mesh axis: left so. Refused over an Invariant mesh axis or one
+// that cuts another axis, and along an axis x lacks. Transpose: as_varying.
 Tensor as_split(const Tensor& x, const Names& mesh_axes, const std::string& axis);
 // Varying over `mesh_axes` -> Partial (a partial sum): the caller asserts that each device holds
 // one term of a sum over the group, so that it may be added to other partial sums and psummed.

@@ -81,6 +81,8 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets, const std::
   const auto op_span = detail::enter_op("cross_entropy", {&logits_in, &targets});
   check_targets("cross_entropy", logits_in, targets, vocab);
   check_mesh_axes(logits_in, vocab, mesh_axes);
+  if (targets.device().host_accessible())  // a target outside the vocabulary is named as cross_entropy's, not pick's
+    detail::check_ids("cross_entropy", "target", targets, detail::vocab_block("cross_entropy", logits_in, vocab), logits_in, vocab);
   const Tensor logits = detail::widen(logits_in);  // bf16 computes in f32 (the cast is differentiable)
   Tensor m = max(stop_gradient(logits), vocab);
   Tensor picked = pick(logits, targets, vocab);

@@ -93,8 +93,6 @@ std::string devices_over(const std::string& m) {
 
 bool sums_operands(OnPartial rule) { return rule == OnPartial::add || rule == OnPartial::accumulate || rule == OnPartial::move; }
 
-bool selects_or_scales(OnPartial rule) { return rule == OnPartial::scale || rule == OnPartial::refuse; }
-
 // The rules of OnPartial over mesh axis m, for an op with an operand partial over it.
 void check_partials_over(std::string_view op, const std::vector<Operand>& operands, const std::string& m) {
   const Operand* factor = nullptr;
@@ -126,11 +124,9 @@ void check_partials_over(std::string_view op, const std::vector<Operand>& operan
              x.str(), what_partial(x, m));
       continue;
     }
-    if (mean || k == Vary::Split) continue;  // Split beside a partial value: merge_vary names it
-    if (k == Vary::Varying && selects_or_scales(o.on_partial))
-      fail(op, "{} is {} but {} varies over it (per-device values): each device would scale or select its own term "
-           "differently, so the psum would not finish one sum; psum over '{}' first (or, to treat the terms as per-device "
-           "values on purpose, as_varying({}, {}))", p.str(), what_partial(p, m), x.str(), m, "x", m);
+    // Split beside a partial value: merge_vary names it. A per-device factor or selector makes each
+    // term its device's own weighting: still terms of one (weighted) sum.
+    if (mean || k == Vary::Split) continue;
     if (!sums_operands(o.on_partial) || x.known_zero()) continue;  // zero is a term of any sum
     fail(op, "{} is {} but {} is {}: psum would add it once per device ({} times); {} it after the psum over '{}'{}", p.str(),
          what_partial(p, m), x.str(), kind_of(x, m), devices_over(m), op, m,
@@ -261,8 +257,9 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
     const std::string& a = splitter->vary().split_axis(m);
     for (const Tensor* t : operands)
       if (t->vary().kind(m) == Vary::Invariant && t->shape().has(a))
-        fail(op, "axis '{}' is cut over mesh axis '{}' in one operand but whole in another: {} (shard both alike, or all_gather first)",
-             a, m, describe(operands));
+        fail(op, "axis '{}' is cut over mesh axis '{}' in one operand but whole in another: {} (shard both alike, or all_gather "
+             "first; a value that holds this device's block of '{}', made from per-device values such as axis_index, is no "
+             "whole value: mark it with pvary(x, '{}'))", a, m, describe(operands), a, m);
     if (std::find(reduced.begin(), reduced.end(), a) == reduced.end()) result.set_split(m, a);
     else if (reduced_to) result.set_partial(m, *reduced_to);
     else result.set_varying(m);

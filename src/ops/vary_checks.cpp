@@ -65,6 +65,7 @@ Tensor as_split(const Tensor& x, const Names& mesh_axes, const std::string& axis
   x.shape().require(axis, "as_split");
   VaryType vary = x.vary();
   for (const auto& m : mesh_axes.list()) {
+    if (x.vary().kind(m) == Vary::Split && x.vary().split_axis(m) == axis) continue;  // already what it declares
     if (x.vary().kind(m) != Vary::Varying && x.vary().kind(m) != Vary::Partial)
       fail("as_split", "{} is {} over mesh axis '{}': only a Varying or Partial value can be declared the blocks of '{}' (an "
            "Invariant value is whole on every device: slice its own block instead)", x.str(),
