@@ -174,12 +174,6 @@ std::vector<Mistake> catalog() {
          psum(embedding(table, ids, "vocab"), "mp");
        },
        {"embedding", "not Invariant over mesh axis 'mp'", "same ids"}},
-      {"psum of a mean over a cut axis hidden behind per-device values", "dp=2",
-       [](Shard& s) {
-         const Tensor x = s.shard(ones(Shape{{"batch", 4}}), {{"batch", "dp"}});
-         psum(mean(x * pvary(ones(Shape{{"batch", 2}}), "dp"), "batch"), "dp");
-       },
-       {"psum", "local mean", "pmean"}},
       {"a column-parallel product, then a bias before the reduce-scatter (sequence parallel)", "mp=2",
        [](Shard& s) {
          const Tensor x = s.shard(ones(Shape{{"seq", 4}, {"embed", kE}}, DType::f64), {{"seq", "mp"}});

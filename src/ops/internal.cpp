@@ -248,19 +248,26 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
       result.set_partial(m, partial->vary().partial(m));
       continue;
     }
-    // A Split axis stays this device's block whatever per-device values meet it, and summing over
-    // it stays a partial sum: per-device values do not hide a cut.
     if (splitter == nullptr) {
       if (varying) result.set_varying(m);
       continue;
     }
     const std::string& a = splitter->vary().split_axis(m);
+    const bool reduces_cut = std::find(reduced.begin(), reduced.end(), a) != reduced.end();
+    // Summing over a cut axis sums this device's block only, whatever per-device values met it:
+    // a partial sum still (a per-device operand beside it must not hide that).
+    if (varying) {
+      if (!reduces_cut) result.set_varying(m);
+      else if (reduced_to) result.set_partial(m, *reduced_to);
+      else result.set_varying(m);
+      continue;
+    }
     for (const Tensor* t : operands)
       if (t->vary().kind(m) == Vary::Invariant && t->shape().has(a))
         fail(op, "axis '{}' is cut over mesh axis '{}' in one operand but whole in another: {} (shard both alike, or all_gather "
              "first; a value that holds this device's block of '{}', made from per-device values such as axis_index, is no "
              "whole value: mark it with pvary(x, '{}'))", a, m, describe(operands), a, m);
-    if (std::find(reduced.begin(), reduced.end(), a) == reduced.end()) result.set_split(m, a);
+    if (!reduces_cut) result.set_split(m, a);
     else if (reduced_to) result.set_partial(m, *reduced_to);
     else result.set_varying(m);
   }
