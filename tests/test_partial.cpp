@@ -174,6 +174,16 @@ std::vector<Mistake> catalog() {
          psum(embedding(table, ids, "vocab"), "mp");
        },
        {"embedding", "not Invariant over mesh axis 'mp'", "same ids"}},
+      {"psum of a mean of a dp-cut batch under a per-device dropout mask", "dp=2",
+       [](Shard& s) {
+         const Tensor x = s.shard(ones(Shape{{"batch", 4}}), {{"batch", "dp"}});
+         const Tensor mask = pvary(ones(Shape{{"batch", 2}}), "dp");  // per-device values for this device's rows
+         psum(mean(x * mask, "batch"), "dp");
+       },
+       {"psum", "local mean", "pmean"}},
+      {"psum of a block under a per-device mask (a psum of Split values in disguise)", "mp=2",
+       [](Shard& s) { psum(s.shard(arange({"i", 4}), {{"i", "mp"}}) * pvary(ones(Shape{{"i", 2}}), "mp"), "mp"); },
+       {"psum", "Split"}},
       {"a column-parallel product, then a bias before the reduce-scatter (sequence parallel)", "mp=2",
        [](Shard& s) {
          const Tensor x = s.shard(ones(Shape{{"seq", 4}, {"embed", kE}}, DType::f64), {{"seq", "mp"}});

@@ -254,16 +254,20 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
     }
     const std::string& a = splitter->vary().split_axis(m);
     const bool reduces_cut = std::find(reduced.begin(), reduced.end(), a) != reduced.end();
-    // Summing over a cut axis sums this device's block only, whatever per-device values met it:
-    // a partial sum still (a per-device operand beside it must not hide that).
-    if (varying) {
+    // Per-device values that carry the cut axis hold values for this device's block of it (a
+    // dropout mask, a weight per row): the result stays that block. Per-device values without it
+    // make the result Varying (a block moved around a ring, a per-device constant). Either way,
+    // summing over the cut axis sums this device's block only: a partial sum.
+    bool aligned = false;
+    for (const Tensor* t : operands) aligned = aligned || (t->vary().kind(m) == Vary::Varying && t->shape().has(a));
+    if (varying && !aligned) {
       if (!reduces_cut) result.set_varying(m);
       else if (reduced_to) result.set_partial(m, *reduced_to);
       else result.set_varying(m);
       continue;
     }
     for (const Tensor* t : operands)
-      if (t->vary().kind(m) == Vary::Invariant && t->shape().has(a))
+      if (!varying && t->vary().kind(m) == Vary::Invariant && t->shape().has(a))
         fail(op, "axis '{}' is cut over mesh axis '{}' in one operand but whole in another: {} (shard both alike, or all_gather "
              "first; a value that holds this device's block of '{}', made from per-device values such as axis_index, is no "
              "whole value: mark it with pvary(x, '{}'))", a, m, describe(operands), a, m);

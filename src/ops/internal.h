@@ -64,9 +64,10 @@ void check_same_dtype(std::string_view op, const Tensor& a, const Tensor& b);
 // The result vary type of an op over `operands` (docs/ops.md), once enter_op has checked their
 // partial values: over each mesh axis a Partial operand makes the result Partial (a Split operand
 // beside it is an error); a Split axis in `reduced` makes it Partial of `reduced_to` (a sum unless
-// told; Varying when `reduced_to` is empty: max, min), even beside Varying operands; else Varying
-// wins; Split(a) and Split(a) agree. Split(a) meeting a whole `a`, or two axes cut over one mesh
-// axis, is an error.
+// told; Varying when `reduced_to` is empty: max, min), even beside Varying operands; a Varying
+// operand with the axis `a` cut keeps the result Split(a), one without it makes it Varying;
+// Split(a) and Split(a) agree. Split(a) meeting a whole `a`, or two axes cut over one mesh axis,
+// is an error.
 VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& operands, const std::vector<std::string>& reduced = {},
                     std::optional<PartialKind> reduced_to = PartialKind::sum);
 
