@@ -1,7 +1,7 @@
 // A catalog of plausible per-shard mistakes (issue 13): each must raise a nax::Error whose message
 // names the op, the axes and the fix; none may run silently, crash or hang. Plus regressions of
 // the bugs that made some of them silent or confusing.
-// Figures: 67 cases, 67 clear errors, 0 silent (the first test prints them); the tests after it
+// Figures: 69 cases, 69 clear errors, 0 silent (the first test prints them); the tests after it
 // cover what the catalog's form cannot (NAX_CHECK=1, correct programs that must keep working).
 #include <fmt/format.h>
 
@@ -195,6 +195,11 @@ std::vector<Mistake> catalog() {
          s.full(Shape{{"embed", 4}}, rules, 0.0);
        },
        {"AxisRules", "embd=mp", "batch, embed", "did you mean 'embed'?"}},
+      {"an axis rule with two letters swapped", "mp=2",
+       [](Shard& s) { s.shard(split_axis(arange({"n", 8}), "n", {{"heads", 4}, {"d", 2}}), {{"haeds", "mp"}}); },
+       {"AxisRules", "haeds=mp", "did you mean 'heads'?"}},
+      {"an axis rule in another case", "mp=2", [](Shard& s) { s.random_normal(Shape{{"embed", 4}, {"mlp", 8}}, {{"MLP", "mp"}}, 1, "w"); },
+       {"AxisRules", "MLP=mp", "did you mean 'mlp'?"}},
       {"shard of a per-device value", "mp=2", [](Shard& s) { s.shard(per_device(s), {}); }, {"shard", "per-device"}},
       // --- per-shard ops on cut values
       {"dot of a block with a whole tensor", "mp=2",

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <set>
 
 #include "nax/core/error.h"
@@ -82,27 +83,29 @@ void AxisRules::check(const Mesh& mesh, const Shape& global, std::string_view op
 
 namespace {
 
+// Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
+// adjacent letters each count one ("haeds" is one edit from "heads"); letters compare ignoring
+// case ("Heads", "MLP").
 std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  auto same = [](char x, char y) { return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y)); };
+  std::vector<std::size_t> before(b.size() + 1), above(b.size() + 1), row(b.size() + 1);  // rows i-2, i-1, i
+  for (std::size_t j = 0; j <= b.size(); ++j) above[j] = j;
   for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
     row[0] = i;
     for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
+      row[j] = std::min({above[j] + 1, row[j - 1] + 1, above[j - 1] + (same(a[i - 1], b[j - 1]) ? 0 : 1)});
+      if (i > 1 && j > 1 && same(a[i - 1], b[j - 2]) && same(a[i - 2], b[j - 1])) row[j] = std::min(row[j], before[j - 2] + 1);
     }
+    std::swap(before, above), std::swap(above, row);
   }
-  return row[b.size()];
+  return above[b.size()];
 }
 
-// The seen axis closest to `name` within a third of its letters (at least one; none for names of one
-// or two letters, where every short name is close), or "".
+// The seen axis closest to `name` within a third of its letters (at least one), or "". Names of one
+// or two letters are all close to each other: for them only a difference of case counts.
 std::string near_name(const std::string& name, const std::set<std::string>& seen) {
-  if (name.size() < 3) return "";
   std::string best;
-  std::size_t best_distance = std::max<std::size_t>(1, name.size() / 3) + 1;
+  std::size_t best_distance = name.size() < 3 ? 1 : std::max<std::size_t>(1, name.size() / 3) + 1;
   for (const auto& s : seen)
     if (const std::size_t d = edit_distance(name, s); d < best_distance) best = s, best_distance = d;
   return best;

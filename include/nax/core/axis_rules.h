@@ -41,8 +41,9 @@ class AxisRules {
 };
 
 // The axis rules applied during one run and the tensor axes of the global tensors they cut. A rule
-// whose tensor axis none of them carried, while they carry a name a letter or two away from it, is
-// a misspelling ("heads" for "head") that leaves tensors silently whole. Rules with no such near
+// whose tensor axis none of them carried, while they carry a name an edit or two away from it (a
+// letter added, dropped, changed or swapped with its neighbour, or another case), is a misspelling
+// ("heads" for "head") that leaves tensors silently whole. Rules with no such near
 // name are left alone: a model's rules also name the axes of tensors other runs make ("batch" in
 // a run that only makes parameters).
 class RulesUse {
