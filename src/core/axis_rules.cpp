@@ -111,6 +111,10 @@ std::string near_name(const std::string& name, const std::set<std::string>& seen
   return best;
 }
 
+std::string rule_text(const std::string& tensor_axis, const std::vector<std::string>& mesh_axes) {
+  return fmt::format("{}={}", tensor_axis, fmt::join(mesh_axes, "+"));
+}
+
 }  // namespace
 
 void RulesUse::note(const AxisRules& rules, const Shape& global) {
@@ -118,13 +122,24 @@ void RulesUse::note(const AxisRules& rules, const Shape& global) {
   for (const auto& name : global.names()) seen_.insert(name);
 }
 
-void RulesUse::check_all_used() const {
+void RulesUse::check_all_used(bool every_rule) const {
+  std::vector<std::string> unused;
   for (const auto& [tensor_axis, mesh_axes] : rules_) {
     if (seen_.contains(tensor_axis)) continue;
     if (const std::string near = near_name(tensor_axis, seen_); !near.empty())
-      fail("AxisRules", "the rule {}={} cut nothing in this run: no tensor cut with axis rules carries an axis '{}' (their axes: "
-           "{}); did you mean '{}'?", tensor_axis, fmt::join(mesh_axes, "+"), tensor_axis, fmt::join(seen_, ", "), near);
+      fail("AxisRules", "the rule {} cut nothing in this run: no tensor cut with axis rules carries an axis '{}' (their axes: "
+           "{}); did you mean '{}'?", rule_text(tensor_axis, mesh_axes), tensor_axis, fmt::join(seen_, ", "), near);
+    unused.push_back(rule_text(tensor_axis, mesh_axes));
   }
+  if (unused.empty()) return;
+  if (unused.size() == rules_.size())
+    fail("AxisRules", "the axis rules applied in this run cut nothing: no tensor made with them carries the axis of any rule ({}; "
+         "their axes: {}), so every tensor stayed whole; name in the rules the tensor axes to cut", fmt::join(unused, ", "),
+         fmt::join(seen_, ", "));
+  if (every_rule)
+    fail("AxisRules", "the rule{} {} cut nothing in this run: no tensor cut with axis rules carries {} (their axes: {}); "
+         "RuntimeOptions::strict_axis_rules asks every rule applied in a run to cut a tensor of it", unused.size() > 1 ? "s" : "",
+         fmt::join(unused, ", "), unused.size() > 1 ? "their axes" : "its axis", fmt::join(seen_, ", "));
 }
 
 std::string AxisRules::str() const {
