@@ -138,3 +138,11 @@ TEST_CASE("data-parallel mean and micro-batch accumulation give the full-batch g
     for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(nax::testing::max_rel_error(got[i], reference[i]) < 1e-12);
   }
 }
+
+TEST_CASE("AdamW opt({}) is the default optimizer", "[nn]") {
+  AdamW opt({});
+  const std::vector<Tensor> p{ones(Shape{{"i", 2}, {"j", 2}})}, g{full(Shape{{"i", 2}, {"j", 2}}, 0.5)};
+  const auto stepped = opt.step(p, g, 0.1);
+  REQUIRE(stepped[0].to_vector<double>() == AdamW().step(p, g, 0.1)[0].to_vector<double>());
+  REQUIRE(stepped[0].to_vector<double>() == AdamW(AdamWConfig{}).step(p, g, 0.1)[0].to_vector<double>());
+}

@@ -1,9 +1,11 @@
 #pragma once
 // Training utilities: AdamW with decoupled weight decay, global-norm clipping over a mesh,
 // warmup + cosine learning-rate schedule, gradient accumulation.
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nax/nn/parameters.h"
@@ -28,7 +30,11 @@ class ZeroLayout;
 
 class AdamW {
  public:
-  explicit AdamW(AdamWConfig config = {}) : config_(config) {}
+  AdamW() : AdamW(AdamWConfig{}) {}
+  // A template only so that `AdamW opt({})` compiles: an empty list would convert as well to an
+  // AdamWConfig as to an AdamW for the move constructor, and the tie goes to the non-template.
+  template <std::same_as<AdamWConfig> Config = AdamWConfig>
+  explicit AdamW(Config config) : config_(std::move(config)) {}
   // One step: returns the new parameter values (same shapes, dtypes and vary types).
   std::vector<Tensor> step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr);
   std::int64_t steps() const { return steps_; }
