@@ -35,8 +35,12 @@ class AdamW {
   // AdamWConfig as to an AdamW for the move constructor, and the tie goes to the non-template.
   template <std::same_as<AdamWConfig> Config = AdamWConfig>
   explicit AdamW(Config config) : config_(std::move(config)) {}
-  // One step: returns the new parameter values (same shapes, dtypes and vary types).
+  // One step: returns the new parameter values (same shapes, dtypes and vary types). Each gradient
+  // must have its parameter's shape and vary type: a gradient that differs per device where its
+  // parameter is replicated would update each device's copy differently (psum or pmean it over
+  // that mesh axis first; grad() of an Invariant loss does). The Parameters form names them.
   std::vector<Tensor> step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr);
+  std::vector<Tensor> step(const Parameters& params, const std::vector<Tensor>& grads, double lr);
   std::int64_t steps() const { return steps_; }
   // Moment estimates, in parameter order: first moments, then second moments, each shaped and cut
   // as its parameter whether or not the state is sharded (checkpoints do not depend on it). With
@@ -48,6 +52,8 @@ class AdamW {
   std::size_t state_bytes() const;
 
  private:
+  std::vector<Tensor> named_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
+                                 const std::vector<std::string>& names);
   std::vector<Tensor> sharded_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr);
 
   AdamWConfig config_;
