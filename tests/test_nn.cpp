@@ -187,6 +187,20 @@ TEST_CASE("AdamW refuses a gradient typed otherwise than its parameter, naming i
                       Contains("Partial (a partial sum) over mesh axis 'mp'") && Contains("psum or pmean the gradient over 'mp'"));
 }
 
+TEST_CASE("AdamW refuses ZeRO over a mesh axis the mesh lacks", "[nn][mesh][errors]") {
+  using Catch::Matchers::Contains;
+  REQUIRE_THROWS_WITH(Runtime::local(Mesh::parse("dp=2")).run([](Shard&) {
+                        AdamW opt({.shard_state_over = "tp"});
+                        static_cast<void>(opt.step({ones(Shape{{"i", 4}})}, {ones(Shape{{"i", 4}})}, 0.1));
+                      }),
+                      Contains("shard_state_over") && Contains("'tp'") && Contains("dp=2"));
+  REQUIRE_THROWS_WITH(Runtime::local(Mesh::parse("dp=2")).run([](Shard&) {
+                        AdamW opt({.shard_state_over = "tp"});
+                        opt.load_state({ones(Shape{{"i", 4}}), ones(Shape{{"i", 4}})}, 1);
+                      }),
+                      Contains("'tp'") && Contains("dp=2"));
+}
+
 TEST_CASE("gradient accumulation refuses micro-batches whose gradients are typed differently", "[nn][mesh][errors]") {
   using Catch::Matchers::Contains;
   REQUIRE_THROWS_WITH(Runtime::local(Mesh::parse("dp=2")).run([](Shard& s) {

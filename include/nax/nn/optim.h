@@ -20,7 +20,8 @@ struct AdamWConfig {
   // ZeRO-1: the mesh axis (e.g. "dp") over which the parameters are replicated and the moments
   // cut. Each device keeps the moments of 1/n of the parameters' elements (laid end to end), updates
   // those elements and all-gathers the updated parameters over the axis: the same step, 2/n of the
-  // state. Empty: every device keeps every moment.
+  // state. Empty: every device keeps every moment. A name the mesh lacks is an error at the first
+  // step (or load_state).
   std::string shard_state_over;
 };
 
@@ -38,7 +39,8 @@ class AdamW {
   // One step: returns the new parameter values (same shapes, dtypes and vary types). Each gradient
   // must have its parameter's shape and vary type: a gradient that differs per device where its
   // parameter is replicated would update each device's copy differently (psum or pmean it over
-  // that mesh axis first; grad() of an Invariant loss does). The Parameters form names them.
+  // that mesh axis first; grad() of an Invariant loss does). The state cut over
+  // shard_state_over needs that mesh axis on the shard's mesh. The Parameters form names them.
   std::vector<Tensor> step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr);
   std::vector<Tensor> step(const Parameters& params, const std::vector<Tensor>& grads, double lr);
   std::int64_t steps() const { return steps_; }
