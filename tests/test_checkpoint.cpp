@@ -321,3 +321,57 @@ TEST_CASE("checkpoint: mutation fuzzer, thousands of damaged files, no crash and
   REQUIRE(refused > kMutations / 2);
   fs::remove_all(dir);
 }
+
+TEST_CASE("checkpoint: save_sharded and load_sharded refuse devices that pass different tensors, naming each one's", "[unit][checkpoint][errors]") {
+  const std::string dir = scratch("agree"), path = dir + "/p.safetensors";
+  Runtime rt = Runtime::local(Mesh::parse("dp=2"), {.collective_timeout_s = 10});
+  auto tensor = [](Shard& s, const std::string& name) {
+    const Shape global{{"a", 4}};
+    return ShardedTensor{name, s.shard(random_normal(global, 1, name), {{"a", "dp"}}), global};
+  };
+  auto save = [&](const std::function<std::vector<ShardedTensor>(Shard&)>& tensors, const std::function<int(Shard&)>& writer) {
+    rt.run([&](Shard& s) { save_sharded(s, path, tensors(s), {}, writer(s)); });
+  };
+  auto device_0 = [](Shard&) { return 0; };
+  // Another order on device 1: x's half would come from y.
+  REQUIRE_THROWS_WITH(save([&](Shard& s) {
+                        const ShardedTensor x = tensor(s, "x"), y = tensor(s, "y");
+                        return s.device() == 0 ? std::vector{x, y} : std::vector{y, x};
+                      }, device_0),
+                      Contains("save_sharded: the devices pass different tensors to save in '" + path + "'") &&
+                          Contains("tensor 0: 'x' f32[a=4] on device 0; tensor 0: 'y' f32[a=4] on device 1"));
+  REQUIRE_FALSE(fs::exists(path));
+  // Other names, one tensor fewer, another global shape, another writer.
+  REQUIRE_THROWS_WITH(save([&](Shard& s) {
+                        const ShardedTensor x = tensor(s, "x"), y = tensor(s, "y");
+                        return std::vector{x, ShardedTensor{s.device() == 0 ? "y" : "z", y.block, y.global}};
+                      }, device_0),
+                      Contains("tensor 1: 'y' f32[a=4] on device 0; tensor 1: 'z' f32[a=4] on device 1"));
+  REQUIRE_THROWS_WITH(save([&](Shard& s) {
+                        const ShardedTensor x = tensor(s, "x"), y = tensor(s, "y");
+                        return s.device() == 0 ? std::vector{x, y} : std::vector{x};
+                      }, device_0),
+                      Contains("tensor 1: 'y' f32[a=4] on device 0; nothing (a shorter list) on device 1"));
+  REQUIRE_THROWS_WITH(save([&](Shard& s) {
+                        ShardedTensor t = tensor(s, "x");
+                        if (s.device() == 1) t.stored_dims = {2, 2};
+                        return std::vector{t};
+                      }, device_0),
+                      Contains("'x' f32[a=4] on device 0; tensor 0: 'x' f32[a=4] stored as [2, 2] on device 1"));
+  REQUIRE_THROWS_WITH(save([&](Shard& s) { return std::vector{tensor(s, "x")}; }, [](Shard& s) { return s.device(); }),
+                      Contains("writer: device 0 on device 0; writer: device 1 on device 1"));
+  REQUIRE_THROWS_WITH(save([&](Shard& s) { return std::vector{tensor(s, "x")}; }, [](Shard&) { return 2; }),
+                      Contains("writer 2 is not a device of mesh dp=2"));
+  REQUIRE_FALSE(fs::exists(path));
+  // Alike on every device: saved; each device's path is its own business (only the writer's is used).
+  save([&](Shard& s) { return std::vector{tensor(s, "x"), tensor(s, "y")}; }, device_0);
+  SafetensorsReader file(path);
+  REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
+                        const Shape global{{"a", 4}};
+                        std::vector<ShardedRead> reads{{"x", global}, {"y", global}};
+                        if (s.device() == 1) std::swap(reads[0], reads[1]);
+                        load_sharded(s, file, reads, {});
+                      }),
+                      Contains("load_sharded: the devices pass different tensors to load") && Contains("tensor 0: 'x' [a=4] on device 0"));
+  fs::remove_all(dir);
+}

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/agreement.h"
 #include "nax/autodiff.h"
 #include "nax/checkpoint/files.h"
 #include "nax/io/json.h"
@@ -139,6 +140,11 @@ void expect_tensors(const SafetensorsFolder& folder, const std::vector<ShardedRe
 
 std::vector<Tensor> load_sharded(Shard& s, const SafetensorsFolder& folder, const std::vector<ShardedRead>& tensors, const AxisRules& rules,
                                  DType dtype) {
+  std::vector<std::string> entries;
+  for (std::size_t k = 0; k < tensors.size(); ++k)
+    entries.push_back(fmt::format("tensor {}: '{}' {} stored as [{}]", k, tensors[k].name, tensors[k].global.str(), fmt::join(stored_dims_of(tensors[k]), ", ")));
+  detail::require_same_on_every_device(s, "load_sharded", fmt::format("tensors to load from '{}' (names in the same order, global shapes "
+                                       "and stored dims)", folder.dir()), entries);
   std::vector<Tensor> blocks;
   blocks.reserve(tensors.size());
   for (const auto& t : tensors) blocks.push_back(s.shard(folder.read(t.name, t.global, dtype), rules));  // the global copy dies here
@@ -172,6 +178,11 @@ std::vector<std::string> save_sharded_folder(Shard& s, const std::string& dir, c
   for (std::size_t f = 0; f < files.size(); ++f)
     names.push_back(files.size() == 1 ? std::string(kSingleWeightsFile) : fmt::format("model-{:05d}-of-{:05d}.safetensors", f + 1, files.size()));
 
+  std::vector<std::string> entries{fmt::format("stored dtype {}, files of at most {} bytes", kind, max_file_bytes)};
+  for (std::size_t k = 0; k < tensors.size(); ++k)
+    entries.push_back(fmt::format("tensor {}: '{}' {} stored as [{}]", k, tensors[k].name, tensors[k].global.str(), fmt::join(tensors[k].stored_dims, ", ")));
+  detail::require_same_on_every_device(s, "save_sharded_folder", fmt::format("tensors to save in '{}' (names in the same order, global "
+                                       "shapes and stored dims, the stored dtype and the file size)", dir), entries);
   const bool writer = s.device() == 0;
   if (writer) {
     std::error_code ec;
