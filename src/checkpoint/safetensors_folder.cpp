@@ -132,7 +132,7 @@ Tensor SafetensorsFolder::read(const std::string& name, const Shape& shape, DTyp
 void expect_tensors(const SafetensorsFolder& folder, const std::vector<ShardedRead>& tensors) {
   for (const auto& t : tensors) {
     const SafetensorsReader& file = folder.file_of(t.name);
-    const TensorInfo& info = file.expect(t.name, stored_dims_of(t));
+    const TensorInfo& info = expect_tensor(file, t);
     if (!is_floating(info.dtype))
       fail("checkpoint", "'{}': tensor '{}' is {}, not a floating type (F32, F16, BF16, F64)", file.path(), t.name, safetensors_dtype(info));
   }
@@ -205,6 +205,7 @@ std::vector<std::string> save_sharded_folder(Shard& s, const std::string& dir, c
           for (const auto& a : t.global.axes()) dims.push_back(a.size);
         TensorInfo info{t.name, kind == "BF16" ? DType::bf16 : DType::f32, dims};
         info.f16 = kind == "F16";
+        info.axes = t.global.axes();
         infos.push_back(info);
         map[t.name] = names[f];
       }

@@ -49,7 +49,9 @@ void save_sharded(Shard& s, const std::string& path, const std::vector<ShardedTe
       if (product(dims) != t.global.numel())
         fail("save_sharded", "'{}': tensor '{}' of global shape {} stored as [{}]: the element counts differ", path, t.name, t.global.str(),
              fmt::join(dims, ", "));
-      infos.push_back({t.name, t.block.dtype(), dims});
+      TensorInfo info{t.name, t.block.dtype(), dims};
+      info.axes = t.global.axes();
+      infos.push_back(std::move(info));
     }
     file = std::make_unique<SafetensorsWriter>(path, std::move(infos), metadata);
   }
@@ -62,8 +64,14 @@ void save_sharded(Shard& s, const std::string& path, const std::vector<ShardedTe
   if (file) file->commit();
 }
 
+const TensorInfo& expect_tensor(const SafetensorsReader& file, const ShardedRead& t) {
+  const TensorInfo* info = file.find(t.name);
+  const bool permuted = info != nullptr && product(info->dims) == t.global.numel() && file.stored_as(t.name, t.global) != t.global;
+  return file.expect(t.name, permuted ? info->dims : stored_dims(t));
+}
+
 void expect_tensors(const SafetensorsReader& file, const std::vector<ShardedRead>& tensors, DType dtype) {
-  for (const auto& t : tensors) file.expect(t.name, stored_dims(t), dtype);
+  for (const auto& t : tensors) file.expect(t.name, expect_tensor(file, t).dims, dtype);
 }
 
 std::vector<Tensor> load_sharded(Shard& s, const SafetensorsReader& file, const std::vector<ShardedRead>& tensors, const AxisRules& rules) {
@@ -86,7 +94,7 @@ void save_parameters(Shard& s, const std::string& path, const nn::Parameters& pa
 nn::Parameters load_parameters(Shard& s, const SafetensorsReader& file, const std::vector<nn::ParamSpec>& specs, const AxisRules& rules) {
   std::vector<ShardedRead> reads;
   for (const auto& spec : specs) reads.push_back({spec.name, spec.global});
-  for (const auto& r : reads) file.expect(r.name, dims_of(r.global));
+  for (const auto& r : reads) expect_tensor(file, r);
   return nn::Parameters::from_values(specs, load_sharded(s, file, reads, rules));
 }
 
