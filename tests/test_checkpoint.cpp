@@ -373,6 +373,29 @@ TEST_CASE("checkpoint: save_sharded and load_sharded refuse devices that pass di
                         load_sharded(s, file, reads, {});
                       }),
                       Contains("load_sharded: the devices pass different tensors to load") && Contains("tensor 0: 'x' [a=4] on device 0"));
+  // The same for a Hugging Face folder's save and load.
+  auto folder_tensors = [](Shard& s) {
+    std::vector<LazyShardedTensor> tensors;
+    for (const std::string name : {"x", "y"})
+      tensors.push_back({name, Shape{{"a", 4}}, {}, [&s, name] { return s.shard(random_normal(Shape{{"a", 4}}, 1, name), {{"a", "dp"}}); }});
+    if (s.device() == 1) std::swap(tensors[0], tensors[1]);
+    return tensors;
+  };
+  REQUIRE_THROWS_WITH(rt.run([&](Shard& s) { save_sharded_folder(s, dir + "/hf", folder_tensors(s), "f32", 1 << 20); }),
+                      Contains("save_sharded_folder: the devices pass different tensors") && Contains("tensor 0: 'x' [a=4] on device 0; tensor 0: 'y' [a=4] on device 1"));
+  REQUIRE_FALSE(fs::exists(dir + "/hf"));
+  rt.run([&](Shard& s) {
+    auto tensors = folder_tensors(s);
+    if (s.device() == 1) std::swap(tensors[0], tensors[1]);
+    save_sharded_folder(s, dir + "/hf", tensors, "f32", 1 << 20);
+  });
+  const SafetensorsFolder folder(dir + "/hf", ChecksumPolicy::required);
+  REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
+                        std::vector<ShardedRead> reads{{"x", Shape{{"a", 4}}}, {"y", Shape{{"a", 4}}}};
+                        if (s.device() == 1) std::swap(reads[0], reads[1]);
+                        load_sharded(s, folder, reads, {}, DType::f32);
+                      }),
+                      Contains("load_sharded: the devices pass different tensors to load from '" + dir + "/hf'"));
   fs::remove_all(dir);
 }
 

@@ -95,4 +95,12 @@ void require_same_on_every_device(Shard& s, std::string_view op, std::string_vie
        by_text(texts_of(all, mine), s.mesh().group(s.device(), s.mesh().axis_names())));
 }
 
+std::string tensor_entry(std::size_t k, const std::string& name, std::string_view dtype, const Shape& global,
+                         const std::vector<std::int64_t>& stored) {
+  std::vector<std::int64_t> dims;
+  for (const auto& a : global.axes()) dims.push_back(a.size);
+  const std::string as = stored.empty() || stored == dims ? "" : fmt::format(" stored as [{}]", fmt::join(stored, ", "));
+  return fmt::format("tensor {}: '{}' {}{}{}", k, name, dtype, global.str(), as);
+}
+
 }  // namespace nax::checkpoint::detail

@@ -17,4 +17,9 @@ namespace nax::checkpoint::detail {
 // same ops).
 void require_same_on_every_device(Shard& s, std::string_view op, std::string_view what, const std::vector<std::string>& entries);
 
+// The entry of tensor k of a save or a load: "tensor 2: 'w' f32[heads=4, embed=8] stored as [32]"
+// (the dtype, when given, and the stored dims, when they are not the global shape's).
+std::string tensor_entry(std::size_t k, const std::string& name, std::string_view dtype, const Shape& global,
+                         const std::vector<std::int64_t>& stored);
+
 }  // namespace nax::checkpoint::detail

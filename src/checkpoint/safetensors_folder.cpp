@@ -47,13 +47,6 @@ std::map<std::string, std::string> weight_map(const std::string& dir) {
   return map;
 }
 
-std::vector<std::int64_t> stored_dims_of(const ShardedRead& t) {
-  if (!t.stored_dims.empty()) return t.stored_dims;
-  std::vector<std::int64_t> dims;
-  for (const auto& a : t.global.axes()) dims.push_back(a.size);
-  return dims;
-}
-
 }  // namespace
 
 SafetensorsFolder::SafetensorsFolder(const std::string& dir, ChecksumPolicy checksum, NonFinitePolicy nonfinite) : dir_(dir) {
@@ -142,7 +135,7 @@ std::vector<Tensor> load_sharded(Shard& s, const SafetensorsFolder& folder, cons
                                  DType dtype) {
   std::vector<std::string> entries;
   for (std::size_t k = 0; k < tensors.size(); ++k)
-    entries.push_back(fmt::format("tensor {}: '{}' {} stored as [{}]", k, tensors[k].name, tensors[k].global.str(), fmt::join(stored_dims_of(tensors[k]), ", ")));
+    entries.push_back(detail::tensor_entry(k, tensors[k].name, "", tensors[k].global, tensors[k].stored_dims));
   detail::require_same_on_every_device(s, "load_sharded", fmt::format("tensors to load from '{}' (names in the same order, global shapes "
                                        "and stored dims)", folder.dir()), entries);
   std::vector<Tensor> blocks;
@@ -180,7 +173,7 @@ std::vector<std::string> save_sharded_folder(Shard& s, const std::string& dir, c
 
   std::vector<std::string> entries{fmt::format("stored dtype {}, files of at most {} bytes", kind, max_file_bytes)};
   for (std::size_t k = 0; k < tensors.size(); ++k)
-    entries.push_back(fmt::format("tensor {}: '{}' {} stored as [{}]", k, tensors[k].name, tensors[k].global.str(), fmt::join(tensors[k].stored_dims, ", ")));
+    entries.push_back(detail::tensor_entry(k, tensors[k].name, "", tensors[k].global, tensors[k].stored_dims));
   detail::require_same_on_every_device(s, "save_sharded_folder", fmt::format("tensors to save in '{}' (names in the same order, global "
                                        "shapes and stored dims, the stored dtype and the file size)", dir), entries);
   const bool writer = s.device() == 0;

@@ -25,12 +25,6 @@ std::int64_t product(const std::vector<std::int64_t>& dims) {
   return n;
 }
 
-// "tensor 2: 'w' f32[heads=4, embed=8] stored as [32]": what every device must pass alike.
-std::string entry(std::size_t k, const std::string& name, std::string_view dtype, const Shape& global, const std::vector<std::int64_t>& stored) {
-  const std::string as = stored == dims_of(global) ? "" : fmt::format(" stored as [{}]", fmt::join(stored, ", "));
-  return fmt::format("tensor {}: '{}' {}{}{}", k, name, dtype, global.str(), as);
-}
-
 }  // namespace
 
 void save_sharded(Shard& s, const std::string& path, const std::vector<ShardedTensor>& tensors, const Metadata& metadata, int writer) {
@@ -38,7 +32,7 @@ void save_sharded(Shard& s, const std::string& path, const std::vector<ShardedTe
     fail("save_sharded", "'{}': writer {} is not a device of mesh {} (devices 0 to {})", path, writer, s.mesh().str(), s.mesh().size() - 1);
   std::vector<std::string> entries{fmt::format("writer: device {}", writer)};
   for (std::size_t k = 0; k < tensors.size(); ++k)
-    entries.push_back(entry(k, tensors[k].name, dtype_name(tensors[k].block.dtype()), tensors[k].global, stored_dims(tensors[k])));
+    entries.push_back(detail::tensor_entry(k, tensors[k].name, dtype_name(tensors[k].block.dtype()), tensors[k].global, stored_dims(tensors[k])));
   detail::require_same_on_every_device(s, "save_sharded", fmt::format("tensors to save in '{}' (names in the same order, global shapes, "
                                        "stored dims and dtypes, and the writer)", path), entries);
   std::unique_ptr<SafetensorsWriter> file;
@@ -76,7 +70,7 @@ void expect_tensors(const SafetensorsReader& file, const std::vector<ShardedRead
 
 std::vector<Tensor> load_sharded(Shard& s, const SafetensorsReader& file, const std::vector<ShardedRead>& tensors, const AxisRules& rules) {
   std::vector<std::string> entries;
-  for (std::size_t k = 0; k < tensors.size(); ++k) entries.push_back(entry(k, tensors[k].name, "", tensors[k].global, stored_dims(tensors[k])));
+  for (std::size_t k = 0; k < tensors.size(); ++k) entries.push_back(detail::tensor_entry(k, tensors[k].name, "", tensors[k].global, stored_dims(tensors[k])));
   detail::require_same_on_every_device(s, "load_sharded", fmt::format("tensors to load from '{}' (names in the same order, global "
                                        "shapes and stored dims)", file.path()), entries);
   std::vector<Tensor> blocks;
