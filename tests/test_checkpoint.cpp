@@ -321,3 +321,154 @@ TEST_CASE("checkpoint: mutation fuzzer, thousands of damaged files, no crash and
   REQUIRE(refused > kMutations / 2);
   fs::remove_all(dir);
 }
+
+TEST_CASE("checkpoint: save_sharded and load_sharded refuse devices that pass different tensors, naming each one's", "[unit][checkpoint][errors]") {
+  const std::string dir = scratch("agree"), path = dir + "/p.safetensors";
+  Runtime rt = Runtime::local(Mesh::parse("dp=2"), {.collective_timeout_s = 10});
+  auto tensor = [](Shard& s, const std::string& name) {
+    const Shape global{{"a", 4}};
+    return ShardedTensor{name, s.shard(random_normal(global, 1, name), {{"a", "dp"}}), global};
+  };
+  auto save = [&](const std::function<std::vector<ShardedTensor>(Shard&)>& tensors, const std::function<int(Shard&)>& writer) {
+    rt.run([&](Shard& s) { save_sharded(s, path, tensors(s), {}, writer(s)); });
+  };
+  auto device_0 = [](Shard&) { return 0; };
+  // Another order on device 1: x's half would come from y.
+  REQUIRE_THROWS_WITH(save([&](Shard& s) {
+                        const ShardedTensor x = tensor(s, "x"), y = tensor(s, "y");
+                        return s.device() == 0 ? std::vector{x, y} : std::vector{y, x};
+                      }, device_0),
+                      Contains("save_sharded: the devices pass different tensors to save in '" + path + "'") &&
+                          Contains("tensor 0: 'x' f32[a=4] on device 0; tensor 0: 'y' f32[a=4] on device 1"));
+  REQUIRE_FALSE(fs::exists(path));
+  // Other names, one tensor fewer, another global shape, another writer.
+  REQUIRE_THROWS_WITH(save([&](Shard& s) {
+                        const ShardedTensor x = tensor(s, "x"), y = tensor(s, "y");
+                        return std::vector{x, ShardedTensor{s.device() == 0 ? "y" : "z", y.block, y.global}};
+                      }, device_0),
+                      Contains("tensor 1: 'y' f32[a=4] on device 0; tensor 1: 'z' f32[a=4] on device 1"));
+  REQUIRE_THROWS_WITH(save([&](Shard& s) {
+                        const ShardedTensor x = tensor(s, "x"), y = tensor(s, "y");
+                        return s.device() == 0 ? std::vector{x, y} : std::vector{x};
+                      }, device_0),
+                      Contains("tensor 1: 'y' f32[a=4] on device 0; nothing (a shorter list) on device 1"));
+  REQUIRE_THROWS_WITH(save([&](Shard& s) {
+                        ShardedTensor t = tensor(s, "x");
+                        if (s.device() == 1) t.stored_dims = {2, 2};
+                        return std::vector{t};
+                      }, device_0),
+                      Contains("'x' f32[a=4] on device 0; tensor 0: 'x' f32[a=4] stored as [2, 2] on device 1"));
+  REQUIRE_THROWS_WITH(save([&](Shard& s) { return std::vector{tensor(s, "x")}; }, [](Shard& s) { return s.device(); }),
+                      Contains("writer: device 0 on device 0; writer: device 1 on device 1"));
+  REQUIRE_THROWS_WITH(save([&](Shard& s) { return std::vector{tensor(s, "x")}; }, [](Shard&) { return 2; }),
+                      Contains("writer 2 is not a device of mesh dp=2"));
+  REQUIRE_FALSE(fs::exists(path));
+  // Alike on every device: saved; each device's path is its own business (only the writer's is used).
+  save([&](Shard& s) { return std::vector{tensor(s, "x"), tensor(s, "y")}; }, device_0);
+  SafetensorsReader file(path);
+  REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
+                        const Shape global{{"a", 4}};
+                        std::vector<ShardedRead> reads{{"x", global}, {"y", global}};
+                        if (s.device() == 1) std::swap(reads[0], reads[1]);
+                        load_sharded(s, file, reads, {});
+                      }),
+                      Contains("load_sharded: the devices pass different tensors to load") && Contains("tensor 0: 'x' [a=4] on device 0"));
+  // The same for a Hugging Face folder's save and load.
+  auto folder_tensors = [](Shard& s) {
+    std::vector<LazyShardedTensor> tensors;
+    for (const std::string name : {"x", "y"})
+      tensors.push_back({name, Shape{{"a", 4}}, {}, [&s, name] { return s.shard(random_normal(Shape{{"a", 4}}, 1, name), {{"a", "dp"}}); }});
+    if (s.device() == 1) std::swap(tensors[0], tensors[1]);
+    return tensors;
+  };
+  REQUIRE_THROWS_WITH(rt.run([&](Shard& s) { save_sharded_folder(s, dir + "/hf", folder_tensors(s), "f32", 1 << 20); }),
+                      Contains("save_sharded_folder: the devices pass different tensors") && Contains("tensor 0: 'x' [a=4] on device 0; tensor 0: 'y' [a=4] on device 1"));
+  REQUIRE_FALSE(fs::exists(dir + "/hf"));
+  rt.run([&](Shard& s) {
+    auto tensors = folder_tensors(s);
+    if (s.device() == 1) std::swap(tensors[0], tensors[1]);
+    save_sharded_folder(s, dir + "/hf", tensors, "f32", 1 << 20);
+  });
+  const SafetensorsFolder folder(dir + "/hf", ChecksumPolicy::required);
+  REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
+                        std::vector<ShardedRead> reads{{"x", Shape{{"a", 4}}}, {"y", Shape{{"a", 4}}}};
+                        if (s.device() == 1) std::swap(reads[0], reads[1]);
+                        load_sharded(s, folder, reads, {}, DType::f32);
+                      }),
+                      Contains("load_sharded: the devices pass different tensors to load from '" + dir + "/hf'"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: files keep each tensor's axis names, and a load naming them in another order permutes", "[unit][checkpoint]") {
+  const std::string dir = scratch("axes"), path = dir + "/p.safetensors";
+  const std::vector<nn::ParamSpec> saved{{"square", Shape{{"embed", 4}, {"out", 4}}}, {"wide", Shape{{"embed", 4}, {"out", 6}}},
+                                         {"cube", Shape{{"a", 2}, {"b", 3}, {"c", 4}}}};
+  std::vector<Tensor> globals;
+  for (const auto& spec : saved) globals.push_back(random_normal(spec.global, 1, spec.name));
+  Runtime::local(Mesh::parse("mp=2")).run([&](Shard& s) {
+    std::vector<Tensor> blocks;
+    for (const auto& g : globals) blocks.push_back(s.shard(g, {{"embed", "mp"}, {"a", "mp"}}));
+    save_parameters(s, path, nn::Parameters::from_values(saved, blocks), {{"nax.axes", "a caller's, replaced"}});
+  });
+  SafetensorsReader file(path);
+  REQUIRE(file.read("square").shape() == saved[0].global);
+  REQUIRE(file.find("cube")->axes == saved[2].global.axes());
+  // The same tensors asked for with their axes in another order (cut otherwise, on another mesh).
+  const std::vector<nn::ParamSpec> permuted{{"square", Shape{{"out", 4}, {"embed", 4}}}, {"wide", Shape{{"out", 6}, {"embed", 4}}},
+                                            {"cube", Shape{{"c", 4}, {"a", 2}, {"b", 3}}}};
+  Runtime::local(Mesh::parse("mp=2,dp=2")).run([&](Shard& s) {
+    const nn::Parameters params = load_parameters(s, file, permuted, {{"out", "mp"}, {"c", "dp"}});
+    for (std::size_t i = 0; i < permuted.size(); ++i)
+      NAX_EXPECT(testing::same_values(s.gather(params[i]), transpose(globals[i], permuted[i].global.names())));
+  });
+  REQUIRE(file.read("wide", Shape{{"out", 6}, {"embed", 4}}).to_vector<double>() == transpose(globals[1], {"out", "embed"}).to_vector<double>());
+  // Merged or renamed axes read the stored order; a saved axis named elsewhere is refused.
+  REQUIRE(file.read("cube", Shape{{"ab", 6}, {"c", 4}}).to_vector<double>() == globals[2].to_vector<double>());
+  REQUIRE(file.read("square", Shape{{"x", 4}, {"y", 4}}).to_vector<double>() == globals[0].to_vector<double>());
+  REQUIRE_THROWS_WITH(file.read("cube", Shape{{"c", 4}, {"ab", 6}}),
+                      Contains("tensor 'cube' was saved with axes [a=2, b=3, c=4], which [c=4, ab=6] names in other places"));
+  REQUIRE_THROWS_WITH(Runtime::local(Mesh::parse("x=1")).run([&](Shard& s) {
+                        load_parameters(s, file, {{"square", Shape{{"out", 4}, {"in", 4}}}}, {});
+                      }),
+                      Contains("'square' was saved with axes [embed=4, out=4]"));
+  // A file without names (Hugging Face's, or nax's before it wrote them) reads positionally.
+  const std::string unnamed = dir + "/unnamed.safetensors";
+  SafetensorsWriter writer(unnamed, {{"square", DType::f32, {4, 4}}});
+  writer.write(globals[0]);
+  writer.commit();
+  SafetensorsReader old(unnamed);
+  REQUIRE(old.metadata().count("nax.axes") == 0);
+  REQUIRE(old.read("square").shape() == Shape{{"d0", 4}, {"d1", 4}});
+  REQUIRE(old.read("square", Shape{{"out", 4}, {"embed", 4}}).to_vector<double>() == globals[0].to_vector<double>());
+  fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: malformed axis names in a file are refused naming the file and the tensor", "[unit][checkpoint][errors]") {
+  const std::string dir = scratch("bad_axes"), path = dir + "/t.safetensors";
+  const std::string tensor = R"("w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]})";
+  auto header = [&](const std::string& axes) {
+    std::string quoted;
+    for (char c : axes) quoted += c == '"' ? std::string("\\\"") : std::string(1, c);
+    return fmt::format(R"({{{},"__metadata__":{{"nax.axes":"{}","nax.checksum":"0000000000000000"}}}})", tensor, quoted);
+  };
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"[", "metadata nax.axes is not valid"},
+      {"[]", "not a JSON object"},
+      {R"({"v":[["a",6]]})", "names tensor 'v', which the file does not hold"},
+      {R"({"w":[["a",2],["b",2]]})", "gives 4 elements, the tensor is [2, 3]"},
+      {R"({"w":[["a",2],["a",3]]})", "names axis 'a' empty or twice"},
+      {R"({"w":[["",6]]})", "empty or twice"},
+      {R"({"w":[["a",-6]]})", "not [name, size]"},
+      {R"({"w":[["a"]]})", "not [name, size]"},
+      {R"({"w":{"a":6}})", "is not a list"},
+      {R"({"w":[["a",0],["b",4611686018427387904],["c",4]]})", "out of range"},
+  };
+  for (const auto& [axes, words] : cases) {
+    INFO(axes);
+    testing::replace_file(path, sealed(header(axes), std::string(24, '\0')));
+    REQUIRE_THROWS_WITH(SafetensorsReader(path), Contains(path) && Contains(words));
+  }
+  testing::replace_file(path, sealed(header(R"({"w":[["a",2],["b",3]]})"), std::string(24, '\0')));
+  REQUIRE(SafetensorsReader(path).read("w").shape() == Shape{{"a", 2}, {"b", 3}});
+  fs::remove_all(dir);
+}

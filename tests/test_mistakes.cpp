@@ -1,7 +1,7 @@
 // A catalog of plausible per-shard mistakes (issue 13): each must raise a nax::Error whose message
 // names the op, the axes and the fix; none may run silently, crash or hang. Plus regressions of
 // the bugs that made some of them silent or confusing.
-// Figures: 67 cases, 67 clear errors, 0 silent (the first test prints them); the tests after it
+// Figures: 70 cases, 70 clear errors, 0 silent (the first test prints them); the tests after it
 // cover what the catalog's form cannot (NAX_CHECK=1, correct programs that must keep working).
 #include <fmt/format.h>
 
@@ -195,6 +195,14 @@ std::vector<Mistake> catalog() {
          s.full(Shape{{"embed", 4}}, rules, 0.0);
        },
        {"AxisRules", "embd=mp", "batch, embed", "did you mean 'embed'?"}},
+      {"an axis rule with two letters swapped", "mp=2",
+       [](Shard& s) { s.shard(split_axis(arange({"n", 8}), "n", {{"heads", 4}, {"d", 2}}), {{"haeds", "mp"}}); },
+       {"AxisRules", "haeds=mp", "did you mean 'heads'?"}},
+      {"an axis rule in another case", "mp=2", [](Shard& s) { s.random_normal(Shape{{"embed", 4}, {"mlp", 8}}, {{"MLP", "mp"}}, 1, "w"); },
+       {"AxisRules", "MLP=mp", "did you mean 'mlp'?"}},
+      {"axis rules of which none cuts anything (no near name)", "dp=2,mp=2",
+       [](Shard& s) { s.random_normal(Shape{{"embed", 4}, {"mlp", 8}}, {{"hidden", "mp"}, {"tokens", "dp"}}, 1, "w"); },
+       {"AxisRules", "cut nothing", "hidden=mp", "tokens=dp", "embed, mlp"}},
       {"shard of a per-device value", "mp=2", [](Shard& s) { s.shard(per_device(s), {}); }, {"shard", "per-device"}},
       // --- per-shard ops on cut values
       {"dot of a block with a whole tensor", "mp=2",
@@ -335,6 +343,19 @@ TEST_CASE("axis rules are checked against every tensor of the run, not each one"
   }));
   REQUIRE_NOTHROW(rt.run([&](Shard& s) { s.full(Shape{{"embed", 4}, {"head", 2}}, rules, 1.0); }));  // no name near 'batch'
   REQUIRE_NOTHROW(rt.run([](Shard&) {}));  // no rules applied, nothing to report
+}
+
+TEST_CASE("a rule that no tensor of the run carries is left to other runs, unless every rule must cut", "[mistakes]") {
+  const AxisRules model{{"batch", "dp"}, {"mlp", "mp"}};  // a model's rules, in a run that makes parameters only
+  auto parameters_only = [&](Shard& s) { s.random_normal(Shape{{"embed", 4}, {"mlp", 8}}, model, 1, "w"); };
+  REQUIRE_NOTHROW(Runtime::local(Mesh::parse("dp=2,mp=2")).run(parameters_only));
+  Runtime strict = Runtime::local(Mesh::parse("dp=2,mp=2"), {.strict_axis_rules = true});
+  REQUIRE_THROWS_WITH(strict.run(parameters_only),
+                      Contains("the rule batch=dp cut nothing in this run") && Contains("embed, mlp") && Contains("strict_axis_rules"));
+  REQUIRE_NOTHROW(strict.run([&](Shard& s) {
+    parameters_only(s);
+    s.shard(arange({"batch", 4}), model);
+  }));
 }
 
 TEST_CASE("NAX_CHECK=1 compares the Invariant tensors a run returns, naming the devices", "[mistakes]") {

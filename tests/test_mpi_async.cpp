@@ -92,7 +92,7 @@ TEST_CASE("mpi: a mismatched start or an unwaited Pending is an error on every p
                         Pending<Tensor> p = start_psum(pvary(ones(Shape{{"i", 4 + s.device() % 2}}), "mp"), "mp");
                         static_cast<void>(p.wait());
                       }),
-                      Contains("collective mismatch in group (mp) of devices") && Contains("but device 1 called psum(f32[i=5]") &&
+                      Contains("collective mismatch in group (mp) of devices") && Contains("but device 1 called start_psum(f32[i=5]") &&
                           Contains("all_reduce(sum, f32 x 5)"));
   REQUIRE_THROWS_WITH(rt.run([](Shard&) { Pending<Tensor> p = start_ppermute(pvary(ones(Shape{{"i", 4}}), "mp"), "mp", ring(axis_size("mp"))); }),
                       Contains("destroyed without wait()") && Contains("test_mpi_async.cpp"));

@@ -138,3 +138,76 @@ TEST_CASE("data-parallel mean and micro-batch accumulation give the full-batch g
     for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(nax::testing::max_rel_error(got[i], reference[i]) < 1e-12);
   }
 }
+
+TEST_CASE("AdamW opt({}) is the default optimizer", "[nn]") {
+  AdamW opt({});
+  const std::vector<Tensor> p{ones(Shape{{"i", 2}, {"j", 2}})}, g{full(Shape{{"i", 2}, {"j", 2}}, 0.5)};
+  const auto stepped = opt.step(p, g, 0.1);
+  REQUIRE(stepped[0].to_vector<double>() == AdamW().step(p, g, 0.1)[0].to_vector<double>());
+  REQUIRE(stepped[0].to_vector<double>() == AdamW(AdamWConfig{}).step(p, g, 0.1)[0].to_vector<double>());
+}
+
+TEST_CASE("AdamW refuses a gradient typed otherwise than its parameter, naming it and the fix", "[nn][mesh][errors]") {
+  using Catch::Matchers::Contains;
+  Runtime rt = Runtime::local(Mesh::parse("dp=2"));
+  for (const std::string zero : {"", "dp"}) {
+    INFO("shard_state_over '" << zero << "'");
+    // Each device's own gradient for a replicated parameter: each copy would move its own way.
+    auto per_device = [](Shard& s) { return pvary(full(Shape{{"i", 4}}, 1.0 + s.device()), "dp"); };
+    REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
+                          AdamW opt({.shard_state_over = zero});
+                          const Parameters p = Parameters::from_values({{"w", Shape{{"i", 4}}}}, {ones(Shape{{"i", 4}})});
+                          static_cast<void>(opt.step(p, {per_device(s)}, 0.1));
+                        }),
+                        Contains("AdamW::step") && Contains("parameter 'w'") && Contains("Varying over mesh axis 'dp'") &&
+                            Contains("parameter is Invariant") && Contains("psum or pmean the gradient over 'dp'"));
+    REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
+                          AdamW opt({.shard_state_over = zero});
+                          static_cast<void>(opt.step({ones(Shape{{"i", 4}})}, {per_device(s)}, 0.1));
+                        }),
+                        Contains("parameter 0") && Contains("'dp'"));
+    // Summed first, the same step on every device.
+    const auto updated = rt.run([&](Shard& s) {
+      AdamW opt({.shard_state_over = zero});
+      return opt.step({ones(Shape{{"i", 4}})}, {pmean(per_device(s), "dp")}, 0.1)[0].to_vector<double>();
+    });
+    REQUIRE(updated[0] == updated[1]);
+  }
+  // A block's gradient must be the same block: not a per-device (or partial) value.
+  REQUIRE_THROWS_WITH(Runtime::local(Mesh::parse("mp=2")).run([](Shard& s) {
+                        const Tensor w = s.shard(ones(Shape{{"i", 4}}), {{"i", "mp"}});
+                        static_cast<void>(AdamW().step({w}, {pvary(ones(Shape{{"i", 2}}), "mp")}, 0.1));
+                      }),
+                      Contains("Varying over mesh axis 'mp'") && Contains("Split along 'i'"));
+  // A partial sum (a sum over an axis cut along mp) is one term of the gradient, not the gradient.
+  REQUIRE_THROWS_WITH(Runtime::local(Mesh::parse("mp=2")).run([](Shard& s) {
+                        const Tensor rows = s.shard(ones(Shape{{"r", 4}, {"i", 2}}), {{"r", "mp"}});
+                        static_cast<void>(AdamW().step({ones(Shape{{"i", 2}})}, {sum(rows, "r")}, 0.1));
+                      }),
+                      Contains("Partial (a partial sum) over mesh axis 'mp'") && Contains("psum or pmean the gradient over 'mp'"));
+}
+
+TEST_CASE("AdamW refuses ZeRO over a mesh axis the mesh lacks", "[nn][mesh][errors]") {
+  using Catch::Matchers::Contains;
+  REQUIRE_THROWS_WITH(Runtime::local(Mesh::parse("dp=2")).run([](Shard&) {
+                        AdamW opt({.shard_state_over = "tp"});
+                        static_cast<void>(opt.step({ones(Shape{{"i", 4}})}, {ones(Shape{{"i", 4}})}, 0.1));
+                      }),
+                      Contains("shard_state_over") && Contains("'tp'") && Contains("dp=2"));
+  REQUIRE_THROWS_WITH(Runtime::local(Mesh::parse("dp=2")).run([](Shard&) {
+                        AdamW opt({.shard_state_over = "tp"});
+                        opt.load_state({ones(Shape{{"i", 4}}), ones(Shape{{"i", 4}})}, 1);
+                      }),
+                      Contains("'tp'") && Contains("dp=2"));
+}
+
+TEST_CASE("gradient accumulation refuses micro-batches whose gradients are typed differently", "[nn][mesh][errors]") {
+  using Catch::Matchers::Contains;
+  REQUIRE_THROWS_WITH(Runtime::local(Mesh::parse("dp=2")).run([](Shard& s) {
+                        GradAccumulator acc;
+                        const Tensor g = pvary(full(Shape{{"i", 4}}, 1.0 + s.device()), "dp");
+                        acc.add({psum(g, "dp")});
+                        acc.add({g});  // this micro-batch's sum was forgotten
+                      }),
+                      Contains("GradAccumulator::add") && Contains("Varying over mesh axis 'dp'") && Contains("Invariant"));
+}

@@ -76,7 +76,7 @@ Learner::StepStats Learner::step(const Tensor& ids, const Tensor& targets, doubl
   const trace::Span optimizer_span("phase", "optimizer");
   auto grads = acc.mean();
   stats.grad_norm = nn::clip_by_global_norm_on_device(grads, options_.clip);
-  model_.params().assign(optimizer_.step(model_.params().values(), grads, lr));
+  model_.params().assign(optimizer_.step(model_.params(), grads, lr));
   phase(stats.optimizer_s);
   stats.loss = loss_sum.item() / static_cast<double>(micro);
   return stats;

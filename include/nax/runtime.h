@@ -51,6 +51,11 @@ struct RuntimeOptions {
   // tree of nax/core/sum_tree.h over the global problem, whichever devices hold which blocks. Every
   // mesh axis must have a power of two devices. Slower; off by default.
   bool deterministic = false;
+  // Every axis rule applied in a run must cut a tensor of that run: a rule naming a tensor axis
+  // that no tensor made with axis rules carries is an error naming it. Off, such a rule is refused
+  // only when a carried axis is a near name of it (a misspelling) or when no rule of the run cut
+  // anything: a model's rules may name the axes of tensors that other runs make.
+  bool strict_axis_rules = false;
 };
 
 // This device's view of the program: its coordinates, its communicators, and the bridge between

@@ -8,12 +8,15 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "nax/checkpoint/files.h"
 #include "nax/checkpoint/run_folder.h"
 #include "nax/io/json.h"
+#include "nax/ops.h"
 
 namespace nax::checkpoint {
 
@@ -22,6 +25,7 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kChecksumKey = "nax.checksum";
+constexpr const char* kAxesKey = "nax.axes";
 constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;  // the safetensors specification's limit
 constexpr int kMaxRank = 16;
 const std::string kZeroChecksum(16, '0');
@@ -154,6 +158,87 @@ std::uint64_t count_nonfinite(const Tensor& host) {
   return bad;
 }
 
+// "nax.axes": {"w": [["embed", 4], ["out", 8]], ...}, the global axes of each tensor that has them.
+std::string axes_json(const std::vector<TensorInfo>& tensors) {
+  json all = json::object();
+  for (const auto& t : tensors) {
+    if (t.axes.empty()) continue;
+    json axes = json::array();
+    for (const auto& a : t.axes) axes.push_back({a.name, a.size});
+    all[t.name] = axes;
+  }
+  return all.empty() ? std::string() : all.dump();
+}
+
+std::vector<Axis> axes_from(const json& axes, const TensorInfo& t, const std::string& path) {
+  auto refuse = [&](const std::string& why) { fail("safetensors", "'{}': metadata {} for tensor '{}' {}", path, kAxesKey, t.name, why); };
+  if (!axes.is_array() || axes.size() > kMaxRank) refuse(fmt::format("is not a list of at most {} [name, size] pairs", kMaxRank));
+  std::vector<Axis> out;
+  std::set<std::string> names;
+  std::int64_t nonzero = 1;  // the strides a read computes stay in range even beside an axis of size 0
+  for (const auto& a : axes) {
+    if (!a.is_array() || a.size() != 2 || !a[0].is_string() || !a[1].is_number_unsigned()) refuse(fmt::format("holds {}, not [name, size]", a.dump()));
+    const auto name = a[0].get<std::string>();
+    const auto size = a[1].get<std::uint64_t>();
+    if (name.empty() || !names.insert(name).second) refuse(fmt::format("names axis '{}' empty or twice", name));
+    if (size > static_cast<std::uint64_t>(INT64_MAX) || (size > 0 && __builtin_mul_overflow(nonzero, static_cast<std::int64_t>(size), &nonzero)))
+      refuse(fmt::format("gives axis '{}' size {} out of range", name, size));
+    out.push_back({name, static_cast<std::int64_t>(size)});
+  }
+  std::vector<std::int64_t> sizes;
+  for (const auto& a : out) sizes.push_back(a.size);
+  if (element_count(sizes, path, t.name) != element_count(t.dims, path, t.name))
+    refuse(fmt::format("gives {} elements, the tensor is [{}]", element_count(sizes, path, t.name), fmt::join(t.dims, ", ")));
+  return out;
+}
+
+// Fills in each tensor's axes from the metadata's "nax.axes" (absent: none recorded), read by the
+// same bounded JSON reader as the header.
+void read_axes(const Metadata& metadata, std::vector<TensorInfo>& tensors, const std::string& path) {
+  const auto it = metadata.find(kAxesKey);
+  if (it == metadata.end()) return;
+  std::optional<io::JsonValue> parsed;
+  try {
+    parsed.emplace(io::parse_json(it->second, path, io::kSafetensorsHeaderCaps, "safetensors"));
+  } catch (const Error& e) {
+    fail("safetensors", "'{}': metadata {} is not valid: {}", path, kAxesKey, e.what());
+  }
+  const json& all = parsed->raw();
+  if (!all.is_object()) fail("safetensors", "'{}': metadata {} is not a JSON object", path, kAxesKey);
+  std::map<std::string, TensorInfo*> by_name;
+  for (auto& t : tensors) by_name[t.name] = &t;
+  for (const auto& [name, axes] : all.items()) {
+    const auto t = by_name.find(name);
+    if (t == by_name.end()) fail("safetensors", "'{}': metadata {} names tensor '{}', which the file does not hold", path, kAxesKey, name);
+    t->second->axes = axes_from(axes, *t->second, path);
+  }
+}
+
+// The elements after axis i of `axes` (its stride in row-major order).
+std::int64_t stride_after(const std::vector<Axis>& axes, std::size_t i) {
+  std::int64_t n = 1;
+  for (std::size_t j = i + 1; j < axes.size(); ++j) n *= axes[j].size;
+  return n;
+}
+
+// Whether every axis `shape` shares with `axes` has the same size and stride there: then reading
+// the elements as `shape` keeps each shared axis's meaning (other axes merged, split or renamed).
+bool positions_agree(const std::vector<Axis>& axes, const Shape& shape) {
+  for (std::size_t i = 0; i < axes.size(); ++i) {
+    const int j = shape.index_of(axes[i].name);
+    if (j >= 0 && (shape[j].size != axes[i].size || stride_after(shape.axes(), static_cast<std::size_t>(j)) != stride_after(axes, i)))
+      return false;
+  }
+  return true;
+}
+
+bool is_permutation_of(const std::vector<Axis>& axes, const Shape& shape) {
+  if (static_cast<int>(axes.size()) != shape.rank()) return false;
+  for (const auto& a : axes)
+    if (!shape.has(a.name) || shape.size(a.name) != a.size) return false;
+  return true;
+}
+
 struct Fd {
   int fd = -1;
   explicit Fd(int f) : fd(f) {}
@@ -210,9 +295,16 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorInfo> t
     std::uint64_t bytes = element_count(t.dims, path, t.name) * stored_element_size(t);
     t.begin = offset, t.end = offset + bytes, offset = t.end;
     header[t.name] = {{"dtype", safetensors_dtype(t)}, {"shape", t.dims}, {"data_offsets", {t.begin, t.end}}};
+    std::vector<std::int64_t> sizes;
+    for (const auto& a : t.axes) sizes.push_back(a.size);
+    if (!t.axes.empty() && element_count(sizes, path, t.name) != element_count(t.dims, path, t.name))
+      fail("save_safetensors", "'{}': tensor '{}' announced with axes {} but stored as [{}]: the element counts differ", path, t.name,
+           Shape(t.axes).str(), fmt::join(t.dims, ", "));
   }
   json meta = json::object();
   for (const auto& [k, v] : metadata) meta[k] = v;
+  meta.erase(kAxesKey);  // nax's own, from the tensors' axes (a caller's copy may describe another file)
+  if (const std::string axes = axes_json(tensors); !axes.empty()) meta[kAxesKey] = axes;
   meta[kChecksumKey] = kZeroChecksum;
   header["__metadata__"] = meta;
   std::string text = header.dump();
@@ -236,6 +328,8 @@ void SafetensorsWriter::write(const Tensor& t) {
   if (t.dtype() != info.dtype || static_cast<std::uint64_t>(t.numel()) * stored_element_size(info) != info.nbytes())
     fail("save_safetensors", "'{}': tensor '{}' is {}, announced as {} of {} bytes", s.file.path(), info.name, t.str(),
          safetensors_dtype(info), info.nbytes());
+  if (!info.axes.empty() && t.shape().axes() != info.axes)
+    fail("save_safetensors", "'{}': tensor '{}' is {}, announced with axes {}", s.file.path(), info.name, t.str(), Shape(info.axes).str());
   if (info.f16) {
     std::vector<std::uint16_t> halves(static_cast<std::size_t>(t.numel()));
     const auto* values = static_cast<const float*>(t.raw());
@@ -309,6 +403,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path, ChecksumPolicy pol
     }
     st->tensors.push_back(entry_from(name, entry, path));
   }
+  read_axes(st->metadata, st->tensors, path);
   std::sort(st->tensors.begin(), st->tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
@@ -376,9 +471,20 @@ const TensorInfo& SafetensorsReader::expect(const std::string& name, const std::
 Tensor SafetensorsReader::read(const std::string& name) const {
   const TensorInfo* t = find(name);
   if (t == nullptr) fail("safetensors", "'{}' has no tensor '{}'", path(), name);
+  if (!t->axes.empty()) return read(name, Shape(t->axes));
   std::vector<Axis> axes;
   for (auto d : t->dims) axes.push_back({fmt::format("d{}", axes.size()), d});
   return read(name, Shape(axes));
+}
+
+Shape SafetensorsReader::stored_as(const std::string& name, const Shape& shape) const {
+  const TensorInfo* t = find(name);
+  if (t == nullptr) fail("safetensors", "'{}' has no tensor '{}'", path(), name);
+  if (t->axes.empty() || positions_agree(t->axes, shape)) return shape;
+  if (is_permutation_of(t->axes, shape)) return Shape(t->axes);
+  fail("safetensors", "'{}': tensor '{}' was saved with axes {}, which {} names in other places or with other sizes: read as it "
+       "asks, the data would be transposed or cut otherwise. Name the saved axes (in any order: they are permuted), or other "
+       "axes entirely to read the elements in their stored order", path(), name, Shape(t->axes).str(), shape.str());
 }
 
 Tensor SafetensorsReader::read(const std::string& name, const Shape& shape) const {
@@ -386,19 +492,24 @@ Tensor SafetensorsReader::read(const std::string& name, const Shape& shape) cons
   if (t == nullptr) fail("safetensors", "'{}' has no tensor '{}'", path(), name);
   if (static_cast<std::uint64_t>(shape.numel()) * stored_element_size(*t) != t->nbytes())
     fail("safetensors", "'{}': tensor '{}' of {} bytes read as {}", path(), name, t->nbytes(), shape.str());
-  Tensor out = Tensor::empty(shape, t->dtype, Device::host());
-  if (!t->f16) {
-    pread_all(state_->fd->fd, out.raw_mutable(), t->nbytes(), state_->data_start + t->begin, path());
+  if (const Shape stored = stored_as(name, shape); stored != shape) return transpose(read_as(*t, stored), shape.names());
+  return read_as(*t, shape);
+}
+
+Tensor SafetensorsReader::read_as(const TensorInfo& info, const Shape& shape) const {
+  Tensor out = Tensor::empty(shape, info.dtype, Device::host());
+  if (!info.f16) {
+    pread_all(state_->fd->fd, out.raw_mutable(), info.nbytes(), state_->data_start + info.begin, path());
   } else {
     std::vector<std::uint16_t> halves(static_cast<std::size_t>(shape.numel()));
-    pread_all(state_->fd->fd, halves.data(), t->nbytes(), state_->data_start + t->begin, path());
+    pread_all(state_->fd->fd, halves.data(), info.nbytes(), state_->data_start + info.begin, path());
     auto* values = static_cast<float*>(out.raw_mutable());
     for (std::size_t i = 0; i < halves.size(); ++i) values[i] = half_to_float(halves[i]);
   }
   if (state_->nonfinite == NonFinitePolicy::refuse)
     if (const std::uint64_t bad = count_nonfinite(out); bad > 0)
-      fail("safetensors", "'{}': tensor '{}' holds {} non-finite values (NaN or infinity) among its {}: refused as weights", path(), name, bad,
-           out.numel());
+      fail("safetensors", "'{}': tensor '{}' holds {} non-finite values (NaN or infinity) among its {}: refused as weights", path(), info.name,
+           bad, out.numel());
   return out;
 }
 
@@ -407,7 +518,9 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   for (const auto& [name, t] : tensors) {
     std::vector<std::int64_t> dims;
     for (const auto& a : t.shape().axes()) dims.push_back(a.size);
-    infos.push_back({name, t.dtype(), dims});
+    TensorInfo info{name, t.dtype(), dims};
+    info.axes = t.shape().axes();
+    infos.push_back(std::move(info));
   }
   SafetensorsWriter writer(path, std::move(infos), metadata);
   for (const auto& [name, t] : tensors) writer.write(t);

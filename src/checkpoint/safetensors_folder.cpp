@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/agreement.h"
 #include "nax/autodiff.h"
 #include "nax/checkpoint/files.h"
 #include "nax/io/json.h"
@@ -44,13 +45,6 @@ std::map<std::string, std::string> weight_map(const std::string& dir) {
     map[name] = f;
   });
   return map;
-}
-
-std::vector<std::int64_t> stored_dims_of(const ShardedRead& t) {
-  if (!t.stored_dims.empty()) return t.stored_dims;
-  std::vector<std::int64_t> dims;
-  for (const auto& a : t.global.axes()) dims.push_back(a.size);
-  return dims;
 }
 
 }  // namespace
@@ -131,7 +125,7 @@ Tensor SafetensorsFolder::read(const std::string& name, const Shape& shape, DTyp
 void expect_tensors(const SafetensorsFolder& folder, const std::vector<ShardedRead>& tensors) {
   for (const auto& t : tensors) {
     const SafetensorsReader& file = folder.file_of(t.name);
-    const TensorInfo& info = file.expect(t.name, stored_dims_of(t));
+    const TensorInfo& info = expect_tensor(file, t);
     if (!is_floating(info.dtype))
       fail("checkpoint", "'{}': tensor '{}' is {}, not a floating type (F32, F16, BF16, F64)", file.path(), t.name, safetensors_dtype(info));
   }
@@ -139,6 +133,11 @@ void expect_tensors(const SafetensorsFolder& folder, const std::vector<ShardedRe
 
 std::vector<Tensor> load_sharded(Shard& s, const SafetensorsFolder& folder, const std::vector<ShardedRead>& tensors, const AxisRules& rules,
                                  DType dtype) {
+  std::vector<std::string> entries;
+  for (std::size_t k = 0; k < tensors.size(); ++k)
+    entries.push_back(detail::tensor_entry(k, tensors[k].name, "", tensors[k].global, tensors[k].stored_dims));
+  detail::require_same_on_every_device(s, "load_sharded", fmt::format("tensors to load from '{}' (names in the same order, global shapes "
+                                       "and stored dims)", folder.dir()), entries);
   std::vector<Tensor> blocks;
   blocks.reserve(tensors.size());
   for (const auto& t : tensors) blocks.push_back(s.shard(folder.read(t.name, t.global, dtype), rules));  // the global copy dies here
@@ -172,6 +171,11 @@ std::vector<std::string> save_sharded_folder(Shard& s, const std::string& dir, c
   for (std::size_t f = 0; f < files.size(); ++f)
     names.push_back(files.size() == 1 ? std::string(kSingleWeightsFile) : fmt::format("model-{:05d}-of-{:05d}.safetensors", f + 1, files.size()));
 
+  std::vector<std::string> entries{fmt::format("stored dtype {}, files of at most {} bytes", kind, max_file_bytes)};
+  for (std::size_t k = 0; k < tensors.size(); ++k)
+    entries.push_back(detail::tensor_entry(k, tensors[k].name, "", tensors[k].global, tensors[k].stored_dims));
+  detail::require_same_on_every_device(s, "save_sharded_folder", fmt::format("tensors to save in '{}' (names in the same order, global "
+                                       "shapes and stored dims, the stored dtype and the file size)", dir), entries);
   const bool writer = s.device() == 0;
   if (writer) {
     std::error_code ec;
@@ -194,6 +198,7 @@ std::vector<std::string> save_sharded_folder(Shard& s, const std::string& dir, c
           for (const auto& a : t.global.axes()) dims.push_back(a.size);
         TensorInfo info{t.name, kind == "BF16" ? DType::bf16 : DType::f32, dims};
         info.f16 = kind == "F16";
+        info.axes = t.global.axes();
         infos.push_back(info);
         map[t.name] = names[f];
       }

@@ -1,5 +1,6 @@
 #include "nax/checkpoint/sharded.h"
 
+#include "checkpoint/agreement.h"
 #include "nax/autodiff.h"
 #include "nax/ops.h"
 
@@ -27,6 +28,13 @@ std::int64_t product(const std::vector<std::int64_t>& dims) {
 }  // namespace
 
 void save_sharded(Shard& s, const std::string& path, const std::vector<ShardedTensor>& tensors, const Metadata& metadata, int writer) {
+  if (writer < 0 || writer >= s.mesh().size())
+    fail("save_sharded", "'{}': writer {} is not a device of mesh {} (devices 0 to {})", path, writer, s.mesh().str(), s.mesh().size() - 1);
+  std::vector<std::string> entries{fmt::format("writer: device {}", writer)};
+  for (std::size_t k = 0; k < tensors.size(); ++k)
+    entries.push_back(detail::tensor_entry(k, tensors[k].name, dtype_name(tensors[k].block.dtype()), tensors[k].global, stored_dims(tensors[k])));
+  detail::require_same_on_every_device(s, "save_sharded", fmt::format("tensors to save in '{}' (names in the same order, global shapes, "
+                                       "stored dims and dtypes, and the writer)", path), entries);
   std::unique_ptr<SafetensorsWriter> file;
   if (s.device() == writer) {
     std::vector<TensorInfo> infos;
@@ -35,7 +43,9 @@ void save_sharded(Shard& s, const std::string& path, const std::vector<ShardedTe
       if (product(dims) != t.global.numel())
         fail("save_sharded", "'{}': tensor '{}' of global shape {} stored as [{}]: the element counts differ", path, t.name, t.global.str(),
              fmt::join(dims, ", "));
-      infos.push_back({t.name, t.block.dtype(), dims});
+      TensorInfo info{t.name, t.block.dtype(), dims};
+      info.axes = t.global.axes();
+      infos.push_back(std::move(info));
     }
     file = std::make_unique<SafetensorsWriter>(path, std::move(infos), metadata);
   }
@@ -48,11 +58,21 @@ void save_sharded(Shard& s, const std::string& path, const std::vector<ShardedTe
   if (file) file->commit();
 }
 
+const TensorInfo& expect_tensor(const SafetensorsReader& file, const ShardedRead& t) {
+  const TensorInfo* info = file.find(t.name);
+  const bool permuted = info != nullptr && product(info->dims) == t.global.numel() && file.stored_as(t.name, t.global) != t.global;
+  return file.expect(t.name, permuted ? info->dims : stored_dims(t));
+}
+
 void expect_tensors(const SafetensorsReader& file, const std::vector<ShardedRead>& tensors, DType dtype) {
-  for (const auto& t : tensors) file.expect(t.name, stored_dims(t), dtype);
+  for (const auto& t : tensors) file.expect(t.name, expect_tensor(file, t).dims, dtype);
 }
 
 std::vector<Tensor> load_sharded(Shard& s, const SafetensorsReader& file, const std::vector<ShardedRead>& tensors, const AxisRules& rules) {
+  std::vector<std::string> entries;
+  for (std::size_t k = 0; k < tensors.size(); ++k) entries.push_back(detail::tensor_entry(k, tensors[k].name, "", tensors[k].global, stored_dims(tensors[k])));
+  detail::require_same_on_every_device(s, "load_sharded", fmt::format("tensors to load from '{}' (names in the same order, global "
+                                       "shapes and stored dims)", file.path()), entries);
   std::vector<Tensor> blocks;
   blocks.reserve(tensors.size());
   for (const auto& t : tensors) blocks.push_back(s.shard(file.read(t.name, t.global), rules));  // the global copy dies here
@@ -68,7 +88,7 @@ void save_parameters(Shard& s, const std::string& path, const nn::Parameters& pa
 nn::Parameters load_parameters(Shard& s, const SafetensorsReader& file, const std::vector<nn::ParamSpec>& specs, const AxisRules& rules) {
   std::vector<ShardedRead> reads;
   for (const auto& spec : specs) reads.push_back({spec.name, spec.global});
-  for (const auto& r : reads) file.expect(r.name, dims_of(r.global));
+  for (const auto& r : reads) expect_tensor(file, r);
   return nn::Parameters::from_values(specs, load_sharded(s, file, reads, rules));
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <set>
 
 #include "nax/core/error.h"
@@ -82,30 +83,36 @@ void AxisRules::check(const Mesh& mesh, const Shape& global, std::string_view op
 
 namespace {
 
+// Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
+// adjacent letters each count one ("haeds" is one edit from "heads"); letters compare ignoring
+// case ("Heads", "MLP").
 std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  auto same = [](char x, char y) { return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y)); };
+  std::vector<std::size_t> before(b.size() + 1), above(b.size() + 1), row(b.size() + 1);  // rows i-2, i-1, i
+  for (std::size_t j = 0; j <= b.size(); ++j) above[j] = j;
   for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
     row[0] = i;
     for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
+      row[j] = std::min({above[j] + 1, row[j - 1] + 1, above[j - 1] + (same(a[i - 1], b[j - 1]) ? 0 : 1)});
+      if (i > 1 && j > 1 && same(a[i - 1], b[j - 2]) && same(a[i - 2], b[j - 1])) row[j] = std::min(row[j], before[j - 2] + 1);
     }
+    std::swap(before, above), std::swap(above, row);
   }
-  return row[b.size()];
+  return above[b.size()];
 }
 
-// The seen axis closest to `name` within a third of its letters (at least one; none for names of one
-// or two letters, where every short name is close), or "".
+// The seen axis closest to `name` within a third of its letters (at least one), or "". Names of one
+// or two letters are all close to each other: for them only a difference of case counts.
 std::string near_name(const std::string& name, const std::set<std::string>& seen) {
-  if (name.size() < 3) return "";
   std::string best;
-  std::size_t best_distance = std::max<std::size_t>(1, name.size() / 3) + 1;
+  std::size_t best_distance = name.size() < 3 ? 1 : std::max<std::size_t>(1, name.size() / 3) + 1;
   for (const auto& s : seen)
     if (const std::size_t d = edit_distance(name, s); d < best_distance) best = s, best_distance = d;
   return best;
+}
+
+std::string rule_text(const std::string& tensor_axis, const std::vector<std::string>& mesh_axes) {
+  return fmt::format("{}={}", tensor_axis, fmt::join(mesh_axes, "+"));
 }
 
 }  // namespace
@@ -115,13 +122,24 @@ void RulesUse::note(const AxisRules& rules, const Shape& global) {
   for (const auto& name : global.names()) seen_.insert(name);
 }
 
-void RulesUse::check_all_used() const {
+void RulesUse::check_all_used(bool every_rule) const {
+  std::vector<std::string> unused;
   for (const auto& [tensor_axis, mesh_axes] : rules_) {
     if (seen_.contains(tensor_axis)) continue;
     if (const std::string near = near_name(tensor_axis, seen_); !near.empty())
-      fail("AxisRules", "the rule {}={} cut nothing in this run: no tensor cut with axis rules carries an axis '{}' (their axes: "
-           "{}); did you mean '{}'?", tensor_axis, fmt::join(mesh_axes, "+"), tensor_axis, fmt::join(seen_, ", "), near);
+      fail("AxisRules", "the rule {} cut nothing in this run: no tensor cut with axis rules carries an axis '{}' (their axes: "
+           "{}); did you mean '{}'?", rule_text(tensor_axis, mesh_axes), tensor_axis, fmt::join(seen_, ", "), near);
+    unused.push_back(rule_text(tensor_axis, mesh_axes));
   }
+  if (unused.empty()) return;
+  if (unused.size() == rules_.size())
+    fail("AxisRules", "the axis rules applied in this run cut nothing: no tensor made with them carries the axis of any rule ({}; "
+         "their axes: {}), so every tensor stayed whole; name in the rules the tensor axes to cut", fmt::join(unused, ", "),
+         fmt::join(seen_, ", "));
+  if (every_rule)
+    fail("AxisRules", "the rule{} {} cut nothing in this run: no tensor cut with axis rules carries {} (their axes: {}); "
+         "RuntimeOptions::strict_axis_rules asks every rule applied in a run to cut a tensor of it", unused.size() > 1 ? "s" : "",
+         fmt::join(unused, ", "), unused.size() > 1 ? "their axes" : "its axis", fmt::join(seen_, ", "));
 }
 
 std::string AxisRules::str() const {

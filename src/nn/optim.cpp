@@ -54,6 +54,43 @@ kernels::AdamWStep for_param(kernels::AdamWStep step, const Shape& param) {
   return step;
 }
 
+// The first mesh axis over which a and b differ (kind, cut tensor axis, or the order of the mesh
+// axes cutting one tensor axis), or "".
+std::string first_difference(const VaryType& a, const VaryType& b) {
+  for (const auto* entries : {&a.entries(), &b.entries()})
+    for (const auto& e : *entries) {
+      const std::string& m = e.mesh_axis;
+      if (a.kind(m) != b.kind(m) || a.split_axis(m) != b.split_axis(m) || a.partial(m) != b.partial(m)) return m;
+      if (a.kind(m) == Vary::Split && a.split_mesh_axes(a.split_axis(m)) != b.split_mesh_axes(b.split_axis(m))) return m;
+    }
+  return "";
+}
+
+std::string kind_over(const VaryType& v, const std::string& m) {
+  switch (v.kind(m)) {
+    case Vary::Invariant: return "Invariant";
+    case Vary::Split: return fmt::format("Split along '{}'", v.split_axis(m));
+    case Vary::Partial: return v.local_mean(m) ? "Partial (a local mean)" : "Partial (a partial sum)";
+    case Vary::Varying: break;
+  }
+  return "Varying";
+}
+
+// A gradient typed otherwise than its parameter would be applied as if it were: a replicated
+// parameter updated with a per-device (or partial) gradient differs per device while still typed
+// Invariant, and ZeRO's parts would each come from another device's gradient.
+void check_same_vary(const Tensor& p, const Tensor& g, const std::string& name) {
+  const std::string m = first_difference(p.vary(), g.vary());
+  if (m.empty()) return;
+  const std::string fix = p.vary().kind(m) == Vary::Invariant
+                              ? fmt::format("psum or pmean the gradient over '{}' first (grad() of a loss that is Invariant over "
+                                            "'{}' returns it summed)", m, m)
+                              : "a gradient must be cut and typed as its parameter (grad() returns it so)";
+  fail("AdamW::step", "the gradient of {} is {} over mesh axis '{}' but the parameter is {} (gradient {}, parameter {}): applied "
+       "as it is, each device would update its copy differently; {}", name, kind_over(g.vary(), m), m, kind_over(p.vary(), m),
+       g.str(), p.str(), fix);
+}
+
 }  // namespace
 
 // Each segment of this device's chunk is updated as the whole parameter would be, element by
@@ -80,10 +117,25 @@ std::vector<Tensor> AdamW::sharded_step(const std::vector<Tensor>& params, const
 }
 
 std::vector<Tensor> AdamW::step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr) {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < params.size(); ++i) names.push_back(fmt::format("parameter {}", i));
+  return named_step(params, grads, lr, names);
+}
+
+std::vector<Tensor> AdamW::step(const Parameters& params, const std::vector<Tensor>& grads, double lr) {
+  std::vector<std::string> names;
+  for (const auto& spec : params.specs()) names.push_back(fmt::format("parameter '{}'", spec.name));
+  return named_step(params.values(), grads, lr, names);
+}
+
+std::vector<Tensor> AdamW::named_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
+                                      const std::vector<std::string>& names) {
   if (params.size() != grads.size()) fail("AdamW::step", "{} parameters but {} gradients", params.size(), grads.size());
-  for (std::size_t i = 0; i < params.size(); ++i)
+  for (std::size_t i = 0; i < params.size(); ++i) {
     if (grads[i].shape() != params[i].shape())
-      fail("AdamW::step", "gradient {} does not match parameter {}", grads[i].str(), params[i].str());
+      fail("AdamW::step", "the gradient of {} is {}, the parameter {}", names[i], grads[i].str(), params[i].str());
+    check_same_vary(params[i], grads[i], names[i]);
+  }
   if (!config_.shard_state_over.empty()) return sharded_step(params, grads, lr);
   NoGrad no_grad;
   if (m_.empty()) {
@@ -214,6 +266,11 @@ void GradAccumulator::add(const std::vector<Tensor>& grads) {
     sum_ = grads;
   } else {
     if (grads.size() != sum_.size()) fail("GradAccumulator::add", "{} gradients, expected {}", grads.size(), sum_.size());
+    for (std::size_t i = 0; i < grads.size(); ++i)
+      if (const std::string m = first_difference(sum_[i].vary(), grads[i].vary()); !m.empty())
+        fail("GradAccumulator::add", "gradient {} is {} over mesh axis '{}', the gradients added before it {} ({} and {}): every "
+             "micro-batch's gradients must be typed alike (psum or pmean each the same way)", i, kind_over(grads[i].vary(), m), m,
+             kind_over(sum_[i].vary(), m), grads[i].str(), sum_[i].str());
     for (std::size_t i = 0; i < grads.size(); ++i) sum_[i] = (sum_[i] + grads[i]).with_vary(sum_[i].vary());
   }
   ++count_;

@@ -23,8 +23,11 @@ ZeroLayout::ZeroLayout(const std::vector<Tensor>& like, std::string axis) : axis
   if (like.empty()) fail("AdamW", "no parameters to cut over mesh axis '{}'", axis_);
   const Shard* shard = Shard::current();
   if (shard == nullptr) fail("AdamW", "the optimizer state is cut over mesh axis '{}': step inside Runtime::run", axis_);
-  int rank = 0;
-  if (shard->mesh().has(axis_)) ranks_ = shard->mesh().axis_size(axis_), rank = shard->coord(axis_);
+  if (!shard->mesh().has(axis_))
+    fail("AdamW", "shard_state_over names mesh axis '{}', which mesh {} does not have: name one of its axes (the data-parallel "
+         "one), or leave it empty to keep every moment on every device", axis_, shard->mesh().str());
+  ranks_ = shard->mesh().axis_size(axis_);
+  const int rank = shard->coord(axis_);
   dtype_ = like[0].dtype();
   device_ = like[0].device_ptr();
   for (std::size_t i = 0; i < like.size(); ++i) {

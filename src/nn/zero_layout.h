@@ -21,7 +21,7 @@ struct Segment {
 class ZeroLayout {
  public:
   // The layout of `like` (parameters, or moments shaped as them) over mesh axis `axis` of the
-  // current shard; one rank (the whole state) where the mesh has no such axis.
+  // current shard's mesh (an error naming the mesh when it has no such axis).
   ZeroLayout(const std::vector<Tensor>& like, std::string axis);
 
   const std::vector<Segment>& segments() const { return segments_; }

@@ -11,12 +11,14 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <utility>
 
-#include "ops/node.h"
 #include "nax/collectives.h"
+#include "nax/comm/communicator.h"
 #include "nax/ops.h"
 #include "nax/runtime.h"
 #include "ops/collective_forward.h"
+#include "ops/node.h"
 
 namespace nax {
 
@@ -34,7 +36,27 @@ void report_unwaited(const std::string& what) noexcept {
 
 namespace {
 
-std::string call_site(const std::source_location& where) { return fmt::format("{}:{}", where.file_name(), where.line()); }
+// The start form whose transpose this thread is starting (in a backward pass), for messages.
+thread_local const std::string* t_transposing = nullptr;
+
+class Transposing {
+ public:
+  explicit Transposing(const std::string& op) : previous_(std::exchange(t_transposing, &op)) {}
+  ~Transposing() { t_transposing = previous_; }
+  Transposing(const Transposing&) = delete;
+  Transposing& operator=(const Transposing&) = delete;
+
+ private:
+  const std::string* previous_;
+};
+
+// "start_psum(f32[i=4] varying{mp}, mp) at tests/t.cpp:12:7" (or "... in the backward of
+// start_all_gather at ..."): the name a start's Pending and its collective's messages carry, with
+// the call site as the blocking collectives print it.
+std::string describe(const std::string& call, const std::source_location& where) {
+  const CallSite site{where.file_name(), where.line(), where.column(), t_transposing != nullptr ? t_transposing->c_str() : nullptr};
+  return site.label(call);
+}
 
 // A started forward: a Pending over the Launch (or the result at once, when nothing was sent).
 Pending<Tensor> pending_of(std::string what, detail::Launch launch, Tensor ready) {
@@ -65,7 +87,8 @@ Pending<Tensor> with_gradient(const std::string& op, const Tensor& x, Pending<Te
   auto started = std::make_shared<Pending<Tensor>>(std::move(forward));
   return Pending<Tensor>(std::move(what), [started, token, op, backward, transpose = std::move(transpose)] {
     const Tensor out = started->wait();
-    return autodiff::record(op + " (wait)", out, {token}, [backward, transpose](const Tensor& g) {
+    return autodiff::record(op + " (wait)", out, {token}, [backward, transpose, op](const Tensor& g) {
+      const Transposing scope(op);
       backward->emplace(transpose(g));
       return std::vector<Tensor>{full(Shape{}, 0.0)};  // the token's gradient: the transpose carries the real one
     });
@@ -75,8 +98,8 @@ Pending<Tensor> with_gradient(const std::string& op, const Tensor& x, Pending<Te
 }  // namespace
 
 Pending<Tensor> start_psum(const Tensor& x, const Names& mesh_axes, std::source_location where) {
-  const std::string what = fmt::format("start_psum({}, {}) at {}", x.str(), mesh_axes.str(), call_site(where));
-  detail::Launch launch = detail::Launch::started();
+  const std::string what = describe(fmt::format("start_psum({}, {})", x.str(), mesh_axes.str()), where);
+  detail::Launch launch = detail::Launch::started(what);
   Tensor ready = detail::launch_psum(x, mesh_axes, launch, where);
   return with_gradient("start_psum", x, pending_of(what, std::move(launch), ready), [mesh_axes, what](const Tensor& g) {
     return Pending<Tensor>("the transpose of " + what, [t = pvary(g, mesh_axes)] { return t; });  // nothing to send
@@ -84,8 +107,8 @@ Pending<Tensor> start_psum(const Tensor& x, const Names& mesh_axes, std::source_
 }
 
 Pending<Tensor> start_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
-  const std::string what = fmt::format("start_all_gather({}, {}, {}) at {}", x.str(), mesh_axes.str(), axis, call_site(where));
-  detail::Launch launch = detail::Launch::started();
+  const std::string what = describe(fmt::format("start_all_gather({}, {}, {})", x.str(), mesh_axes.str(), axis), where);
+  detail::Launch launch = detail::Launch::started(what);
   Tensor ready = detail::launch_all_gather(x, mesh_axes, axis, launch, where);
   const Names group = detail::gather_order(x, mesh_axes, axis);
   return with_gradient("start_all_gather", x, pending_of(what, std::move(launch), ready), [x, group, axis, where](const Tensor& g) {
@@ -94,8 +117,8 @@ Pending<Tensor> start_all_gather(const Tensor& x, const Names& mesh_axes, const 
 }
 
 Pending<Tensor> start_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
-  const std::string what = fmt::format("start_psum_scatter({}, {}, {}) at {}", x.str(), mesh_axes.str(), axis, call_site(where));
-  detail::Launch launch = detail::Launch::started();
+  const std::string what = describe(fmt::format("start_psum_scatter({}, {}, {})", x.str(), mesh_axes.str(), axis), where);
+  detail::Launch launch = detail::Launch::started(what);
   Tensor ready = detail::launch_psum_scatter(x, mesh_axes, axis, launch, where);
   return with_gradient("start_psum_scatter", x, pending_of(what, std::move(launch), ready), [mesh_axes, axis, where](const Tensor& g) {
     return start_all_gather(g, mesh_axes, axis, where);
@@ -104,8 +127,10 @@ Pending<Tensor> start_psum_scatter(const Tensor& x, const Names& mesh_axes, cons
 
 Pending<Tensor> start_ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs,
                                std::source_location where) {
-  const std::string what = fmt::format("start_ppermute({}, {}) at {}", x.str(), mesh_axes.str(), call_site(where));
-  detail::Launch launch = detail::Launch::started();
+  std::vector<std::string> moves;
+  for (auto [src, dst] : pairs) moves.push_back(fmt::format("({}, {})", src, dst));
+  const std::string what = describe(fmt::format("start_ppermute({}, {}, pairs [{}])", x.str(), mesh_axes.str(), fmt::join(moves, " ")), where);
+  detail::Launch launch = detail::Launch::started(what);
   Tensor ready = detail::launch_ppermute(x, mesh_axes, pairs, launch, where);
   std::vector<std::pair<int, int>> inverse;
   for (auto [src, dst] : pairs) inverse.push_back({dst, src});

@@ -8,24 +8,29 @@
 namespace nax::detail {
 
 void Launch::all_reduce(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
-  if (start_) request_ = c.start_all_reduce(send, recv, count, dtype, op), started(c);
+  if (start_) request_ = named(c).start_all_reduce(send, recv, count, dtype, op), started(c);
   else c.all_reduce(send, recv, count, dtype, op);
 }
 
 void Launch::all_gather(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype) {
-  if (start_) request_ = c.start_all_gather(send, recv, count, dtype), started(c);
+  if (start_) request_ = named(c).start_all_gather(send, recv, count, dtype), started(c);
   else c.all_gather(send, recv, count, dtype);
 }
 
 void Launch::reduce_scatter(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
-  if (start_) request_ = c.start_reduce_scatter(send, recv, count, dtype, op), started(c);
+  if (start_) request_ = named(c).start_reduce_scatter(send, recv, count, dtype, op), started(c);
   else c.reduce_scatter(send, recv, count, dtype, op);
 }
 
 void Launch::permute(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype,
                      const std::vector<std::pair<int, int>>& pairs) {
-  if (start_) request_ = c.start_permute(send, recv, count, dtype, pairs), started(c);
+  if (start_) request_ = named(c).start_permute(send, recv, count, dtype, pairs), started(c);
   else c.permute(send, recv, count, dtype, pairs);
+}
+
+Communicator& Launch::named(Communicator& c) const {
+  if (!label_.empty()) c.set_origin(label_);
+  return c;
 }
 
 void Launch::keep(std::initializer_list<Tensor> buffers) {
@@ -33,7 +38,9 @@ void Launch::keep(std::initializer_list<Tensor> buffers) {
 }
 
 void Launch::started(const Communicator& c) {
-  const std::string what = c.origin().empty() ? std::string("a started collective") : "the started " + c.origin();
+  const std::string what = !label_.empty()     ? label_
+                           : c.origin().empty() ? std::string("a started collective")
+                                                : "the started " + c.origin();
   for (const auto& t : kept_) t.set_pending(what);
 }
 

@@ -5,6 +5,8 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "nax/comm/communicator.h"
@@ -14,8 +16,10 @@ namespace nax::detail {
 
 class Launch {
  public:
-  static Launch blocking() { return Launch(false); }
-  static Launch started() { return Launch(true); }
+  static Launch blocking() { return Launch(false, {}); }
+  // `label` names the start form the user called ("start_psum(...) at f.cpp:12:7"): the started
+  // call's communicator carries it, so that a mismatch names it rather than the blocking form.
+  static Launch started(std::string label) { return Launch(true, std::move(label)); }
   Launch(Launch&&) = default;
   Launch& operator=(Launch&&) = default;
   // A started call that is never completed (an error on the way) releases its buffers' marks.
@@ -38,10 +42,13 @@ class Launch {
   Tensor complete();
 
  private:
-  explicit Launch(bool start) : start_(start) {}
+  Launch(bool start, std::string label) : start_(start), label_(std::move(label)) {}
+  // Names the started call on `c` (the collective named it as its blocking form).
+  Communicator& named(Communicator& c) const;
   void started(const Communicator& c);  // marks the kept buffers pending under c's origin
   void release();                       // clears those marks (the buffers stay kept)
   bool start_;
+  std::string label_;
   std::vector<Tensor> kept_;
   std::function<Tensor()> finish_;
   std::unique_ptr<Communicator::Request> request_;  // last: destroyed (so waited for) before the buffers

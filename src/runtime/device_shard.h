@@ -33,6 +33,9 @@ class DeviceShard final : public Shard {
   const std::shared_ptr<Device>& device_ptr() const override { return dev_; }
   bool deterministic() const override { return deterministic_; }
   void set_deterministic(bool on) { deterministic_ = on; }
+  // RuntimeOptions::strict_axis_rules.
+  bool strict_axis_rules() const { return strict_axis_rules_; }
+  void set_strict_axis_rules(bool on) { strict_axis_rules_ = on; }
 
   std::map<std::string, CommStats> comm_stats() const override;
   CommStats comm_totals() const;
@@ -50,6 +53,7 @@ class DeviceShard final : public Shard {
   std::shared_ptr<Device> dev_;
   CommFactory make_comm_;
   bool deterministic_ = false;
+  bool strict_axis_rules_ = false;
   std::map<std::vector<std::string>, std::unique_ptr<Communicator>> comms_;
 };
 

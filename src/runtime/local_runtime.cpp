@@ -95,6 +95,7 @@ LocalState::LocalState(const Mesh& mesh, const RuntimeOptions& options)
     auto make_comm = comm_factory(d, devices[static_cast<std::size_t>(d)], transport);
     shards_.push_back(std::make_unique<detail::DeviceShard>(d, mesh_, devices[static_cast<std::size_t>(d)], std::move(make_comm)));
     shards_.back()->set_deterministic(options.deterministic);
+    shards_.back()->set_strict_axis_rules(options.strict_axis_rules);
   }
   for (int d = 0; d < mesh_.size(); ++d) workers_.emplace_back([this, d] { work(d); });
 }
@@ -166,7 +167,7 @@ void LocalState::work(int device) {
       shard.rules_use() = {};
       (*fn)(shard);
       if (std::string deferred = shard.take_deferred_error(); !deferred.empty()) throw Error(deferred);
-      shard.rules_use().check_all_used();
+      shard.rules_use().check_all_used(shard.strict_axis_rules());
     } catch (const local::Aborted&) {
       record_failure(device, std::current_exception(), true);
     } catch (...) {

@@ -107,6 +107,7 @@ MpiState::MpiState(const Mesh& mesh, const RuntimeOptions& options)
   shard_ = std::make_unique<detail::DeviceShard>(d, mesh_, std::move(device), std::move(make_comm));
   detail::check_deterministic_mesh(options, mesh_, "Runtime::mpi");
   shard_->set_deterministic(options.deterministic);
+  shard_->set_strict_axis_rules(options.strict_axis_rules);
 }
 
 const detail::DeviceShard& MpiState::shard(int device, std::string_view op) const {
@@ -133,7 +134,7 @@ mpi::RunEnd MpiState::run_here(const std::function<void(Shard&)>& fn, std::excep
     fn(*shard_);
     returned = true;
     if (std::string deferred = shard_->take_deferred_error(); !deferred.empty()) throw Error(deferred);
-    shard_->rules_use().check_all_used();
+    shard_->rules_use().check_all_used(shard_->strict_axis_rules());
   } catch (const mpi::Aborted&) {
     error = std::current_exception();
     end = mpi::RunEnd::released;

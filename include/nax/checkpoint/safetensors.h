@@ -1,8 +1,10 @@
 #pragma once
 // safetensors files (Hugging Face's format: an 8-byte little-endian header length, a JSON header
 // of name -> {dtype, shape, data_offsets} plus "__metadata__", then the tensors' bytes), written
-// and read one tensor at a time. nax adds "nax.checksum" to the metadata: a checksum of the whole
-// file (length, header and data) with the checksum's own 16 digits read as zeros.
+// and read one tensor at a time. nax adds to the metadata "nax.checksum", a checksum of the whole
+// file (length, header and data) with the checksum's own 16 digits read as zeros, and "nax.axes",
+// each tensor's named axes ({"w": [["embed", 4], ["out", 8]]} as a JSON string), so that a read
+// naming them in another order permutes them instead of reinterpreting the bytes.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -24,6 +26,9 @@ struct TensorInfo {
   // Stored as IEEE half (safetensors "F16", as Hugging Face models often are), a type nax has no
   // tensors of: `dtype` is then f32, what the reader converts it to and the writer converts from.
   bool f16 = false;
+  // The global tensor's axes (names and sizes, in memory order) where the file records them
+  // ("nax.axes"); empty in files without them (Hugging Face's, nax's own before it wrote them).
+  std::vector<Axis> axes = {};
   std::uint64_t nbytes() const { return end - begin; }
 };
 
@@ -39,8 +44,9 @@ enum class ChecksumPolicy { required, if_present };
 // none: with `refuse`, such a tensor is an error naming the file, the tensor and how many it holds.
 enum class NonFinitePolicy { allow, refuse };
 
-// Writes the header at once (every tensor's name, dtype and dims, in the order write() will be
-// called), then each tensor's bytes as it comes: memory stays one tensor, whatever the file.
+// Writes the header at once (every tensor's name, dtype, dims and axes when given, in the order
+// write() will be called), then each tensor's bytes as it comes: memory stays one tensor, whatever
+// the file. The metadata keys "nax.checksum" and "nax.axes" are nax's own (a caller's are replaced).
 class SafetensorsWriter {
  public:
   SafetensorsWriter(std::string path, std::vector<TensorInfo> tensors, const Metadata& metadata = {});
@@ -72,17 +78,26 @@ class SafetensorsReader {
   // naming the file and the tensor.
   const TensorInfo& expect(const std::string& name, const std::vector<std::int64_t>& dims) const;
   const TensorInfo& expect(const std::string& name, const std::vector<std::int64_t>& dims, DType dtype) const;
-  // Tensor `name` on the host, with axes d0, d1, ... or, given, `shape` (same element count);
-  // an F16 tensor is converted to f32. Non-finite values follow the reader's NonFinitePolicy.
+  // Tensor `name` on the host, with its recorded axes (else d0, d1, ...) or, given, as `shape`
+  // (same element count, see stored_as); an F16 tensor is converted to f32. Non-finite values
+  // follow the reader's NonFinitePolicy.
   Tensor read(const std::string& name) const;
   Tensor read(const std::string& name, const Shape& shape) const;
+  // The shape read(name, shape) reads the stored elements as: `shape` itself (positionally: files
+  // without recorded axes, or a shape whose axes shared with the recorded ones have the same size
+  // and the same elements after them, e.g. merged or renamed axes), or the recorded axes, when
+  // `shape` names them in another order (read then permutes them into `shape`'s order). Any other
+  // shape naming a recorded axis is refused naming both (it would read the data transposed).
+  Shape stored_as(const std::string& name, const Shape& shape) const;
 
  private:
+  Tensor read_as(const TensorInfo& info, const Shape& shape) const;  // the stored elements in order
+
   struct State;
   std::shared_ptr<const State> state_;
 };
 
-// Whole-file conveniences: host tensors with their dims as they are.
+// Whole-file conveniences: host tensors with their axes as they are (their names recorded).
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const Metadata& metadata = {});
 std::map<std::string, Tensor> load_safetensors(const std::string& path, Metadata* metadata = nullptr);

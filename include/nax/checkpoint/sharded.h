@@ -23,8 +23,11 @@ struct ShardedTensor {
   std::vector<std::int64_t> stored_dims = {};
 };
 
-// Collective (every device calls it with the same names and shapes): writes `path` atomically;
-// only `writer` (a device of the mesh) touches the file.
+// Collective: writes `path` atomically; only `writer` (a device of the mesh) touches the file, with
+// its `path` and `metadata`. Every device must pass the same tensors (names, in the same order,
+// global shapes, stored dims and dtypes) and writer: checked first with one small all-reduce (a
+// hash), and a difference is an error on every device naming the first tensor that differs and
+// each device's version of it. The file records each tensor's axes (nax.axes).
 void save_sharded(Shard& s, const std::string& path, const std::vector<ShardedTensor>& tensors, const Metadata& metadata = {},
                   int writer = 0);
 
@@ -34,14 +37,21 @@ struct ShardedRead {
   std::vector<std::int64_t> stored_dims = {};  // as in ShardedTensor
 };
 
-// Checks that `file` holds each tensor with its stored dims and `dtype` (before any work on the
-// mesh: errors name the file and the tensor).
+// The entry `t` reads: with t's stored dims, or, where the file records the tensor's axes and
+// t.global names them in another order, with the file's own dims (the read permutes them:
+// SafetensorsReader::stored_as). Else an error naming the file and the tensor.
+const TensorInfo& expect_tensor(const SafetensorsReader& file, const ShardedRead& t);
+
+// Checks each tensor with expect_tensor, and its dtype (before any work on the mesh).
 void expect_tensors(const SafetensorsReader& file, const std::vector<ShardedRead>& tensors, DType dtype);
 
-// This device's blocks of the tensors, cut by `rules` (call expect_tensors first, once).
+// This device's blocks of the tensors, cut by `rules` (call expect_tensors first, once). Read by
+// axis name where the file records names (permuted when `global` orders them otherwise), else
+// positionally. Collective: every device must pass the same tensors (checked as save_sharded does).
 std::vector<Tensor> load_sharded(Shard& s, const SafetensorsReader& file, const std::vector<ShardedRead>& tensors, const AxisRules& rules);
 
-// A model's parameters in two calls: save (collective) and load on any mesh.
+// A model's parameters in two calls: save (collective) and load on any mesh (collective too: the
+// same specs on every device).
 void save_parameters(Shard& s, const std::string& path, const nn::Parameters& params, const Metadata& metadata = {});
 nn::Parameters load_parameters(Shard& s, const SafetensorsReader& file, const std::vector<nn::ParamSpec>& specs, const AxisRules& rules);
 

@@ -41,15 +41,18 @@ class AxisRules {
 };
 
 // The axis rules applied during one run and the tensor axes of the global tensors they cut. A rule
-// whose tensor axis none of them carried, while they carry a name a letter or two away from it, is
-// a misspelling ("heads" for "head") that leaves tensors silently whole. Rules with no such near
-// name are left alone: a model's rules also name the axes of tensors other runs make ("batch" in
-// a run that only makes parameters).
+// whose tensor axis none of them carried, while they carry a name an edit or two away from it (a
+// letter added, dropped, changed or swapped with its neighbour, or another case), is a misspelling
+// ("heads" for "head") that leaves tensors silently whole; so are rules of which none cut anything.
+// Other unused rules are left alone unless every rule must cut (RuntimeOptions::strict_axis_rules):
+// a model's rules also name the axes of tensors other runs make ("batch" in a run that only makes
+// parameters).
 class RulesUse {
  public:
   void note(const AxisRules& rules, const Shape& global);
-  // Throws naming a misspelled rule, the axes the tensors carried and the closest of them.
-  void check_all_used() const;
+  // Throws naming a misspelled rule, the axes the tensors carried and the closest of them; or the
+  // rules when none cut anything; or, with `every_rule`, any rule that cut nothing.
+  void check_all_used(bool every_rule = false) const;
 
  private:
   std::map<std::string, std::vector<std::string>> rules_;  // tensor axis -> its mesh axes

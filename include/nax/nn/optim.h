@@ -1,9 +1,11 @@
 #pragma once
 // Training utilities: AdamW with decoupled weight decay, global-norm clipping over a mesh,
 // warmup + cosine learning-rate schedule, gradient accumulation.
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nax/nn/parameters.h"
@@ -18,7 +20,8 @@ struct AdamWConfig {
   // ZeRO-1: the mesh axis (e.g. "dp") over which the parameters are replicated and the moments
   // cut. Each device keeps the moments of 1/n of the parameters' elements (laid end to end), updates
   // those elements and all-gathers the updated parameters over the axis: the same step, 2/n of the
-  // state. Empty: every device keeps every moment.
+  // state. Empty: every device keeps every moment. A name the mesh lacks is an error at the first
+  // step (or load_state).
   std::string shard_state_over;
 };
 
@@ -28,9 +31,18 @@ class ZeroLayout;
 
 class AdamW {
  public:
-  explicit AdamW(AdamWConfig config = {}) : config_(config) {}
-  // One step: returns the new parameter values (same shapes, dtypes and vary types).
+  AdamW() : AdamW(AdamWConfig{}) {}
+  // A template only so that `AdamW opt({})` compiles: an empty list would convert as well to an
+  // AdamWConfig as to an AdamW for the move constructor, and the tie goes to the non-template.
+  template <std::same_as<AdamWConfig> Config = AdamWConfig>
+  explicit AdamW(Config config) : config_(std::move(config)) {}
+  // One step: returns the new parameter values (same shapes, dtypes and vary types). Each gradient
+  // must have its parameter's shape and vary type: a gradient that differs per device where its
+  // parameter is replicated would update each device's copy differently (psum or pmean it over
+  // that mesh axis first; grad() of an Invariant loss does). The state cut over
+  // shard_state_over needs that mesh axis on the shard's mesh. The Parameters form names them.
   std::vector<Tensor> step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr);
+  std::vector<Tensor> step(const Parameters& params, const std::vector<Tensor>& grads, double lr);
   std::int64_t steps() const { return steps_; }
   // Moment estimates, in parameter order: first moments, then second moments, each shaped and cut
   // as its parameter whether or not the state is sharded (checkpoints do not depend on it). With
@@ -42,6 +54,8 @@ class AdamW {
   std::size_t state_bytes() const;
 
  private:
+  std::vector<Tensor> named_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
+                                 const std::vector<std::string>& names);
   std::vector<Tensor> sharded_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr);
 
   AdamWConfig config_;
