@@ -1,4 +1,4 @@
-// bench_index_ops: the index ops composed of tensor ops (nax/index_ops.h) against plain host loops
+// bench_index_ops: the index ops composed of tensor ops (nax/ops/index_ops.h) against plain host loops
 // doing the same work on the same f32 data, to show what the composition costs and where a
 // dedicated kernel would pay: top_k (k passes over the rows) against std::partial_sort per row,
 // cumsum (log2(n) shifted adds) against a running sum, scatter_add (a one-hot contraction) against

@@ -15,7 +15,7 @@ mesh-transformer-jax and examples/gptj/model.cpp's axis rules:
 
 XLA's SPMD partitioner inserts the collectives.
 
-The model (DESIGN.md section 8, examples/gptj/block.h):
+The model (examples/gptj/block.h):
     x = wte[ids]
     per block:  h = LayerNorm(x);  x = x + attention(h) + mlp(h)        (parallel residual)
         attention: q, k, v, out without bias; rotary on the first rotary_dims of each head in

@@ -7,7 +7,7 @@
 //
 //   build/bin/bench_train [--config small] [--meshes dp=1,mp=1;dp=1,mp=2;...] [--steps N] [--json FILE]
 //                         [--backend cpu|cuda] [--dtype f32|bf16] [--batch B] [--seq T] [--trace FILE] [--remat] [--zero]
-// --trace FILE writes each mesh's timeline (nax/trace.h): FILE itself for one mesh, else FILE with
+// --trace FILE writes each mesh's timeline (nax/trace/trace.h): FILE itself for one mesh, else FILE with
 // the mesh before the extension (run.json -> run.dp=1_mp=2.json). --modes default,deterministic
 // runs each mesh in both modes one after the other (RuntimeOptions::deterministic,
 // docs/determinism.md) and prints the deterministic mode's tokens/s as a ratio of the default's.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks that the docs stay true: every relative link in README.md and docs/*.md resolves to a
 file in the repository (none leaves it), and every collective named in the first column of
-docs/architecture.md's collective table is declared in include/nax/collectives.h.
+docs/architecture.md's collective table is declared in include/nax/ops/collectives.h.
 
 Usage: scripts/check_docs.py [REPO_ROOT]   (exit 1 and one line per problem if any)
 """
@@ -26,7 +26,7 @@ def link_problems(repo: pathlib.Path):
 
 def collective_problems(repo: pathlib.Path):
     doc = (repo / "docs" / "architecture.md").read_text()
-    header = (repo / "include" / "nax" / "collectives.h").read_text()
+    header = (repo / "include" / "nax" / "ops" / "collectives.h").read_text()
     table = doc.split("## The collectives", 1)[1].split("\n## ", 1)[0]
     names = set()
     for row in table.splitlines():
@@ -36,7 +36,7 @@ def collective_problems(repo: pathlib.Path):
         yield "docs/architecture.md: found no collective table under '## The collectives'"
     for name in sorted(names):
         if not re.search(rf"\b{name}\(", header):
-            yield f"docs/architecture.md names the collective {name}, which include/nax/collectives.h does not declare"
+            yield f"docs/architecture.md names the collective {name}, which include/nax/ops/collectives.h does not declare"
 
 
 def main() -> int:

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Checks the global view's API (include/nax/global/ops.h) against the per-shard op list
-(include/nax/{ops,index_ops,transformer_ops}.h), so that the two cannot drift apart silently:
+"""Checks the global view's API (include/nax/global/global_ops.h) against the per-shard op list
+(include/nax/ops/{ops,index_ops,transformer_ops}.h), so that the two cannot drift apart silently:
 every per-shard op must have a global form of the same name, or be listed below as per-shard only
 (with the reason) or as a global form still to write. A name listed but no longer declared is an
 error too, so the lists stay true.
 
-If this fails after you added a per-shard op: add its global form to include/nax/global/ops.h
-(src/global/ops.cpp: a factor rule in src/global/propagation.cpp and the per-shard op underneath),
+If this fails after you added a per-shard op: add its global form to include/nax/global/global_ops.h
+(src/global/global_ops.cpp: a factor rule in src/global/propagation.cpp and the per-shard op underneath),
 or add its name to PER_SHARD_ONLY or GLOBAL_TO_WRITE here, with the reason.
 
 Usage: scripts/check_global_api.py [REPO_ROOT]
@@ -34,7 +34,7 @@ PER_SHARD_ONLY = {
     "contiguous_copy": "memory layout is the per-shard view's concern; placements say the global layout",
 }
 
-# Global forms wanted and not written yet (issue 15 names min, slice, concat, where and the
+# Global forms wanted and not written yet (wanted: min, slice, concat, where and the
 # comparisons). Remove a name here when its global form lands.
 GLOBAL_TO_WRITE = {
     "abs", "neg", "pow", "maximum", "minimum", "min", "eq", "ne", "lt", "le", "gt", "ge", "where",
@@ -52,11 +52,11 @@ def declared(path: pathlib.Path):
 
 def main() -> int:
     repo = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parents[1])
-    per_shard = set().union(*(declared(repo / "include" / "nax" / h) for h in PER_SHARD_HEADERS))
-    global_ops = declared(repo / "include" / "nax" / "global" / "ops.h")
+    per_shard = set().union(*(declared(repo / "include" / "nax" / "ops" / h) for h in PER_SHARD_HEADERS))
+    global_ops = declared(repo / "include" / "nax" / "global" / "global_ops.h")
     problems = []
     for name in sorted(per_shard - global_ops - set(PER_SHARD_ONLY) - GLOBAL_TO_WRITE):
-        problems.append(f"per-shard op {name} has no global form in include/nax/global/ops.h: add one, or list it in "
+        problems.append(f"per-shard op {name} has no global form in include/nax/global/global_ops.h: add one, or list it in "
                         f"PER_SHARD_ONLY or GLOBAL_TO_WRITE in scripts/check_global_api.py with the reason")
     for name in sorted((set(PER_SHARD_ONLY) | GLOBAL_TO_WRITE) - per_shard):
         problems.append(f"{name} is listed in scripts/check_global_api.py but no per-shard header declares it: remove it")

@@ -34,7 +34,7 @@ import os
 import statistics
 import sys
 
-HOST_TID = 1000  # tids from here on are host threads (nax/trace.h)
+HOST_TID = 1000  # tids from here on are host threads (nax/trace/trace.h)
 REDUCE = {"psum", "pmean", "pmax", "pmin"}
 KIND_OF = {"all_gather": "all_gather", "all_gather_invariant": "all_gather", "psum_scatter": "reduce_scatter",
            "ppermute": "permute", "all_to_all": "all_to_all"}

@@ -1,6 +1,6 @@
-# docs/collectives.md has one table row per collective of include/nax/collectives.h, and no other.
+# docs/collectives.md has one table row per collective of include/nax/ops/collectives.h, and no other.
 # cmake -DSOURCE_DIR=<repo> -P check_collectives_doc.cmake
-file(STRINGS ${SOURCE_DIR}/include/nax/collectives.h lines REGEX "^(Tensor|int) +[a-z_0-9]+\\(")
+file(STRINGS ${SOURCE_DIR}/include/nax/ops/collectives.h lines REGEX "^(Tensor|int) +[a-z_0-9]+\\(")
 set(declared "")
 foreach(line IN LISTS lines)
   string(REGEX REPLACE "^(Tensor|int) +([a-z_0-9]+)\\(.*" "\\2" name "${line}")
@@ -34,6 +34,6 @@ list(REMOVE_DUPLICATES listed)
 list(SORT declared)
 list(SORT listed)
 if(NOT declared STREQUAL listed)
-  message(FATAL_ERROR "docs/collectives.md lists [${listed}] but include/nax/collectives.h declares [${declared}]")
+  message(FATAL_ERROR "docs/collectives.md lists [${listed}] but include/nax/ops/collectives.h declares [${declared}]")
 endif()
 message(STATUS "docs/collectives.md lists exactly the collectives")

@@ -4,7 +4,7 @@
 file(READ ${SOURCE_DIR}/docs/ops.md doc)
 set(missing "")
 foreach(header ops.h index_ops.h transformer_ops.h collectives.h)
-  file(STRINGS ${SOURCE_DIR}/include/nax/${header} lines REGEX "^(Tensor|TopK|int) +[a-z_0-9]+\\(")
+  file(STRINGS ${SOURCE_DIR}/include/nax/ops/${header} lines REGEX "^(Tensor|TopK|int) +[a-z_0-9]+\\(")
   foreach(line IN LISTS lines)
     string(REGEX REPLACE "^(Tensor|TopK|int) +([a-z_0-9]+)\\(.*" "\\2" name "${line}")
     string(REGEX MATCH "`${name}[`(]" found "${doc}")

@@ -11,7 +11,7 @@
 
 #include "nax/kernels/kernels.h"
 #include "nax/core/allocator.h"
-#include "nax/core/device.h"
+#include "nax/kernels/device.h"
 
 namespace nax::testing {
 

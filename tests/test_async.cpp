@@ -1,4 +1,4 @@
-// Start/wait collectives (nax/async_collectives.h) on the thread runtime: every start form gives
+// Start/wait collectives (nax/ops/async_collectives.h) on the thread runtime: every start form gives
 // the blocking form's values and vary type, and the host reference, on meshes 1, 1x4, 2x2 and
 // 4x1 over each group; several starts in flight at once, waited in any order; gradients of
 // programs written with start forms against finite differences of the whole mesh program; and

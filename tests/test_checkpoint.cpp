@@ -1,4 +1,4 @@
-// nax/checkpoint.h: safetensors files validated field by field, the checksum over header and data,
+// nax/checkpoint/: safetensors files validated field by field, the checksum over header and data,
 // run folders whose step folders are each one unit, the writer's lock, and named global tensors
 // saved on one mesh and loaded on another.
 #include <sys/wait.h>
@@ -13,6 +13,7 @@
 
 using namespace nax;
 using namespace nax::checkpoint;
+using namespace nax::io;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 

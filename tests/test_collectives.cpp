@@ -220,7 +220,7 @@ TEST_CASE("collectives on f32, bf16 and i32 values", "[mesh][collectives]") {
 
 TEST_CASE("gathers over several mesh axes join blocks in the tensor's split order, whatever order names them",
           "[mesh][collectives]") {
-  // Regression (issue 13): arange(8) split over (dp, mp) gathered over {mp, dp} came back
+  // Regression: arange(8) split over (dp, mp) gathered over {mp, dp} came back
   // [0,1,4,5,2,3,6,7], typed Invariant.
   Runtime rt = Runtime::local(Mesh::parse("dp=2,mp=2"));
   const std::vector<double> want{0, 1, 2, 3, 4, 5, 6, 7};

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kernels/cuda/tree_walk.h"
-#include "nax/core/sum_tree.h"
+#include "nax/kernels/sum_tree.h"
 
 namespace {
 

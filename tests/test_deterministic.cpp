@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "helpers.h"
-#include "nax/async_collectives.h"
-#include "nax/core/sum_tree.h"
+#include "nax/ops/async_collectives.h"
+#include "nax/kernels/sum_tree.h"
 
 using namespace nax;
 

@@ -1,5 +1,5 @@
 // Every misuse gets a nax::Error naming the op, the axes and the shapes: never a crash, a hang or a
-// silent wrong answer (DESIGN.md §7.4). Runtime cases also check that errors are fast and that the
+// silent wrong answer (docs/invariants.md). Runtime cases also check that errors are fast and that the
 // runtime is usable again afterwards.
 
 #include "helpers.h"
@@ -713,7 +713,7 @@ TEST_CASE("the runtime survives many failing runs in a row", "[errors]") {
   }
 }
 
-// --- call sites (issue 13) ---
+// --- call sites ---
 
 TEST_CASE("two same-shaped psums issued in opposite orders are a mismatch naming both call sites", "[errors]") {
   Watchdog guard(kHang);

@@ -1,4 +1,4 @@
-// Hand = auto (DESIGN.md §7.2): the GPT-J written per shard and the same model in the global view
+// Hand = auto (docs/invariants.md): the GPT-J written per shard and the same model in the global view
 // give the same losses and gradients on the same mesh, and the automatic one never gathers the
 // logits or the embedding table.
 #include <unistd.h>

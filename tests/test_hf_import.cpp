@@ -8,7 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nax/checkpoint.h>
+#include <nax/nax.h>
 #include <nax/nax.h>
 #include <nax/text/bpe_tokenizer.h>
 #include <nlohmann/json.hpp>

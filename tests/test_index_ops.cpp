@@ -1,4 +1,4 @@
-// Shape, indexing, scan and dynamic-slice ops (nax/index_ops.h): forwards against plain f64 host
+// Shape, indexing, scan and dynamic-slice ops (nax/ops/index_ops.h): forwards against plain f64 host
 // loops (ties, NaN, -inf, repeated and dropped ids included); gradients against central finite
 // differences in f64 (check_gradients defaults); vary rules and gradients on meshes (offsets from
 // axis_index, a batch cut over dp, argmax/top_k/cumsum along an axis cut over mp against the

@@ -5,7 +5,7 @@
 // file of any kind may hold (100,000 levels of nesting, a key given twice, invalid UTF-8, a number
 // beyond a double) must be refused. A crash, a hang or another exception fails the test.
 #include <catch2/catch.hpp>
-#include <nax/checkpoint.h>
+#include <nax/nax.h>
 #include <nax/global/cost_model.h>
 #include <nax/text/bpe_tokenizer.h>
 
@@ -153,7 +153,7 @@ std::vector<Kind> kinds(const std::string& dir) {
   {
     nax::checkpoint::RunFolder folder(run);
     const std::string tmp = folder.begin_step(3);
-    nax::checkpoint::write_file_atomically(tmp + "/config.json", fixture("hf_gptj/config.json"));
+    nax::io::write_file_atomically(tmp + "/config.json", fixture("hf_gptj/config.json"));
     folder.commit_step(tmp, 3);
     step = nax::checkpoint::step_folder(run, 3);
   }

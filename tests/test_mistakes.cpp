@@ -1,4 +1,4 @@
-// A catalog of plausible per-shard mistakes (issue 13): each must raise a nax::Error whose message
+// A catalog of plausible per-shard mistakes: each must raise a nax::Error whose message
 // names the op, the axes and the fix; none may run silently, crash or hang. Plus regressions of
 // the bugs that made some of them silent or confusing.
 // Figures: 70 cases, 70 clear errors, 0 silent (the first test prints them); the tests after it
@@ -9,7 +9,7 @@
 #include <map>
 
 #include "helpers.h"
-#include "nax/vary_checks.h"
+#include "nax/ops/vary_checks.h"
 
 using namespace nax;
 using Catch::Matchers::Contains;
@@ -364,11 +364,12 @@ TEST_CASE("a rule that no tensor of the run carries is left to other runs, unles
 }
 
 TEST_CASE("NAX_CHECK=1 compares the Invariant tensors a run returns, naming the devices", "[mistakes]") {
-  Runtime rt = Runtime::local(Mesh::parse("dp=2,mp=2"));
   auto one = [](Shard& s) { return full(Shape{{"i", 2}}, s.device() == 3 ? 1.0 : 0.0); };  // per-device, typed Invariant
   auto several = [](Shard& s) { return std::vector<Tensor>{ones(Shape{{"i", 2}}), full(Shape{{"i", 2}}, s.coord("mp") * 1.0)}; };
-  REQUIRE_NOTHROW(rt.run(one));  // unchecked: silently different
+  REQUIRE_NOTHROW(Runtime::local(Mesh::parse("dp=2,mp=2")).run(one));  // unchecked: silently different
   ::setenv("NAX_CHECK", "1", 1);
+  REQUIRE_NOTHROW(Runtime::local(Mesh::parse("dp=2,mp=2"), {.check_values = false}).run(one));  // code wins over the environment
+  Runtime rt = Runtime::local(Mesh::parse("dp=2,mp=2"));  // the environment is read when a runtime is made
   for (bool vector : {false, true}) {
     std::string message;
     try {
@@ -388,7 +389,6 @@ TEST_CASE("NAX_CHECK=1 compares the Invariant tensors a run returns, naming the 
 }
 
 TEST_CASE("NAX_CHECK=1 catches a per-device value typed Invariant at gather and expect_vary", "[mistakes]") {
-  Runtime rt = Runtime::local(Mesh::parse("mp=2"));
   auto program = [](bool assert_type) {
     return [assert_type](Shard& s) {
       Tensor wrong = full(Shape{{"i", 2}}, static_cast<double>(s.device()));  // per-device, never marked Varying
@@ -396,8 +396,8 @@ TEST_CASE("NAX_CHECK=1 catches a per-device value typed Invariant at gather and 
       else s.gather(wrong);
     };
   };
-  REQUIRE_NOTHROW(rt.run(program(false)));  // unchecked: device 0's copy, silently
-  ::setenv("NAX_CHECK", "1", 1);
+  REQUIRE_NOTHROW(Runtime::local(Mesh::parse("mp=2")).run(program(false)));  // unchecked: device 0's copy, silently
+  Runtime rt = Runtime::local(Mesh::parse("mp=2"), {.check_values = true});  // NAX_CHECK=1 in code
   for (bool assert_type : {false, true}) {
     std::string message;
     try {
@@ -410,5 +410,4 @@ TEST_CASE("NAX_CHECK=1 catches a per-device value typed Invariant at gather and 
                               Contains(assert_type ? "expect_vary" : "gather"));
   }
   REQUIRE_NOTHROW(rt.run([](Shard& s) { s.gather(psum(per_device(s), "mp")); }));  // truly Invariant: passes
-  ::unsetenv("NAX_CHECK");
 }

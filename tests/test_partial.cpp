@@ -8,7 +8,7 @@
 
 #include "grad_check.h"
 #include "helpers.h"
-#include "nax/vary_checks.h"
+#include "nax/ops/vary_checks.h"
 
 using namespace nax;
 using namespace nax::testing;

@@ -35,7 +35,7 @@ void reseal_manifest(const std::string& folder) {
   json files = json::object();
   for (const auto& entry : fs::directory_iterator(folder)) {
     const std::string name = entry.path().filename().string();
-    if (name != "manifest.json") files[name] = {{"bytes", fs::file_size(entry.path())}, {"checksum", checkpoint::file_checksum(entry.path().string())}};
+    if (name != "manifest.json") files[name] = {{"bytes", fs::file_size(entry.path())}, {"checksum", io::file_checksum(entry.path().string())}};
   }
   manifest["files"] = files;
   replace_file(folder + "/manifest.json", manifest.dump(2));
@@ -56,7 +56,7 @@ void poke_nan(const std::string& path, const std::string& name, std::size_t inde
   const std::string key = "\"nax.checksum\":\"";
   if (const auto digits = bytes.find(key, 8); digits != std::string::npos && digits < 8 + n) {
     bytes.replace(digits + key.size(), 16, std::string(16, '0'));
-    checkpoint::Checksum sum;
+    io::Checksum sum;
     sum.update(bytes.data(), bytes.size());
     bytes.replace(digits + key.size(), 16, sum.hex());
   }

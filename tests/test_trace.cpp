@@ -1,4 +1,4 @@
-// The timeline trace (nax/trace.h): the JSON loads, one track per device, every collective on every
+// The timeline trace (nax/trace/trace.h): the JSON loads, one track per device, every collective on every
 // device of its group with its mesh axes and bytes, waits for peers inside their collective and
 // bracketing the rendezvous, slices nested as the code nests them, and nothing recorded when off.
 #include <unistd.h>

@@ -28,7 +28,7 @@
 
 #include "comparison.h"
 #include "nax/core/dtype.h"
-#include "nax/core/sum_tree.h"
+#include "nax/kernels/sum_tree.h"
 #include "nax/kernels/kernels.h"
 
 namespace {

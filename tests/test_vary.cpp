@@ -1,4 +1,4 @@
-// Vary-type rules of DESIGN.md §3 on ordinary ops and on the collectives.
+// Vary-type rules of docs/ops.md and docs/collectives.md on ordinary ops and on the collectives.
 #include "helpers.h"
 
 using namespace nax;

@@ -1,4 +1,4 @@
-// Property test of every collective (issue 13): on meshes 1x4, 2x2, 4x1 and 2x2x2, over every
+// Property test of every collective: on meshes 1x4, 2x2, 4x1 and 2x2x2, over every
 // ordered set of mesh axes, forward and gradient against a host reference built from the mesh's
 // group ranks alone. Inputs are per-device values, or blocks of one tensor cut over all mesh
 // axes (the gathers must join those in the tensor's order whatever order names the mesh axes).

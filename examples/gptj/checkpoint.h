@@ -1,5 +1,5 @@
 #pragma once
-// GPT-J checkpoints on top of nax's checkpoint module (nax/checkpoint.h): a run folder of
+// GPT-J checkpoints on top of nax's checkpoint module (nax/checkpoint/): a run folder of
 // step_NNNNNN/ folders, each one unit (docs/checkpoints.md) and each a folder that Hugging Face's
 // GPTJForCausalLM.from_pretrained loads:
 //   config.json            GPTJConfig (validated on load: types, ranges, activation, epsilon)
@@ -9,7 +9,7 @@
 //                          (what defines the trajectory, compared on --resume; step_files.h)
 //   manifest.json          every file's size and checksum, written last
 // Every command reads a step folder through one loader, open_step (step_files.h).
-#include <nax/checkpoint.h>
+#include <nax/nax.h>
 #include <nax/io/json.h>
 #include <nax/nax.h>
 
@@ -20,14 +20,16 @@
 #include <vector>
 
 #include "config.h"
+#include "nax/io/files.h"
+#include "nax/io/read_file.h"
 
 namespace gptj {
 
 using NamedTensors = std::vector<std::pair<std::string, nax::Tensor>>;
 using nax::checkpoint::load_safetensors;
-using nax::checkpoint::read_file;
+using nax::io::read_file;
 using nax::checkpoint::save_safetensors;
-using nax::checkpoint::write_file_atomically;
+using nax::io::write_file_atomically;
 
 // A model tensor's dims as Hugging Face lays it out (heads and head_dim merged into one).
 std::vector<std::int64_t> hf_dims(const nax::Shape& s);

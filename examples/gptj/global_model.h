@@ -1,5 +1,5 @@
 #pragma once
-// The same GPT-J-style model in nax's global view (DESIGN.md §5): written as if on one device, in
+// The same GPT-J-style model in nax's global view (docs/architecture.md, Global view): written as if on one device, in
 // Hugging Face GPTJForCausalLM's order of operations, with the same parameter names, global shapes
 // and init as the per-shard model (model.h). Sharding comes only from the axis rules that cut the
 // parameters and the inputs; sharding propagation decides the communication.

@@ -32,7 +32,7 @@ std::vector<std::string> convert(const ConvertOptions& o) {
   });
   nlohmann::json config = hf_config(model.config);
   config["torch_dtype"] = stored == "F32" ? "float32" : stored == "BF16" ? "bfloat16" : "float16";
-  checkpoint::write_file_atomically(o.out + "/config.json", config.dump(2) + "\n");
+  io::write_file_atomically(o.out + "/config.json", config.dump(2) + "\n");
   files.push_back("config.json");
   return files;
 }

@@ -92,7 +92,7 @@ Handler set_true(bool& field) {
   return [&field](const std::string&) { field = true; };
 }
 
-// --trace FILE: records the command's timeline and writes it at the end (nax/trace.h; under mpirun
+// --trace FILE: records the command's timeline and writes it at the end (nax/trace/trace.h; under mpirun
 // one file per process, FILE.rank<r>.json). The path is checked before the work; a trace that
 // cannot be written at the end fails the command.
 class TraceFile {

@@ -1,5 +1,5 @@
 #pragma once
-// The GPT-J-style model written per shard, mesh-transformer-jax style (DESIGN.md §8): a
+// The GPT-J-style model written per shard, mesh-transformer-jax style: a
 // vocab-parallel embedding (masked lookup + psum), parallel-residual blocks with one psum each, a
 // final LayerNorm, a vocab-parallel output head with bias and the vocab-parallel cross-entropy.
 // Logits are never gathered for training.

@@ -2,7 +2,7 @@
 // A run's step folder read as one unit, by one loader for every command that reads one (sample,
 // logits, convert, train --init-from and --resume): so an edit to any of its files changes what
 // all of them do, or (as it does) none, since the edit is refused.
-#include <nax/checkpoint.h>
+#include <nax/nax.h>
 #include <nax/io/json.h>
 
 #include <nlohmann/json.hpp>

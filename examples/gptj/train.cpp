@@ -68,14 +68,14 @@ nlohmann::json run_record(const TrainOptions& o) {
     std::error_code ec;
     const auto bytes = std::filesystem::file_size(path, ec);
     if (ec) fail("train", "--data '{}': {}", path, ec.message());
-    data.push_back({{"bytes", bytes}, {"checksum", ckpt::file_checksum(path)}});
+    data.push_back({{"bytes", bytes}, {"checksum", nax::io::file_checksum(path)}});
   }
   return {{"config", {{"name", c.name}, {"vocab", c.vocab}, {"d_model", c.d_model}, {"n_layers", c.n_layers}, {"n_heads", c.n_heads},
                       {"d_ff", c.d_ff}, {"rotary_dims", c.rotary_dims}, {"max_seq", c.max_seq}, {"layer_norm_eps", c.layer_norm_eps}}},
           {"steps", o.steps}, {"warmup", o.warmup}, {"lr", o.lr}, {"schedule", "warmup_cosine"}, {"clip", o.clip},
           {"weight_decay", o.weight_decay}, {"batch", o.batch}, {"seq", o.seq}, {"seed", o.seed},
           {"dtype", std::string(dtype_name(o.dtype))}, {"micro_batches", o.micro_batches}, {"data", data},
-          {"tokenizer", o.tokenizer.empty() ? std::string("bytes") : ckpt::file_checksum(o.tokenizer)}};
+          {"tokenizer", o.tokenizer.empty() ? std::string("bytes") : nax::io::file_checksum(o.tokenizer)}};
 }
 
 // A difference between the checkpoint's run (trainer.json's record, at `path`) and this one is an

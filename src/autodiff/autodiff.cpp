@@ -8,7 +8,9 @@
 #include <unordered_set>
 
 #include "autodiff/backward.h"
-#include "nax/collectives.h"
+#include "nax/autodiff/autodiff.h"
+#include "nax/ops/collectives.h"
+#include "deterministic/deterministic.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -54,7 +56,7 @@ std::pair<Tensor, std::vector<std::string>> align(const Tensor& g_in, const Tens
 
 void accumulate(Pending& p, const Tensor& g_in, const std::string& op) {
   auto [g, axes] = align(g_in, p.like, op);
-  if (detail::deterministic()) {
+  if (deterministic::on()) {
     p.terms.emplace_back(std::move(axes), std::move(g));
     return;
   }
@@ -126,7 +128,7 @@ std::vector<Tensor> finish_in_order(const std::vector<const Pending*>& pendings)
   for (std::size_t i = 0; i < pendings.size(); ++i)
     for (const auto& g : parts[i]) {
       const Tensor whole = g.with_vary(gradient_vary(pendings[i]->like));
-      out[i] = out[i].defined() ? add(out[i], whole).with_partial_terms({}) : whole;
+      out[i] = out[i].defined() ? add(out[i], whole) : whole;
     }
   return out;
 }
@@ -139,7 +141,7 @@ std::vector<Tensor> finish_in_order(const std::vector<const Pending*>& pendings)
 // mesh axes (and dtype) go as one all-reduce of the gradients laid end to end, as DDP buckets them:
 // fewer, larger collectives (each element is summed over the same devices in the same order).
 std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings) {
-  if (detail::deterministic()) return finish_in_order(pendings);
+  if (deterministic::on()) return finish_in_order(pendings);
   std::vector<Tensor> out(pendings.size());
   std::map<std::pair<std::vector<std::string>, DType>, std::vector<std::pair<std::size_t, Tensor>>> buckets;
   for (std::size_t i = 0; i < pendings.size(); ++i) {
@@ -220,7 +222,7 @@ Grads backpropagate(const Tensor& root, const Tensor& seed, const std::unordered
     Node* node = owned.get();
     auto it = grads.find(node);
     if (node->leaf || it == grads.end()) continue;
-    if (node->passes_partial_sums && !wanted.count(node) && !detail::deterministic()) {
+    if (node->passes_partial_sums && !wanted.count(node) && !deterministic::on()) {
       const Pending pending = std::move(it->second);
       grads.erase(it);
       for (const auto& [axes, sum] : pending.sums) propagate(node, axes.empty() ? sum.with_vary(gradient_vary(pending.like)) : sum);

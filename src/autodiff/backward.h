@@ -8,7 +8,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "ops/node.h"
+#include "ops/tape.h"
 
 namespace nax::autodiff {
 

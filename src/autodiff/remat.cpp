@@ -1,11 +1,11 @@
-// Activation checkpointing (nax/autodiff.h): a forward that records nothing but the values it
+// Activation checkpointing (nax/autodiff/autodiff.h): a forward that records nothing but the values it
 // reads, and a backward that recomputes and walks the recompute's graph down to those values.
 #include <optional>
 #include <unordered_map>
 
 #include "autodiff/backward.h"
 #include "nax/core/error.h"
-#include "nax/vary_checks.h"
+#include "nax/ops/vary_checks.h"
 #include "ops/internal.h"
 
 namespace nax {

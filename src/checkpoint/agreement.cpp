@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <map>
 
-#include "nax/autodiff.h"
-#include "nax/collectives.h"
-#include "nax/ops.h"
+#include "nax/autodiff/autodiff.h"
+#include "nax/ops/collectives.h"
+#include "nax/ops/ops.h"
 
 namespace nax::checkpoint::detail {
 

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "nax/runtime.h"
+#include "nax/runtime/runtime.h"
 
 namespace nax::checkpoint::detail {
 

@@ -14,7 +14,9 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "nax/checkpoint/files.h"
+#include "io/crash_point.h"
+#include "nax/io/files.h"
+#include "nax/io/read_file.h"
 #include "nax/core/error.h"
 #include "nax/io/json.h"
 
@@ -45,15 +47,6 @@ void remove_tree(const fs::path& p) {
 }
 
 }  // namespace
-
-void kill_point() {
-  static const long target = [] {
-    const char* v = std::getenv("NAX_CHECKPOINT_KILL_AT");
-    return v == nullptr ? 0L : std::atol(v);
-  }();
-  static std::atomic<long> count{0};
-  if (target > 0 && ++count == target) ::kill(::getpid(), SIGKILL);
-}
 
 std::int64_t step_of_name(const std::string& name) {
   if (name.rfind("step_", 0) != 0) return -1;
@@ -109,12 +102,12 @@ void RunFolder::commit_step(const std::string& tmp, std::int64_t step, std::int6
   for (const auto& entry : fs::directory_iterator(tmp)) {
     const std::string name = entry.path().filename().string();
     if (!entry.is_regular_file()) fail("checkpoint", "'{}' in '{}' is not a regular file", name, tmp);
-    files[name] = {{"bytes", entry.file_size()}, {"checksum", file_checksum(entry.path().string())}};
+    files[name] = {{"bytes", entry.file_size()}, {"checksum", io::file_checksum(entry.path().string())}};
   }
   const json manifest = {{"format", "nax.checkpoint"}, {"version", 1}, {"step", step}, {"files", files}};
-  write_file_atomically(tmp + "/" + kManifest, manifest.dump(2) + "\n");
-  fsync_directory(tmp);
-  kill_point();
+  io::write_file_atomically(tmp + "/" + kManifest, manifest.dump(2) + "\n");
+  io::fsync_directory(tmp);
+  io::crash_point();
   const std::string final_dir = step_folder(dir_, step);
   if (fs::exists(final_dir)) {  // a step written again (e.g. by a resumed run): set the old aside first
     const std::string old = fmt::format("{}.old.tmp.{}", final_dir, ::getpid());
@@ -123,18 +116,18 @@ void RunFolder::commit_step(const std::string& tmp, std::int64_t step, std::int6
   }
   if (std::rename(tmp.c_str(), final_dir.c_str()) != 0)
     fail("checkpoint", "cannot rename '{}' to '{}': {}", tmp, final_dir, std::strerror(errno));
-  fsync_directory(dir_);
-  kill_point();
+  io::fsync_directory(dir_);
+  io::crash_point();
   if (keep <= 0) return;
   auto steps = committed_steps(dir_);
   for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < steps.size(); ++i) {
     // Renamed to a temporary first, so that a removal cut short never looks committed.
     const std::string old = step_folder(dir_, steps[i]), doomed = fmt::format("{}.tmp.{}", old, ::getpid());
     if (std::rename(old.c_str(), doomed.c_str()) != 0) fail("checkpoint", "cannot remove '{}': {}", old, std::strerror(errno));
-    kill_point();
+    io::crash_point();
     remove_tree(doomed);
   }
-  fsync_directory(dir_);
+  io::fsync_directory(dir_);
 }
 
 std::vector<std::int64_t> committed_steps(const std::string& dir) {
@@ -156,10 +149,10 @@ void verify_listed_file(const std::string& folder, const std::string& name, cons
   const std::string file = folder + "/" + name;
   const auto bytes = static_cast<std::uint64_t>(entry.at("bytes").integer(0, INT64_MAX));
   const std::string& want = entry.at("checksum").string();
-  if (!is_regular_file(file)) fail("checkpoint", "'{}' is missing or not a regular file (listed in '{}', field '{}')", file, entry.file(), entry.path());
+  if (!io::is_regular_file(file)) fail("checkpoint", "'{}' is missing or not a regular file (listed in '{}', field '{}')", file, entry.file(), entry.path());
   if (fs::file_size(file) != bytes)
     fail("checkpoint", "'{}' has {} bytes, its manifest says {} ('{}', field '{}.bytes')", file, fs::file_size(file), bytes, entry.file(), entry.path());
-  const std::string sum = file_checksum(file);
+  const std::string sum = io::file_checksum(file);
   if (sum != want)
     fail("checkpoint", "'{}' fails its checksum (manifest {}, computed {}): the file is corrupt ('{}', field '{}.checksum')", file, want, sum,
          entry.file(), entry.path());

@@ -13,10 +13,11 @@
 #include <optional>
 #include <set>
 
-#include "nax/checkpoint/files.h"
+#include "io/crash_point.h"
+#include "nax/io/files.h"
 #include "nax/checkpoint/run_folder.h"
 #include "nax/io/json.h"
-#include "nax/ops.h"
+#include "nax/ops/ops.h"
 
 namespace nax::checkpoint {
 
@@ -277,11 +278,11 @@ std::string safetensors_dtype(const TensorInfo& info) { return info.f16 ? kHalf 
 
 struct SafetensorsWriter::State {
   explicit State(std::string path) : file(std::move(path)) {}
-  AtomicFile file;
+  io::AtomicFile file;
   std::vector<TensorInfo> tensors;
   std::size_t next = 0;
   std::uint64_t checksum_at = 0;  // file offset of the checksum's digits
-  Checksum sum;
+  io::Checksum sum;
 };
 
 SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorInfo> tensors, const Metadata& metadata) {
@@ -341,7 +342,7 @@ void SafetensorsWriter::write(const Tensor& t) {
     s.sum.update(t.raw(), t.nbytes());
   }
   ++s.next;
-  kill_point();
+  io::crash_point();
 }
 
 void SafetensorsWriter::commit() {
@@ -429,7 +430,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path, ChecksumPolicy pol
   if (at == std::string::npos) fail("safetensors", "'{}': metadata {} is malformed", path, kChecksumKey);
   std::string zeroed = text;
   zeroed.replace(at, 16, kZeroChecksum);
-  Checksum sum;
+  io::Checksum sum;
   sum.update(length, 8);
   sum.update(zeroed.data(), zeroed.size());
   std::vector<char> buffer(std::min<std::uint64_t>(data_size, 1 << 20));

@@ -6,10 +6,10 @@
 #include <set>
 
 #include "checkpoint/agreement.h"
-#include "nax/autodiff.h"
-#include "nax/checkpoint/files.h"
+#include "nax/autodiff/autodiff.h"
+#include "nax/io/files.h"
 #include "nax/io/json.h"
-#include "nax/ops.h"
+#include "nax/ops/ops.h"
 
 namespace nax::checkpoint {
 
@@ -217,7 +217,7 @@ std::vector<std::string> save_sharded_folder(Shard& s, const std::string& dir, c
   }
   if (writer && files.size() > 1) {
     const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
-    write_file_atomically(dir + "/" + kWeightsIndexFile, index.dump(2) + "\n");
+    io::write_file_atomically(dir + "/" + kWeightsIndexFile, index.dump(2) + "\n");
     names.push_back(kWeightsIndexFile);
   }
   return names;

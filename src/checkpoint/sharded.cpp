@@ -1,8 +1,8 @@
 #include "nax/checkpoint/sharded.h"
 
 #include "checkpoint/agreement.h"
-#include "nax/autodiff.h"
-#include "nax/ops.h"
+#include "nax/autodiff/autodiff.h"
+#include "nax/ops/ops.h"
 
 namespace nax::checkpoint {
 

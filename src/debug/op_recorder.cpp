@@ -1,5 +1,5 @@
-// The op recorder: it learns each op's extent from its trace slice (trace::SpanObserver) and the
-// tensors the op made from make_result (detail::ResultObserver). When the outermost op's slice
+// The op recorder, a trace::Observer: it learns each op's extent from its trace slice and the
+// tensors the op made from make_result. When the outermost op's slice
 // closes, the op's locals are gone: of the tensors it made, those still held elsewhere are what it
 // returned and what it saved for its backward; its result is the last of them (an op makes its
 // result from its intermediates).
@@ -9,8 +9,8 @@
 
 #include <exception>
 
-#include "nax/trace.h"
-#include "ops/internal.h"
+#include "nax/trace/trace.h"
+#include "deterministic/deterministic.h"
 
 namespace nax::debug {
 
@@ -27,7 +27,7 @@ struct OpenSlice {
 
 }  // namespace
 
-struct OpRecorder::Observer final : trace::SpanObserver, detail::ResultObserver {
+struct OpRecorder::Observer final : trace::Observer {
   std::vector<OpRecord> records;
   std::vector<OpenSlice> open;
   int ops_open = 0;
@@ -37,8 +37,7 @@ struct OpRecorder::Observer final : trace::SpanObserver, detail::ResultObserver 
   std::vector<Tensor> kept_last;  // the values recorded of the last op, until the next begins
   std::vector<std::pair<Tensor, std::vector<Tensor>>> terms_now;  // terms kept by values of the open op
   bool filled_later_now = false;
-  trace::SpanObserver* previous_spans = nullptr;
-  detail::ResultObserver* previous_results = nullptr;
+  trace::Observer* previous = nullptr;
 
   void opened(std::string_view category, std::string_view name) override {
     if (reading) return;
@@ -86,7 +85,7 @@ struct OpRecorder::Observer final : trace::SpanObserver, detail::ResultObserver 
 
   static OpValue value_of(const Tensor& t) {
     OpValue v{t.shape(), t.dtype(), t.vary(), t.to_vector<double>(), {}};
-    for (const Tensor& term : t.partial_terms()) v.terms.push_back(value_of(term));
+    for (const Tensor& term : deterministic::terms_of(t)) v.terms.push_back(value_of(term));
     return v;
   }
 
@@ -128,13 +127,11 @@ struct OpRecorder::Observer final : trace::SpanObserver, detail::ResultObserver 
 };
 
 OpRecorder::OpRecorder() : observer_(std::make_unique<Observer>()) {
-  observer_->previous_spans = trace::set_thread_observer(observer_.get());
-  observer_->previous_results = detail::set_result_observer(observer_.get());
+  observer_->previous = trace::set_thread_observer(observer_.get());
 }
 
 OpRecorder::~OpRecorder() {
-  trace::set_thread_observer(observer_->previous_spans);
-  detail::set_result_observer(observer_->previous_results);
+  trace::set_thread_observer(observer_->previous);
 }
 
 const std::vector<OpRecord>& OpRecorder::records() const { return observer_->records; }

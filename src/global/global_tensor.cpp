@@ -4,9 +4,9 @@
 
 #include <ostream>
 
-#include "nax/global/ops.h"
+#include "nax/global/global_ops.h"
 #include "nax/global/vary_placement.h"
-#include "nax/runtime.h"
+#include "nax/runtime/runtime.h"
 
 namespace nax {
 

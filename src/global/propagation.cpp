@@ -9,7 +9,7 @@
 
 #include "nax/global/cost_model.h"
 #include "nax/global/vary_placement.h"
-#include "nax/runtime.h"
+#include "nax/runtime/runtime.h"
 
 namespace nax::global_detail {
 
@@ -209,14 +209,6 @@ std::string cache_key(const Rule& rule, const std::vector<const GlobalTensor*>& 
   return key;
 }
 
-bool log_choices() {
-  static const bool on = [] {
-    const char* v = std::getenv("NAX_SHARDING_LOG");
-    return v != nullptr && std::string(v) != "0";
-  }();
-  return on;
-}
-
 void log_choice(const Rule& rule, const std::vector<const GlobalTensor*>& inputs, const Strategy& s) {
   std::vector<std::string> parts;
   for (std::size_t i = 0; i < inputs.size(); ++i)
@@ -252,7 +244,7 @@ Strategy choose(const Rule& rule, const std::vector<const GlobalTensor*>& inputs
   }
   ++g_cache.stats.misses;
   Strategy s = Chooser(rule, inputs, mesh).run();
-  if (log_choices() && Shard::current()->device() == 0) log_choice(rule, inputs, s);
+  if (Shard::current()->sharding_log() && Shard::current()->device() == 0) log_choice(rule, inputs, s);
   g_cache.strategies.emplace(std::move(key), s);
   return s;
 }

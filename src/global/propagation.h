@@ -1,5 +1,5 @@
 #pragma once
-// Sharding propagation for the global view (DESIGN.md §5). An op states its sharding rule once,
+// Sharding propagation for the global view (docs/architecture.md, Global view). An op states its sharding rule once,
 // einsum-style: every axis name is a factor; a factor absent from the output is reduced over. The
 // rule is expanded per mesh axis into candidate strategies, priced by the cost model, and the
 // cheapest is run: the per-shard op on redistributed blocks.
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "nax/global/ops.h"
+#include "nax/global/global_ops.h"
 
 namespace nax::global_detail {
 

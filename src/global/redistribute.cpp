@@ -1,4 +1,4 @@
-// redistribute: the collective for each change of placement on a mesh axis (DESIGN.md §5).
+// redistribute: the collective for each change of placement on a mesh axis (docs/architecture.md, Global view).
 //
 //  from -> to            per-shard op                          its transpose (autodiff)
 //  S(a) -> R             all_gather_invariant(x, m, a)         own-block slice
@@ -15,12 +15,12 @@
 
 #include <algorithm>
 
-#include "ops/node.h"
+#include "ops/tape.h"
 #include "global/propagation.h"
-#include "nax/collectives.h"
-#include "nax/global/ops.h"
-#include "nax/ops.h"
-#include "nax/runtime.h"
+#include "nax/ops/collectives.h"
+#include "nax/global/global_ops.h"
+#include "nax/ops/ops.h"
+#include "nax/runtime/runtime.h"
 
 namespace nax {
 

@@ -5,12 +5,12 @@
 #include <numbers>
 
 #include "nax/kernels/kernels.h"
-#include "nax/autodiff.h"
-#include "nax/collectives.h"
-#include "nax/index_ops.h"
+#include "nax/autodiff/autodiff.h"
+#include "nax/ops/collectives.h"
+#include "nax/ops/index_ops.h"
 #include "nax/nn/optim.h"
-#include "nax/ops.h"
-#include "nax/runtime.h"
+#include "nax/ops/ops.h"
+#include "nax/runtime/runtime.h"
 #include "nn/zero_layout.h"
 
 namespace nax::nn {

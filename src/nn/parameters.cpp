@@ -1,7 +1,7 @@
 #include "nax/nn/parameters.h"
 
-#include "nax/autodiff.h"
-#include "nax/ops.h"
+#include "nax/autodiff/autodiff.h"
+#include "nax/ops/ops.h"
 
 namespace nax::nn {
 

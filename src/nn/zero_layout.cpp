@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <utility>
 
-#include "nax/collectives.h"
+#include "nax/ops/collectives.h"
 #include "nax/core/error.h"
 #include "nax/kernels/kernels.h"
-#include "nax/ops.h"
-#include "nax/runtime.h"
+#include "nax/ops/ops.h"
+#include "nax/runtime/runtime.h"
 
 namespace nax::nn::detail {
 

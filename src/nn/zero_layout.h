@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "nax/tensor.h"
+#include "nax/tensor/tensor.h"
 
 namespace nax::nn::detail {
 

@@ -3,9 +3,9 @@
 // first, so the lowest global index wins a tie.
 #include "ops/across_blocks.h"
 
-#include "ops/node.h"
-#include "nax/collectives.h"
-#include "nax/transformer_ops.h"
+#include "ops/tape.h"
+#include "nax/ops/collectives.h"
+#include "nax/ops/transformer_ops.h"
 #include "ops/internal.h"
 
 namespace nax::detail {

@@ -3,7 +3,7 @@
 // exchanges only what the answer needs (the blocks' totals, the blocks' top-k candidates).
 #include <string>
 
-#include "nax/index_ops.h"
+#include "nax/ops/index_ops.h"
 
 namespace nax::detail {
 

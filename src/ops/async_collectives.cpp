@@ -4,7 +4,7 @@
 // so that backward, walking the graph the other way, reaches the wait first, starts the transpose
 // there, and waits for it at the start node, with the backward of whatever was computed in
 // between (on every device in the same order) overlapping it.
-#include "nax/async_collectives.h"
+#include "nax/ops/async_collectives.h"
 
 #include <fmt/format.h>
 
@@ -13,12 +13,12 @@
 #include <optional>
 #include <utility>
 
-#include "nax/collectives.h"
+#include "nax/ops/collectives.h"
 #include "nax/comm/communicator.h"
-#include "nax/ops.h"
-#include "nax/runtime.h"
+#include "nax/ops/ops.h"
+#include "nax/shard/shard.h"
 #include "ops/collective_forward.h"
-#include "ops/node.h"
+#include "ops/tape.h"
 
 namespace nax {
 

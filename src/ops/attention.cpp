@@ -5,7 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/node.h"
+#include "deterministic/deterministic.h"
+#include "ops/tape.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -105,7 +106,7 @@ kernels::AttentionSizes sizes_of(const Tensor& q, const Tensor& k, const Attenti
   s.scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
   s.block_rows = std::max<std::int64_t>(1, std::min(s.tq, block_rows_for(s.tk)));
   // head_dim, keys and query rows are never cut over a mesh: no forced halvings, full-length leaves
-  if (detail::deterministic()) s.tree = SumTree{.on = true, .forced = 0};
+  if (deterministic::on()) s.tree = SumTree{.on = true, .forced = 0};
   return s;
 }
 

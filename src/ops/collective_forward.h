@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "nax/core/names.h"
-#include "ops/collective_launch.h"
+#include "comm/launch.h"
 
 namespace nax::detail {
 

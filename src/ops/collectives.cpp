@@ -1,14 +1,15 @@
-// The named collectives: vary-type rules (DESIGN.md §3) and the data movement on top of the
+// The named collectives: vary-type rules (docs/ops.md) and the data movement on top of the
 // device's Communicator. Blocks along a non-leading tensor axis are packed into contiguous
 // per-rank chunks before the call and unpacked after it. Over a group of one device (a mesh axis
 // of size 1) only the vary type changes: no data moves and the communicator is not called.
-#include "nax/collectives.h"
+#include "nax/ops/collectives.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
-#include "ops/node.h"
+#include "deterministic/deterministic.h"
+#include "ops/tape.h"
 #include "ops/collective_forward.h"
 #include "ops/internal.h"
 
@@ -99,17 +100,6 @@ Names cut_order(std::string_view op, const Tensor& x, const Names& mesh_axes, co
   return Names(ordered);
 }
 
-// Copies x viewed as [outer, n, chunk] into out viewed as [n, outer, chunk] (or back: `inverse`).
-void regroup(const Tensor& src, Tensor& dst, std::int64_t outer, std::int64_t n, std::int64_t chunk, bool inverse) {
-  kernels::Layout<2> l;
-  l.rank = 3;
-  l.sizes = {outer, n, chunk};
-  kernels::Dims by_outer{n * chunk, chunk, 1}, by_rank{chunk, outer * chunk, 1};
-  l.strides[0] = inverse ? by_rank : by_outer;
-  l.strides[1] = inverse ? by_outer : by_rank;
-  detail::kernels_of(dst).copy(dtype_size(src.dtype()), src.raw(), dst.raw_mutable(), l);
-}
-
 // Sums of bf16 run in f32 on every backend (NCCL and MPI would add bf16 values in bf16).
 Tensor summed_form(const Tensor& x) { return x.dtype() == DType::bf16 ? cast(x, DType::f32) : x; }
 
@@ -137,147 +127,6 @@ void refuse_local_mean(std::string_view op, const Tensor& x, const std::string& 
          "is {} times the mean; use pmean over '{}'", x.str(), m, axis_size(m), axis_size(m), m);
 }
 
-// Deterministic mode (docs/determinism.md): the ranks' values, gathered rank-major `stride`
-// elements apart, are added over the ranks in the halving order of the canonical tree (pairs,
-// then pairs of pairs) at `offset`..`offset + count` within each: ranks hold the global blocks in
-// rank order, so the bits do not depend on the mesh nor on the backend's reduction algorithm.
-// The sum is left in rank 0's part.
-void add_ranks_in_tree(Tensor& gathered, int n, std::int64_t stride, std::int64_t offset, std::int64_t count) {
-  auto& kernels = detail::kernels_of(gathered);
-  const std::size_t es = dtype_size(gathered.dtype());
-  auto* base = static_cast<char*>(gathered.raw_mutable());
-  auto at = [&](int rank) { return base + (static_cast<std::int64_t>(rank) * stride + offset) * static_cast<std::int64_t>(es); };
-  for (int step = 1; step < n; step *= 2)
-    for (int i = 0; i + step < n; i += 2 * step)
-      kernels.accumulate(ReduceOp::sum, gathered.dtype(), at(i), at(i + step), static_cast<std::size_t>(count));
-}
-
-// The sum psum finishes in deterministic mode, as the tree of adds that made it: leaves are the
-// partial sums psum adds over the ranks, inner nodes the adds of two of them (node index 0 is
-// the root). A sum whose parts are not all partial sums over the reduced mesh axes is one leaf.
-struct SumExpression {
-  struct Node {
-    int leaf = -1;           // index into leaves, or -1 for an add
-    int left = -1, right = -1;
-  };
-  std::vector<Node> nodes;
-  std::vector<Tensor> leaves;
-
-  static SumExpression of(const Tensor& x, const Names& mesh_axes) {
-    SumExpression e;
-    if (!all_partial(x, mesh_axes)) {
-      e.nodes.push_back({0, -1, -1});
-      e.leaves.push_back(x);
-      return e;
-    }
-    e.add(x);
-    return e;
-  }
-
- private:
-  static bool all_partial(const Tensor& x, const Names& mesh_axes) {
-    for (const auto& t : x.partial_terms())
-      if (!all_partial(t, mesh_axes)) return false;
-    for (const auto& m : mesh_axes.list())
-      if (!x.vary().partial_sum(m)) return false;
-    return true;
-  }
-  int add(const Tensor& x) {
-    const int index = static_cast<int>(nodes.size());
-    nodes.emplace_back();
-    const auto& terms = x.partial_terms();
-    if (terms.size() != 2) {
-      nodes[static_cast<std::size_t>(index)].leaf = static_cast<int>(leaves.size());
-      leaves.push_back(x.with_partial_terms({}));
-      return index;
-    }
-    const int left = add(terms[0]);
-    const int right = add(terms[1]);
-    nodes[static_cast<std::size_t>(index)].left = left, nodes[static_cast<std::size_t>(index)].right = right;
-    return index;
-  }
-};
-
-// The expression's value from its leaves' sums over the ranks (count elements each, leaf i at
-// sums + i * stride elements): each add in place into its left operand's buffer, in the order the
-// adds were made.
-char* evaluate(const SumExpression& e, int node, char* sums, std::int64_t count, std::int64_t stride, DType dtype,
-               kernels::Kernels& kernels) {
-  const auto& n = e.nodes[static_cast<std::size_t>(node)];
-  if (n.leaf >= 0) return sums + static_cast<std::size_t>(n.leaf) * static_cast<std::size_t>(stride) * dtype_size(dtype);
-  char* left = evaluate(e, n.left, sums, count, stride, dtype, kernels);
-  const char* right = evaluate(e, n.right, sums, count, stride, dtype, kernels);
-  kernels.accumulate(ReduceOp::sum, dtype, left, right, static_cast<std::size_t>(count));
-  return left;
-}
-
-// Every leaf of the expression (in its summed form, laid out by `arrange`) end to end, and the
-// started all_gather of all ranks' copies of that, rank-major: [ranks, leaves * whole].
-Tensor gather_leaves(Context& c, const SumExpression& expression, DType dtype, std::int64_t whole,
-                     const std::function<Tensor(const Tensor&)>& arrange, detail::Launch& launch) {
-  const std::size_t es = dtype_size(dtype);
-  const std::int64_t total = whole * static_cast<std::int64_t>(expression.leaves.size());
-  Tensor stacked = Tensor::empty(Shape{{"leaves", total}}, dtype, expression.leaves[0].device_ptr());
-  for (std::size_t t = 0; t < expression.leaves.size(); ++t) {
-    const Tensor leaf = arrange(summed_form(expression.leaves[t]));
-    detail::kernels_of(stacked).copy_bytes(static_cast<char*>(stacked.raw_mutable()) + t * whole * es, leaf.raw(), whole * es);
-  }
-  Tensor gathered = Tensor::empty(Shape{{"ranks", c.n}, {"leaves", total}}, dtype, stacked.device_ptr());
-  launch.keep({stacked, gathered});
-  launch.all_gather(c.comm, stacked.raw(), gathered.raw_mutable(), static_cast<std::size_t>(total), dtype);
-  return gathered;
-}
-
-// The expression's value over elements [offset, offset + block) of every leaf, from the gathered
-// copies: each leaf's ranks added in the canonical tree, then the expression's adds redone, written
-// to `out`.
-void sum_block(Tensor& gathered, const SumExpression& expression, int n, std::int64_t whole, std::int64_t offset, std::int64_t block,
-               Tensor& out) {
-  const std::int64_t total = whole * static_cast<std::int64_t>(expression.leaves.size());
-  for (std::size_t t = 0; t < expression.leaves.size(); ++t)
-    add_ranks_in_tree(gathered, n, total, static_cast<std::int64_t>(t) * whole + offset, block);
-  auto& kernels = detail::kernels_of(gathered);
-  const std::size_t es = dtype_size(gathered.dtype());
-  char* first = static_cast<char*>(gathered.raw_mutable()) + static_cast<std::size_t>(offset) * es;
-  kernels.copy_bytes(out.raw_mutable(), evaluate(expression, 0, first, block, whole, gathered.dtype(), kernels),
-                     static_cast<std::size_t>(block) * es);
-}
-
-// psum in deterministic mode: every partial sum of the expression added over the ranks in the
-// canonical tree, then the adds that combined them redone in their order: psum(a + (b + c)) is
-// psum(a) + (psum(b) + psum(c)), as one device computes a + (b + c). One all_gather of all the
-// leaves: n times the data of an all-reduce, the price of a fixed order.
-Tensor tree_psum(Context& c, const Tensor& x_in, const Names& mesh_axes, const VaryType& vary, detail::Launch& launch) {
-  const SumExpression expression = SumExpression::of(x_in, mesh_axes);
-  const DType dtype = x_in.dtype() == DType::bf16 ? DType::f32 : x_in.dtype();
-  const std::int64_t whole = x_in.numel();
-  Tensor gathered = gather_leaves(c, expression, dtype, whole, [](const Tensor& t) { return t; }, launch);
-  return launch.then([gathered, expression, n = c.n, whole, shape = x_in.shape(), vary, narrow = x_in.dtype()]() mutable {
-    Tensor out = detail::make_result(shape, gathered.dtype(), vary, gathered.device_ptr());
-    sum_block(gathered, expression, n, whole, 0, whole, out);
-    return detail::narrow_to(out, narrow);
-  });
-}
-
-// psum_scatter in deterministic mode: as tree_psum, on this rank's block of each leaf only (each
-// leaf regrouped first so that every rank's block is contiguous, in rank order).
-Tensor tree_psum_scatter(Context& c, const Tensor& x_in, const Names& mesh_axes, Tensor out, std::int64_t outer,
-                         detail::Launch& launch) {
-  const SumExpression expression = SumExpression::of(x_in, mesh_axes);
-  const std::int64_t whole = x_in.numel(), block = out.numel();
-  auto by_rank = [&](const Tensor& leaf) {
-    if (outer == 1) return leaf;
-    Tensor grouped = Tensor::empty(Shape{{"rank", c.n}, {"block", block}}, leaf.dtype(), leaf.device_ptr());
-    regroup(leaf, grouped, outer, c.n, block / outer, false);
-    return grouped;
-  };
-  Tensor gathered = gather_leaves(c, expression, out.dtype(), whole, by_rank, launch);
-  return launch.then([gathered, out, expression, n = c.n, rank = c.comm.rank(), whole, block, narrow = x_in.dtype()]() mutable {
-    sum_block(gathered, expression, n, whole, static_cast<std::int64_t>(rank) * block, block, out);
-    return detail::narrow_to(out, narrow);
-  });
-}
-
 }  // namespace
 
 // Each collective below is one block: its vary rule and data movement (the forward), then the
@@ -290,22 +139,10 @@ Tensor tree_psum_scatter(Context& c, const Tensor& x_in, const Names& mesh_axes,
 
 namespace {
 
-// psum and friends: the value must vary over every reduced mesh axis, and is invariant after.
-// Deterministic mode sums over several mesh axes with the ranks in the mesh's order, whatever order
-// the call names them in: blocks cut over several mesh axes are numbered major first in mesh order.
-Names in_mesh_order(const Names& mesh_axes) {
-  if (mesh_axes.list().size() < 2 || !detail::deterministic()) return mesh_axes;
-  std::vector<std::string> ordered = mesh_axes.list();
-  const Mesh& mesh = Shard::current()->mesh();
-  for (const auto& m : ordered)
-    if (!mesh.has(m)) return mesh_axes;  // enter() names the unknown axis
-  std::stable_sort(ordered.begin(), ordered.end(), [&](const auto& a, const auto& b) { return mesh.axis_position(a) < mesh.axis_position(b); });
-  return Names(ordered);
-}
-
 Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_in, const Names& named_axes, const CallSite& site,
                          detail::Launch& launch) {
-  const Names mesh_axes = reduce == ReduceOp::sum ? in_mesh_order(named_axes) : named_axes;
+  // The value must vary over every reduced mesh axis, and is invariant after.
+  const Names mesh_axes = reduce == ReduceOp::sum ? deterministic::in_mesh_order(named_axes) : named_axes;
   Context c = enter(op, &x_in, mesh_axes, site);
   VaryType vary = x_in.vary();
   for (const auto& m : mesh_axes.list()) {
@@ -326,7 +163,7 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
            "whole; {} over '{}' first", x_in.str(), x_in.vary().local_mean(m) ? "mean" : "sum", m, op.substr(1), op.substr(1),
            x_in.vary().local_mean(m) ? "pmean" : "psum", m);
   if (c.n == 1) return x_in.with_vary(vary);  // a group of one: nothing to reduce, nothing sent
-  if (reduce == ReduceOp::sum && detail::deterministic()) return tree_psum(c, x_in, mesh_axes, vary, launch);
+  if (reduce == ReduceOp::sum && deterministic::on()) return deterministic::psum(c.comm, x_in, mesh_axes, vary, launch);
   Tensor x = reduce == ReduceOp::sum ? summed_form(x_in) : x_in;
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
   launch.keep({x});
@@ -358,18 +195,19 @@ Tensor deterministic_pmean(const Tensor& x, const Names& mesh_axes, const CallSi
   bool local_mean = false;
   for (const auto& m : mesh_axes.list()) local_mean = local_mean || x.vary().local_mean(m);
   if (!local_mean) return summed("pmean", x, mesh_axes, site) / static_cast<double>(axis_size(mesh_axes));
-  if (!x.local_mean_sum().defined())
+  const auto local = deterministic::local_mean_of(x);
+  if (!local)
     fail("pmean", "deterministic mode: {} is a local mean that went through another op after mean; pmean the mean directly "
          "(it divides the psum of the local sums by the global count) or write psum(sum(x)) / count", x.str());
-  const double count = static_cast<double>(x.local_mean_count()) * axis_size(mesh_axes);
-  return summed("pmean", x.local_mean_sum(), mesh_axes, site) / count;
+  const double count = static_cast<double>(local->count) * axis_size(mesh_axes);
+  return summed("pmean", local->sum, mesh_axes, site) / count;
 }
 
 }  // namespace
 
 Tensor pmean(const Tensor& x, const Names& mesh_axes, std::source_location where) {
   if (x.defined() && !is_floating(x.dtype())) fail("pmean", "needs a floating dtype, got {}", x.str());
-  if (x.defined() && detail::deterministic()) return deterministic_pmean(x, mesh_axes, site_of(where));
+  if (x.defined() && deterministic::on()) return deterministic_pmean(x, mesh_axes, site_of(where));
   return summed("pmean", x, mesh_axes, site_of(where)) / static_cast<double>(axis_size(mesh_axes));
 }
 
@@ -485,7 +323,7 @@ Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh
   Tensor staging = Tensor::empty(Shape{{"rank", c.n}, {"block", x.numel()}}, x.dtype(), x.device_ptr());
   launch.all_gather(c.comm, x.raw(), staging.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype());
   return launch.then([staging, out, outer, n = c.n, chunk = x.numel() / outer]() mutable {
-    regroup(staging, out, outer, n, chunk, true);
+    detail::regroup(staging, out, outer, n, chunk, true);
     return out;
   });
 }
@@ -559,13 +397,13 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
   Tensor out = detail::make_result(Shape(axes), x.dtype(), vary, x.device_ptr());
   const std::int64_t outer = outer_size(x.shape(), axis);
   const std::size_t block = static_cast<std::size_t>(out.numel());
-  if (detail::deterministic()) return tree_psum_scatter(c, x_in, mesh_axes, out, outer, launch);
+  if (deterministic::on()) return deterministic::psum_scatter(c.comm, x_in, mesh_axes, out, outer, launch);
   if (outer == 1) {
     launch.keep({x});
     launch.reduce_scatter(c.comm, x.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);
   } else {
     Tensor staging = Tensor::empty(Shape{{"rank", c.n}, {"block", out.numel()}}, x.dtype(), x.device_ptr());
-    regroup(x, staging, outer, c.n, out.numel() / outer, false);
+    detail::regroup(x, staging, outer, c.n, out.numel() / outer, false);
     launch.keep({staging});
     launch.reduce_scatter(c.comm, staging.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);
   }
@@ -668,7 +506,7 @@ Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::st
   const std::int64_t block = block_shape.numel();
   Tensor send = Tensor::empty(Shape{{"rank", c.n}, {"block", block}}, x.dtype(), x.device_ptr());
   const std::int64_t split_outer = outer_size(x.shape(), split_axis);
-  regroup(x, send, split_outer, c.n, block / split_outer, false);
+  detail::regroup(x, send, split_outer, c.n, block / split_outer, false);
   Tensor recv = Tensor::empty(send.shape(), x.dtype(), x.device_ptr());
   c.comm.all_to_all(send.raw(), recv.raw_mutable(), static_cast<std::size_t>(block), x.dtype());
 
@@ -678,7 +516,7 @@ Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::st
   out_axes[static_cast<std::size_t>(ic)].size *= c.n;
   Tensor out = detail::make_result(Shape(out_axes), x.dtype(), vary, x.device_ptr());
   const std::int64_t concat_outer = outer_size(block_shape, concat_axis);
-  regroup(recv, out, concat_outer, c.n, block / concat_outer, true);
+  detail::regroup(recv, out, concat_outer, c.n, block / concat_outer, true);
   return out;
 }
 

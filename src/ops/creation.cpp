@@ -30,7 +30,7 @@ Tensor from_vector(const Shape& shape, const std::vector<T>& values, DType dtype
     fail("from_vector", "{} values for shape {} of {} elements", values.size(), shape.str(), shape.numel());
   Tensor host = Tensor::empty(shape, dtype, Device::host());
   kernels::cpu_kernels_ptr()->convert(dtype_of<T>(), values.data(), dtype, host.raw_mutable(), host.numel());
-  return detail::transfer(host, detail::current_device());
+  return detail::transfer(host, Device::current());
 }
 template Tensor from_vector<float>(const Shape&, const std::vector<float>&, DType);
 template Tensor from_vector<double>(const Shape&, const std::vector<double>&, DType);
@@ -110,7 +110,7 @@ Tensor random_block(const Shape& global, const Shape& local, const std::vector<s
     workers.emplace_back(fill_random, std::cref(block), numel * t / threads, numel * (t + 1) / threads, key, dtype, normal, a, b, out);
   fill_random(block, 0, numel / threads, key, dtype, normal, a, b, out);
   for (auto& w : workers) w.join();
-  return detail::transfer(host, detail::current_device());
+  return detail::transfer(host, Device::current());
 }
 }  // namespace detail
 

@@ -1,14 +1,14 @@
 // pick (the logit of each target, vocab-parallel like embedding) and the vocab-parallel
-// cross-entropy composed of primitives as mesh-transformer-jax does it (DESIGN.md §8): pmax of the
+// cross-entropy composed of primitives as mesh-transformer-jax does it: pmax of the
 // local max, psum of the local sums of exponentials and of the picked logits. Logits are never
 // gathered; the max is a stop_gradient value, so the gradient is the usual softmax - one_hot.
 #include <algorithm>
 
 #include <fmt/format.h>
 
-#include "ops/node.h"
-#include "nax/collectives.h"
-#include "nax/transformer_ops.h"
+#include "ops/tape.h"
+#include "nax/ops/collectives.h"
+#include "nax/ops/transformer_ops.h"
 #include "ops/row_ops.h"
 #include "ops/vocab_parallel.h"
 
@@ -61,7 +61,7 @@ void check_mesh_axes(const Tensor& logits, const std::string& vocab, const std::
 }  // namespace
 
 Tensor pick(const Tensor& logits, const Tensor& targets, const std::string& vocab) {
-  const auto op_span = detail::enter_op("pick", {{&logits, detail::OnPartial::move}, &targets});
+  const auto op_span = detail::enter_op("pick", {{&logits, OnPartial::move}, &targets});
   check_targets("pick", logits, targets, vocab);
   const detail::VocabBlock block = detail::vocab_block("pick", logits, vocab);
   detail::check_ids("pick", "target", targets, block, logits, vocab);

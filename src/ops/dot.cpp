@@ -5,7 +5,8 @@
 #include <optional>
 #include <set>
 
-#include "ops/node.h"
+#include "deterministic/deterministic.h"
+#include "ops/tape.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -124,7 +125,7 @@ void run_gemms(const Tensor& a, const Tensor& b, Tensor& out, const std::vector<
 }  // namespace
 
 Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract) {
-  const auto op_span = detail::enter_op("dot", {{&a_in, detail::OnPartial::scale}, {&b_in, detail::OnPartial::scale}});
+  const auto op_span = detail::enter_op("dot", {{&a_in, OnPartial::scale}, {&b_in, OnPartial::scale}});
   detail::check_same_dtype("dot", a_in, b_in);
   if (!is_floating(a_in.dtype())) fail("dot", "needs a floating dtype (f32, f64, bf16): {}", detail::describe({&a_in, &b_in}));
   std::set<std::string> k_set;
@@ -139,11 +140,7 @@ Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract
       fail("dot", "axis '{}' contracted twice in {}: {}", k, contract.str(), detail::describe({&a_in, &b_in}));
   }
   VaryType vary = detail::merge_vary("dot", {&a_in, &b_in}, contract.list());
-  if (a_in.dtype() == DType::bf16 && detail::deterministic())
-    for (const auto& e : vary.entries())
-      if (e.kind == Vary::Partial)
-        fail("dot", "deterministic mode: {} gives a bf16 partial sum over mesh axis '{}', rounded to bf16 before its psum: the "
-             "bits would depend on how many devices share the sum; compute in f32", detail::describe({&a_in, &b_in}), e.mesh_axis);
+  deterministic::check_partial_result("dot", vary, a_in.dtype(), detail::describe({&a_in, &b_in}));
   if (detail::needs_widening(a_in))
     return detail::narrow_to(dot_forward(detail::widen(a_in), detail::widen(b_in), contract), DType::bf16);
 
@@ -184,7 +181,7 @@ Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract
   std::vector<std::string> k_order = in_memory_order(a, k_set);
   auto va = view_operand(a, a_free, k_order);
   auto vb = view_operand(b, k_order, b_free);
-  const SumTree tree = detail::sum_tree("dot", a, k_order);
+  const SumTree tree = deterministic::sum_tree("dot", a, k_order);
   if ((!va || !vb) && !tree.on) {
     auto k_b = in_memory_order(b, k_set);
     auto va2 = view_operand(a, a_free, k_b);

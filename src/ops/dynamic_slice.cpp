@@ -1,7 +1,7 @@
 // dynamic_slice / dynamic_update_slice: slices whose start is a tensor (one value per device, e.g.
 // axis_index(m) * block), read on the host; the data moves with the static slice and concat ops.
-#include "ops/node.h"
-#include "nax/index_ops.h"
+#include "ops/tape.h"
+#include "nax/ops/index_ops.h"
 #include "ops/row_ops.h"
 
 namespace nax {
@@ -49,7 +49,7 @@ void check_update(const Tensor& x, const Tensor& update, const std::string& axis
 }  // namespace
 
 Tensor dynamic_slice(const Tensor& x, const std::string& axis, const Tensor& start, std::int64_t size) {
-  const auto op_span = detail::enter_op("dynamic_slice", {{&x, detail::OnPartial::move}, &start});
+  const auto op_span = detail::enter_op("dynamic_slice", {{&x, OnPartial::move}, &start});
   x.shape().require(axis, "dynamic_slice");
   const std::int64_t s = checked_start("dynamic_slice", x, axis, start, size);
   const Tensor out = with_start_vary("dynamic_slice", slice(stop_gradient(x), axis, s, s + size), start);
@@ -61,7 +61,7 @@ Tensor dynamic_slice(const Tensor& x, const std::string& axis, const Tensor& sta
 
 Tensor dynamic_update_slice(const Tensor& x, const Tensor& update, const std::string& axis, const Tensor& start) {
   const auto op_span =
-      detail::enter_op("dynamic_update_slice", {{&x, detail::OnPartial::move}, {&update, detail::OnPartial::move}, &start});
+      detail::enter_op("dynamic_update_slice", {{&x, OnPartial::move}, {&update, OnPartial::move}, &start});
   check_update(x, update, axis);
   const std::int64_t u = update.size(axis);
   const std::int64_t s = checked_start("dynamic_update_slice", x, axis, start, u);

@@ -1,7 +1,8 @@
 // Elementwise ops, broadcasting by axis name: the result has a's axes in order, then b's others.
 #include <utility>
 
-#include "ops/node.h"
+#include "deterministic/deterministic.h"
+#include "ops/tape.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -28,9 +29,8 @@ std::vector<Axis> broadcast_axes(std::string_view op, const Tensor& a, const Ten
 
 // What each binary op does with a partial value (docs/ops.md "Partial sums"): add and sub add
 // their operands, mul scales one by the other, div scales its numerator; the rest are nonlinear.
-std::pair<detail::OnPartial, detail::OnPartial> on_partial(kernels::BinaryOp op) {
+std::pair<OnPartial, OnPartial> on_partial(kernels::BinaryOp op) {
   using kernels::BinaryOp;
-  using detail::OnPartial;
   switch (op) {
     case BinaryOp::add:
     case BinaryOp::sub: return {OnPartial::add, OnPartial::add};
@@ -116,7 +116,7 @@ Tensor unary(kernels::UnaryOp op, std::string_view name, const Tensor& x) {
 
 Tensor unary_forward(kernels::UnaryOp op, std::string_view name, const Tensor& x) {
   // neg moves a partial sum's terms exactly; every other unary op is nonlinear.
-  const auto op_span = detail::enter_op(name, {{&x, op == kernels::UnaryOp::neg ? detail::OnPartial::move : detail::OnPartial::refuse}});
+  const auto op_span = detail::enter_op(name, {{&x, op == kernels::UnaryOp::neg ? OnPartial::move : OnPartial::refuse}});
   if (detail::needs_widening(x)) return detail::narrow_to(unary_forward(op, name, detail::widen(x)), DType::bf16);
   if (x.dtype() == DType::i32 && op != kernels::UnaryOp::neg && op != kernels::UnaryOp::abs && op != kernels::UnaryOp::square)
     fail(name, "needs a floating dtype, got {}", x.str());
@@ -136,13 +136,13 @@ Tensor constant_like(const Tensor& x, double value) {
 // Deterministic mode: a sum of partial sums remembers its terms for psum (docs/determinism.md).
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = binary(kernels::BinaryOp::add, a, b);
-  std::vector<Tensor> terms = detail::partial_terms_of_sum(a, b, out.shape());
-  return terms.empty() ? out : out.with_partial_terms(std::move(terms));
+  deterministic::keep_terms_of_sum(out, a, b, /*negate_b=*/false);
+  return out;
 }
 Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = binary(kernels::BinaryOp::sub, a, b);
-  std::vector<Tensor> terms = detail::partial_terms_of_sum(a, b, out.shape(), /*negate_b=*/true);
-  return terms.empty() ? out : out.with_partial_terms(std::move(terms));
+  deterministic::keep_terms_of_sum(out, a, b, /*negate_b=*/true);
+  return out;
 }
 Tensor mul(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::mul, a, b); }
 Tensor div(const Tensor& a, const Tensor& b) { return binary(kernels::BinaryOp::div, a, b); }

@@ -1,8 +1,9 @@
 // embedding(table, ids, vocab): a row lookup. With the vocab cut over mesh axes each device looks
 // up only the ids of its block (others give zero rows) and the result is a partial value to psum;
 // no one-hot is built. The backward scatter-adds the gradient rows into a zero table gradient.
-#include "ops/node.h"
-#include "nax/transformer_ops.h"
+#include "deterministic/deterministic.h"
+#include "ops/tape.h"
+#include "nax/ops/transformer_ops.h"
 #include "ops/row_ops.h"
 #include "ops/vocab_parallel.h"
 
@@ -32,14 +33,14 @@ Tensor embedding_backward(const Tensor& g, const Tensor& table, const Tensor& id
   Tensor grad = detail::make_result(vocab_first(table.shape(), vocab), dy.dtype(), detail::scattered_gradient_vary(table, g), table.device_ptr());
   const std::int64_t row = range.local == 0 ? 0 : table.numel() / range.local;
   detail::kernels_of(grad).scatter_add_rows(dy.dtype(), ids.data<std::int32_t>(), ids.numel(), range, dy.raw(), row, grad.raw_mutable(),
-                                            detail::sum_tree("embedding", ids, ids.shape().names()));
+                                            deterministic::sum_tree("embedding", ids, ids.shape().names()));
   return grad;
 }
 
 }  // namespace
 
 Tensor embedding(const Tensor& table, const Tensor& ids, const std::string& vocab) {
-  const auto op_span = detail::enter_op("embedding", {{&table, detail::OnPartial::move}, &ids});
+  const auto op_span = detail::enter_op("embedding", {{&table, OnPartial::move}, &ids});
   check_embedding(table, ids, vocab);
   const detail::VocabBlock block = detail::vocab_block("embedding", table, vocab);
   detail::check_ids("embedding", "id", ids, block, table, vocab);

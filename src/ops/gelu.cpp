@@ -1,6 +1,6 @@
 // gelu (tanh form): one fused loop forward, and one backward recomputing tanh from the saved input.
-#include "ops/node.h"
-#include "nax/transformer_ops.h"
+#include "ops/tape.h"
+#include "nax/ops/transformer_ops.h"
 #include "ops/row_ops.h"
 
 namespace nax {

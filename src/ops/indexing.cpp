@@ -9,10 +9,11 @@
 #include <limits>
 #include <optional>
 
-#include "ops/node.h"
-#include "nax/index_ops.h"
-#include "nax/collectives.h"
-#include "nax/transformer_ops.h"
+#include "deterministic/deterministic.h"
+#include "ops/tape.h"
+#include "nax/ops/index_ops.h"
+#include "nax/ops/collectives.h"
+#include "nax/ops/transformer_ops.h"
 #include "ops/across_blocks.h"
 #include "ops/row_ops.h"
 
@@ -160,7 +161,7 @@ Tensor added_rows(const Tensor& updates, const Shape& table, const std::string& 
                                      rows.device_ptr());
   detail::kernels_of(added).scatter_add_rows(rows.dtype(), ids.data<std::int32_t>(), ids.numel(), kernels::VocabRange{0, n}, rows.raw(),
                                              n == 0 ? 0 : shape.numel() / n, added.raw_mutable(),
-                                             detail::sum_tree("scatter_add", ids, ids.shape().names()));
+                                             deterministic::sum_tree("scatter_add", ids, ids.shape().names()));
   return added;
 }
 
@@ -197,7 +198,7 @@ TopK top_k(const Tensor& x, const std::string& axis, std::int64_t k, const std::
 }
 
 Tensor scatter_add(const Tensor& target, const std::string& axis, const Tensor& ids, const Tensor& updates) {
-  const auto op_span = detail::enter_op("scatter_add", {{&target, detail::OnPartial::accumulate}, &ids, {&updates, detail::OnPartial::accumulate}});
+  const auto op_span = detail::enter_op("scatter_add", {{&target, OnPartial::accumulate}, &ids, {&updates, OnPartial::accumulate}});
   check_scatter(target, axis, ids, updates);
   const Tensor out = detail::compute_values(target) + added_rows(detail::compute_values(updates), target.shape(), axis, ids);
   const Tensor result = detail::narrow_to(out, target.dtype());

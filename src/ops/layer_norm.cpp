@@ -1,8 +1,9 @@
 // layer_norm: fused forward (one pass for each row's mean and variance) that keeps only the mean
 // and 1/std of each row, and a fused backward giving dx, dscale and dbias. Rows along a non-innermost
 // axis are made contiguous by one permutation; the result keeps x's axis order.
-#include "ops/node.h"
-#include "nax/transformer_ops.h"
+#include "deterministic/deterministic.h"
+#include "ops/tape.h"
+#include "nax/ops/transformer_ops.h"
 #include "ops/row_ops.h"
 
 namespace nax {
@@ -61,7 +62,7 @@ std::vector<Tensor> layer_norm_backward(const Tensor& g, const Tensor& x, const 
   Tensor dbias = detail::make_result(scale.shape(), dtype, summed, x.device_ptr());
   detail::kernels_of(rows).layer_norm_backward(dtype, stats.mean.numel(), x.size(axis), rows.raw(), s.raw(), stats.mean.raw(), stats.rstd.raw(),
                            dy.raw(), dx.raw_mutable(), dscale.raw_mutable(), dbias.raw_mutable(),
-                           detail::sum_tree("layer_norm", rows, row_axes));
+                           deterministic::sum_tree("layer_norm", rows, row_axes));
   return {dx, dscale, dbias};
 }
 

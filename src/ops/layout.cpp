@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <set>
 
-#include "ops/node.h"
+#include "ops/tape.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -12,7 +12,7 @@ namespace nax {
 namespace {
 
 Tensor rename_forward(const Tensor& x, const std::vector<std::pair<std::string, std::string>>& renames) {
-  const auto op_span = detail::enter_op("rename", {{&x, detail::OnPartial::move}});
+  const auto op_span = detail::enter_op("rename", {{&x, OnPartial::move}});
   std::vector<Axis> axes = x.shape().axes();
   VaryType vary = x.vary();
   std::set<std::string> sources;
@@ -36,7 +36,7 @@ Tensor rename_forward(const Tensor& x, const std::vector<std::pair<std::string, 
 }
 
 Tensor transpose_forward(const Tensor& x, const Names& order) {
-  const auto op_span = detail::enter_op("transpose", {{&x, detail::OnPartial::move}});
+  const auto op_span = detail::enter_op("transpose", {{&x, OnPartial::move}});
   const auto& names = order.list();
   std::vector<Axis> axes;
   for (const auto& name : names) axes.push_back(x.shape()[x.shape().require(name, "transpose")]);
@@ -56,14 +56,14 @@ Tensor transpose_forward(const Tensor& x, const Names& order) {
 }
 
 Tensor contiguous_copy_forward(const Tensor& x) {
-  const auto op_span = detail::enter_op("contiguous_copy", {{&x, detail::OnPartial::move}});
+  const auto op_span = detail::enter_op("contiguous_copy", {{&x, OnPartial::move}});
   Tensor out = detail::make_result(x.shape(), x.dtype(), x.vary(), x.device_ptr());
   detail::kernels_of(out).copy_bytes(out.raw_mutable(), x.raw(), x.nbytes());
   return out;
 }
 
 Tensor split_axis_forward(const Tensor& x, const std::string& axis, const std::vector<Axis>& parts) {
-  const auto op_span = detail::enter_op("split_axis", {{&x, detail::OnPartial::move}});
+  const auto op_span = detail::enter_op("split_axis", {{&x, OnPartial::move}});
   int i = x.shape().require(axis, "split_axis");
   std::int64_t product = 1;
   std::vector<std::string> part_names;
@@ -90,7 +90,7 @@ Tensor split_axis_forward(const Tensor& x, const std::string& axis, const std::v
 }
 
 Tensor merge_axes_forward(const Tensor& x, const Names& axes, const std::string& merged) {
-  const auto op_span = detail::enter_op("merge_axes", {{&x, detail::OnPartial::move}});
+  const auto op_span = detail::enter_op("merge_axes", {{&x, OnPartial::move}});
   const auto& names = axes.list();
   if (names.empty()) fail("merge_axes", "no axes to merge in {}", x.str());
   std::set<std::string> distinct(names.begin(), names.end());
@@ -130,7 +130,7 @@ Tensor merge_axes_forward(const Tensor& x, const Names& axes, const std::string&
 }
 
 Tensor slice_forward(const Tensor& x, const std::string& axis, std::int64_t start, std::int64_t stop) {
-  const auto op_span = detail::enter_op("slice", {{&x, detail::OnPartial::move}});
+  const auto op_span = detail::enter_op("slice", {{&x, OnPartial::move}});
   int i = x.shape().require(axis, "slice");
   std::int64_t size = x.shape()[i].size;
   if (start < 0 || stop < start || stop > size)
@@ -156,7 +156,7 @@ Tensor concat_forward(const std::vector<Tensor>& xs, const std::string& axis) {
   if (xs.empty()) fail("concat", "no tensors to concatenate along '{}'", axis);
   const Tensor& first = xs[0];
   std::vector<detail::Operand> moved;
-  for (const auto& x : xs) moved.push_back({&x, detail::OnPartial::move});
+  for (const auto& x : xs) moved.push_back({&x, OnPartial::move});
   const auto op_span = detail::enter_op("concat", moved);
   int i = first.shape().require(axis, "concat");
   std::vector<Tensor> parts;
@@ -210,7 +210,7 @@ bool widens(DType from, DType to) {
 }
 
 Tensor cast_forward(const Tensor& x, DType dtype) {
-  const auto op_span = detail::enter_op("cast", {{&x, widens(x.dtype(), dtype) ? detail::OnPartial::scale : detail::OnPartial::refuse}});
+  const auto op_span = detail::enter_op("cast", {{&x, widens(x.dtype(), dtype) ? OnPartial::scale : OnPartial::refuse}});
   if (x.dtype() == dtype) return x;
   Tensor out = detail::make_result(x.shape(), dtype, x.vary(), x.device_ptr());
   detail::kernels_of(out).convert(x.dtype(), x.raw(), dtype, out.raw_mutable(), x.numel());
@@ -312,3 +312,12 @@ Tensor cast(const Tensor& x, DType dtype) {
 }
 
 }  // namespace nax
+
+namespace nax::detail {
+
+Tensor permute_to(const Tensor& x, const std::vector<std::string>& order) {
+  if (x.shape().names() == order) return x;
+  return transpose(x, order);
+}
+
+}  // namespace nax::detail

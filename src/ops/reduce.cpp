@@ -5,7 +5,8 @@
 
 #include <fmt/format.h>
 
-#include "ops/node.h"
+#include "deterministic/deterministic.h"
+#include "ops/tape.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -20,7 +21,7 @@ std::optional<PartialKind> reduced_to(ReduceOp op, bool mean) {
 }
 
 // sum and mean are linear: a partial value stays one; max and min are not.
-detail::OnPartial on_partial(ReduceOp op) { return op == ReduceOp::sum ? detail::OnPartial::scale : detail::OnPartial::refuse; }
+OnPartial on_partial(ReduceOp op) { return op == ReduceOp::sum ? OnPartial::scale : OnPartial::refuse; }
 
 Tensor reduce_forward(ReduceOp op, std::string_view name, const Tensor& x_in, const Names& axes) {
   const auto op_span = detail::enter_op(name, {{&x_in, on_partial(op)}});
@@ -47,7 +48,7 @@ Tensor reduce_forward(ReduceOp op, std::string_view name, const Tensor& x_in, co
   layout.sizes = detail::sizes_of(x_in.shape().axes());
   layout.strides[0] = detail::strides_in_order(x_in.shape(), x_in.shape().axes());
   layout.strides[1] = detail::strides_in_order(shape, x_in.shape().axes());
-  const SumTree tree = op == ReduceOp::sum ? detail::sum_tree(name, x_in, walked) : SumTree{};
+  const SumTree tree = op == ReduceOp::sum ? deterministic::sum_tree(name, x_in, walked) : SumTree{};
   detail::kernels_of(out).reduce(op, x_in.dtype(), x_in.raw(), out.raw_mutable(), out.numel(), layout, tree);
   return out;
 }
@@ -73,18 +74,30 @@ Tensor min(const Tensor& x, const Names& axes) { return reduce(ReduceOp::min, "m
 
 Tensor mean(const Tensor& x, const Names& axes) {
   if (x.defined() && !is_floating(x.dtype())) fail("mean", "needs a floating dtype, got {}", x.str());
-  const auto op_span = detail::enter_op("mean", {{&x, detail::OnPartial::scale}});  // the sum and the division: one op
+  const auto op_span = detail::enter_op("mean", {{&x, OnPartial::scale}});  // the sum and the division: one op
   Tensor total = reduce(ReduceOp::sum, "mean", x, axes);
   std::int64_t count = 1;
   for (const auto& a : axes.list()) count *= x.shape().size(a);
   const Tensor mean = total / static_cast<double>(count);
-  if (!detail::deterministic()) return mean;
+  if (!deterministic::on()) return mean;
   // Deterministic mode: pmean takes the local sum, typed the partial sum it is (docs/determinism.md).
   VaryType partial = total.vary();
   bool local = false;
   for (const auto& m : total.vary().partial_mesh_axes())
     if (total.vary().local_mean(m)) partial.set_partial(m, PartialKind::sum), local = true;
-  return local ? mean.with_local_mean(total.with_vary(partial), count) : mean;
+  if (local) deterministic::keep_local_mean(mean, total.with_vary(partial), count);
+  return mean;
 }
 
 }  // namespace nax
+
+namespace nax::detail {
+
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+  std::vector<std::string> extra;
+  for (const auto& a : g.shape().axes())
+    if (!shape.has(a.name)) extra.push_back(a.name);
+  return extra.empty() ? g : sum(g, extra);
+}
+
+}  // namespace nax::detail

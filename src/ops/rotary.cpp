@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "ops/node.h"
+#include "ops/tape.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -65,7 +65,7 @@ Tensor rotate(const Tensor& x_in, const RotaryArgs& a, double direction) {
 Tensor rotary(const Tensor& x, const std::string& seq, const std::string& head_dim, std::int64_t rotary_dims, std::int64_t position_offset,
               double base) {
   const RotaryArgs args{seq, head_dim, rotary_dims, position_offset, base};
-  const auto op_span = detail::enter_op(kOp, {{&x, detail::OnPartial::scale}});
+  const auto op_span = detail::enter_op(kOp, {{&x, OnPartial::scale}});
   check_rotary(x, args);
   Tensor out = rotate(x, args, 1.0);
   if (!autodiff::any_requires_grad({&x})) return out;

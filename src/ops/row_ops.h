@@ -5,7 +5,7 @@
 #include <string_view>
 #include <vector>
 
-#include "nax/autodiff.h"
+#include "nax/ops/tape.h"
 #include "ops/internal.h"
 
 namespace nax::detail {

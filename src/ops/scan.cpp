@@ -1,8 +1,8 @@
 // cumsum: a prefix sum along one whole axis, by the device's row kernel (kernels::scan_rows), or
 // where a backend has none as log2(n) shifted adds (Hillis-Steele) of the layout and elementwise
 // ops. Its gradient is the reverse prefix sum.
-#include "ops/node.h"
-#include "nax/index_ops.h"
+#include "ops/tape.h"
+#include "nax/ops/index_ops.h"
 #include "ops/across_blocks.h"
 #include "ops/row_ops.h"
 
@@ -39,7 +39,7 @@ Tensor scan(const Tensor& v, const std::string& axis, bool exclusive, bool rever
 }  // namespace
 
 Tensor cumsum(const Tensor& x, const std::string& axis, bool exclusive) {
-  const auto op_span = detail::enter_op("cumsum", {{&x, detail::OnPartial::scale}});
+  const auto op_span = detail::enter_op("cumsum", {{&x, OnPartial::scale}});
   x.shape().require(axis, "cumsum");
   if (!x.vary().split_mesh_axes(axis).empty()) return detail::cumsum_across_blocks(x, axis, exclusive);
   const Tensor out = detail::narrow_to(scan(detail::compute_values(x), axis, exclusive, false), x.dtype());

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <set>
 
-#include "ops/node.h"
-#include "nax/index_ops.h"
+#include "ops/tape.h"
+#include "nax/ops/index_ops.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -22,7 +22,7 @@ Shape checked_shape(std::string_view op, std::vector<Axis> axes, const Tensor& x
 }
 
 Tensor expand_dims_forward(const Tensor& x, const std::string& axis, int position) {
-  const auto op_span = detail::enter_op("expand_dims", {{&x, detail::OnPartial::move}});
+  const auto op_span = detail::enter_op("expand_dims", {{&x, OnPartial::move}});
   if (position < 0 || position > x.rank())
     fail("expand_dims", "position {} for axis '{}' is outside [0, {}] (the rank of {})", position, axis, x.rank(), x.str());
   std::vector<Axis> axes = x.shape().axes();
@@ -45,7 +45,7 @@ std::vector<int> squeezed_positions(const Tensor& x, const Names& axes) {
 }
 
 Tensor squeeze_forward(const Tensor& x, const Names& axes) {
-  const auto op_span = detail::enter_op("squeeze", {{&x, detail::OnPartial::move}});
+  const auto op_span = detail::enter_op("squeeze", {{&x, OnPartial::move}});
   const std::vector<int> positions = squeezed_positions(x, axes);
   std::vector<Axis> kept;
   for (int i = 0; i < x.rank(); ++i)
@@ -79,7 +79,7 @@ Tensor squeeze(const Tensor& x, const Names& axes) {
 Tensor stack(const std::vector<Tensor>& xs, const std::string& axis, int position) {
   if (xs.empty()) fail("stack", "no tensors to stack along '{}'", axis);
   std::vector<detail::Operand> moved;
-  for (const auto& x : xs) moved.push_back({&x, detail::OnPartial::move});
+  for (const auto& x : xs) moved.push_back({&x, OnPartial::move});
   const auto op_span = detail::enter_op("stack", moved);
   std::vector<Tensor> expanded;
   for (const auto& x : xs) {
@@ -93,7 +93,7 @@ Tensor stack(const std::vector<Tensor>& xs, const std::string& axis, int positio
 // A constant is the same on every device: where x is a partial value the result is Invariant (a
 // zero is a known zero, which partial sums may be added to: an accumulator starts from it).
 Tensor full_like(const Tensor& x, double value, DType dtype) {
-  const auto op_span = detail::enter_op("full_like", {{&x, detail::OnPartial::move}});
+  const auto op_span = detail::enter_op("full_like", {{&x, OnPartial::move}});
   const bool zero = value == 0.0 && !std::signbit(value);
   VaryType vary = x.vary();
   for (const auto& m : x.vary().partial_mesh_axes()) vary.set_invariant(m);

@@ -1,8 +1,8 @@
 // softmax and log_softmax over one axis: a stable fused forward per row (max, exponentials, sum),
 // and a backward from the saved output alone. The axis must be whole on this device; over a vocab
 // cut across devices the loss uses the vocab-parallel pieces instead (cross_entropy).
-#include "ops/node.h"
-#include "nax/transformer_ops.h"
+#include "ops/tape.h"
+#include "nax/ops/transformer_ops.h"
 #include "ops/row_ops.h"
 
 namespace nax {

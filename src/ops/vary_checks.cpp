@@ -1,14 +1,14 @@
-// Checked vary casts and assertions (include/nax/vary_checks.h).
-#include "nax/vary_checks.h"
+// Checked vary casts and assertions (include/nax/ops/vary_checks.h).
+#include "nax/ops/vary_checks.h"
 
 #include <fmt/format.h>
 
 #include <cstdlib>
 #include <cstring>
 
-#include "ops/node.h"
-#include "nax/collectives.h"
-#include "nax/ops.h"
+#include "ops/tape.h"
+#include "nax/ops/collectives.h"
+#include "nax/ops/ops.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -127,8 +127,8 @@ void expect_vary(const Tensor& x, std::string_view spec, std::source_location wh
 }
 
 bool checking_enabled() {
-  const char* value = std::getenv("NAX_CHECK");
-  return value != nullptr && std::strcmp(value, "0") != 0 && value[0] != '\0';
+  const Shard* s = Shard::current();
+  return s != nullptr && s->check_values();
 }
 
 void check_invariant(const Tensor& x, std::string_view what) {

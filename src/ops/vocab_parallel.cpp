@@ -3,10 +3,10 @@
 
 #include <fmt/format.h>
 
-#include "nax/autodiff.h"
-#include "nax/index_ops.h"
-#include "nax/ops.h"
-#include "nax/runtime.h"
+#include "nax/ops/tape.h"
+#include "nax/ops/index_ops.h"
+#include "nax/ops/ops.h"
+#include "nax/shard/shard.h"
 #include "ops/internal.h"
 
 namespace nax::detail {
@@ -49,6 +49,10 @@ struct DeferredIdChecks {
 thread_local DeferredIdChecks deferred;
 
 }  // namespace
+
+// The host reads a device's memory only once the device has drained: the checks left on it are
+// resolved then (Tensor::on_host calls this after every such read).
+const bool resolved_at_host_reads = (Tensor::after_host_read(&resolve_deferred_id_checks), true);
 
 void resolve_deferred_id_checks() {
   if (deferred.checks.empty()) return;

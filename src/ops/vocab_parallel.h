@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "nax/kernels/kernels.h"
-#include "nax/tensor.h"
+#include "nax/tensor/tensor.h"
 
 namespace nax::detail {
 

@@ -4,8 +4,8 @@
 
 #include <map>
 
-#include "ops/node.h"
-#include "nax/transformer_ops.h"
+#include "ops/tape.h"
+#include "nax/ops/transformer_ops.h"
 #include "ops/row_ops.h"
 
 namespace nax {
@@ -60,7 +60,7 @@ Tensor where_forward(const Tensor& cond, const Tensor& a, const Tensor& b) {
 }  // namespace
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
-  const auto op_span = detail::enter_op("where", {&cond, {&a, detail::OnPartial::move}, {&b, detail::OnPartial::move}});
+  const auto op_span = detail::enter_op("where", {&cond, {&a, OnPartial::move}, {&b, OnPartial::move}});
   detail::check_same_dtype("where", a, b);
   Tensor out = where_forward(cond, a, b);
   if (!autodiff::any_requires_grad({&a, &b})) return out;

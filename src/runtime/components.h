@@ -8,8 +8,8 @@
 #include <string>
 
 #include "nax/comm/communicator.h"
-#include "nax/core/device.h"
-#include "nax/runtime.h"
+#include "nax/kernels/device.h"
+#include "nax/runtime/runtime.h"
 #include "runtime/cuda_devices.h"
 
 namespace nax::detail {

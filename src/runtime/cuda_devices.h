@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "nax/comm/communicator.h"
-#include "nax/core/device.h"
+#include "nax/kernels/device.h"
 
 namespace nax::detail {
 

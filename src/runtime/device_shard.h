@@ -5,7 +5,7 @@
 #include <map>
 #include <memory>
 
-#include "nax/runtime.h"
+#include "nax/runtime/runtime.h"
 
 namespace nax::detail {
 
@@ -31,11 +31,12 @@ class DeviceShard final : public Shard {
   Communicator& comm(const Names& mesh_axes) override;
   AllocatorStats memory() const override { return dev_->allocator().stats(); }
   const std::shared_ptr<Device>& device_ptr() const override { return dev_; }
-  bool deterministic() const override { return deterministic_; }
-  void set_deterministic(bool on) { deterministic_ = on; }
-  // RuntimeOptions::strict_axis_rules.
-  bool strict_axis_rules() const { return strict_axis_rules_; }
-  void set_strict_axis_rules(bool on) { strict_axis_rules_ = on; }
+  // The options of the runtime running this shard, resolved (with_environment).
+  void set_options(const RuntimeOptions& options) { options_ = options; }
+  bool deterministic() const override { return options_.deterministic; }
+  bool check_values() const override { return options_.check_values.value_or(false); }
+  bool sharding_log() const override { return options_.sharding_log.value_or(false); }
+  bool strict_axis_rules() const { return options_.strict_axis_rules; }
 
   std::map<std::string, CommStats> comm_stats() const override;
   CommStats comm_totals() const;
@@ -52,8 +53,7 @@ class DeviceShard final : public Shard {
   const Mesh& mesh_;
   std::shared_ptr<Device> dev_;
   CommFactory make_comm_;
-  bool deterministic_ = false;
-  bool strict_axis_rules_ = false;
+  RuntimeOptions options_;
   std::map<std::vector<std::string>, std::unique_ptr<Communicator>> comms_;
 };
 

@@ -78,7 +78,7 @@ void check_transport(Transport transport, const std::vector<std::shared_ptr<Devi
 }
 
 LocalState::LocalState(const Mesh& mesh, const RuntimeOptions& options)
-    : mesh_(mesh), world_(std::make_shared<local::LocalWorld>(mesh, detail::collective_timeout_s(options))) {
+    : mesh_(mesh), world_(std::make_shared<local::LocalWorld>(mesh, options.collective_timeout_s)) {
   std::vector<std::shared_ptr<Device>> devices;
   for (int d = 0; d < mesh_.size(); ++d) {
     devices.push_back(options.device_factory ? options.device_factory(d)
@@ -94,8 +94,7 @@ LocalState::LocalState(const Mesh& mesh, const RuntimeOptions& options)
     devices_.push_back(d);
     auto make_comm = comm_factory(d, devices[static_cast<std::size_t>(d)], transport);
     shards_.push_back(std::make_unique<detail::DeviceShard>(d, mesh_, devices[static_cast<std::size_t>(d)], std::move(make_comm)));
-    shards_.back()->set_deterministic(options.deterministic);
-    shards_.back()->set_strict_axis_rules(options.strict_axis_rules);
+    shards_.back()->set_options(options);
   }
   for (int d = 0; d < mesh_.size(); ++d) workers_.emplace_back([this, d] { work(d); });
 }
@@ -200,6 +199,7 @@ void LocalState::run(const std::function<void(Shard&)>& fn) {
 }  // namespace
 
 Runtime Runtime::local(const Mesh& mesh, RuntimeOptions options) {
+  options = with_environment(std::move(options));
   detail::configure_blas_threads(options);
   return Runtime(std::make_unique<LocalState>(mesh, options));
 }

@@ -11,7 +11,7 @@
 #include "comm/mpi/mpi_session.h"
 #include "comm/mpi/mpi_world.h"
 #include "nax/kernels/kernels.h"
-#include "nax/trace.h"
+#include "nax/trace/trace.h"
 #include "runtime/components.h"
 #include "runtime/cuda_devices.h"
 #include "runtime/runtime_state.h"
@@ -81,7 +81,7 @@ std::unique_ptr<Communicator> make_mpi_nccl_comm(mpi::MpiWorld& world, const Dev
 
 MpiState::MpiState(const Mesh& mesh, const RuntimeOptions& options)
     : mesh_(mesh),
-      world_(std::make_shared<mpi::MpiWorld>(mesh, detail::collective_timeout_s(options), options.check_collectives)) {
+      world_(std::make_shared<mpi::MpiWorld>(mesh, options.collective_timeout_s, options.check_collectives)) {
   const int d = world_->device();
   devices_ = {d};
   trace::set_process(d, mesh.size());  // one pid and one trace file per rank
@@ -106,8 +106,7 @@ MpiState::MpiState(const Mesh& mesh, const RuntimeOptions& options)
   device->kernels().bind_thread();  // per-shard code runs on this thread
   shard_ = std::make_unique<detail::DeviceShard>(d, mesh_, std::move(device), std::move(make_comm));
   detail::check_deterministic_mesh(options, mesh_, "Runtime::mpi");
-  shard_->set_deterministic(options.deterministic);
-  shard_->set_strict_axis_rules(options.strict_axis_rules);
+  shard_->set_options(options);
 }
 
 const detail::DeviceShard& MpiState::shard(int device, std::string_view op) const {
@@ -177,7 +176,7 @@ void MpiState::run(const std::function<void(Shard&)>& fn) {
 }
 
 std::unique_ptr<Runtime::State> make_mpi_runtime(const Mesh& mesh, const RuntimeOptions& options) {
-  const double timeout = detail::collective_timeout_s(options);
+  const double timeout = options.collective_timeout_s;  // resolved by Runtime::mpi
   mpi::Session& session = mpi::Session::get();
   if (session.world_size() != mesh.size())
     fail("Runtime::mpi", "mesh {} has {} devices but mpirun started {} processes: start one process per device (mpirun -np {})",

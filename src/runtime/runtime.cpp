@@ -1,5 +1,5 @@
 // Runtime: the backend-independent part (the backends are local_runtime.cpp and mpi_runtime.cpp).
-#include "nax/runtime.h"
+#include "nax/runtime/runtime.h"
 
 #include <cstdlib>
 #include <string_view>
@@ -7,35 +7,12 @@
 
 #include "kernels/cpu/kernels.h"
 #include "nax/kernels/kernels.h"
-#include "nax/trace.h"
+#include "nax/trace/trace.h"
 #include "runtime/components.h"
 #include "runtime/cuda_devices.h"
 #include "runtime/runtime_state.h"
 
 namespace nax {
-
-namespace {
-thread_local Shard* g_current_shard = nullptr;
-}  // namespace
-
-Shard* Shard::current() { return g_current_shard; }
-
-void Shard::synchronize() const { device_ptr()->kernels().synchronize(); }
-
-void Shard::defer_error(std::string message) {
-  if (deferred_error_.empty()) deferred_error_ = std::move(message);
-}
-
-std::string Shard::take_deferred_error() { return std::exchange(deferred_error_, {}); }
-
-std::map<std::string, CommStats> Shard::comm_stats_since(const std::map<std::string, CommStats>& before) const {
-  std::map<std::string, CommStats> since;
-  for (const auto& [axes, stats] : comm_stats()) {
-    auto it = before.find(axes);
-    since[axes] = it == before.end() ? stats : stats - it->second;
-  }
-  return since;
-}
 
 std::string_view transport_name(Transport transport) {
   switch (transport) {
@@ -48,28 +25,6 @@ std::string_view transport_name(Transport transport) {
 }
 
 namespace detail {
-
-void set_current_shard(Shard* shard) {
-  g_current_shard = shard;
-  trace::set_thread_device(shard != nullptr ? shard->device() : -1);  // the thread's spans go to its device's track
-}
-
-bool launched_by_mpirun() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"})
-    if (const char* value = std::getenv(name); value != nullptr && *value != '\0') return true;
-  return false;
-}
-
-double collective_timeout_s(const RuntimeOptions& options) {
-  if (options.collective_timeout_s > 0) return options.collective_timeout_s;
-  const char* env = std::getenv("NAX_COLLECTIVE_TIMEOUT_S");
-  if (env == nullptr || *env == '\0') return 300.0;
-  char* end = nullptr;
-  double value = std::strtod(env, &end);
-  if (end == env || *end != '\0' || !(value > 0))
-    fail("Runtime", "NAX_COLLECTIVE_TIMEOUT_S='{}' is not a positive number of seconds", env);
-  return value;
-}
 
 void check_deterministic_mesh(const RuntimeOptions& options, const Mesh& mesh, std::string_view op) {
   if (!options.deterministic) return;
@@ -89,7 +44,7 @@ std::shared_ptr<Device> make_device(int d, Backend backend, int slot, std::strin
 
 void configure_blas_threads(const RuntimeOptions& options) {
   if (options.blas_threads > 0) cpu::set_blas_threads(options.blas_threads);
-  else if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) cpu::set_blas_threads(1);
+  else if (options.blas_threads == 0) cpu::set_blas_threads(1);  // -1: $OPENBLAS_NUM_THREADS decides
 }
 
 }  // namespace detail
@@ -97,8 +52,7 @@ void configure_blas_threads(const RuntimeOptions& options) {
 int cuda_gpu_count() { return detail::cuda_gpu_count(); }
 
 Runtime Runtime::from_env(const Mesh& mesh, RuntimeOptions options) {
-  const char* forced = std::getenv("NAX_RUNTIME");
-  const std::string_view choice = forced != nullptr ? forced : "";
+  const std::string_view choice = detail::runtime_choice();
   if (choice == "mpi") return mpi(mesh, options);
   if (choice == "threads" || choice == "local") return local(mesh, options);
   if (!choice.empty()) fail("Runtime::from_env", "NAX_RUNTIME='{}' is neither threads nor mpi", choice);

@@ -5,8 +5,9 @@
 #include <string_view>
 #include <vector>
 
-#include "nax/runtime.h"
+#include "nax/runtime/runtime.h"
 #include "runtime/device_shard.h"
+#include "shard/current.h"
 
 namespace nax {
 
@@ -21,14 +22,11 @@ struct Runtime::State {
 
 namespace detail {
 
-// Makes `shard` the one Shard::current() returns on the calling thread (nullptr: none).
-void set_current_shard(Shard* shard);
-
 // True when a launcher started this process (mpirun / mpiexec of Open MPI, MPICH or any PMIx one).
 bool launched_by_mpirun();
 
-// options.collective_timeout_s, else $NAX_COLLECTIVE_TIMEOUT_S, else 300 s.
-double collective_timeout_s(const RuntimeOptions& options);
+// $NAX_RUNTIME: threads, mpi or empty (environment.cpp).
+std::string_view runtime_choice();
 
 // Mesh device d on `backend`: a host-memory device on the CPU; on CUDA, GPU `slot` modulo the GPUs
 // this process sees. Fails, naming `op` and the mesh, where the backend cannot run.
@@ -38,7 +36,7 @@ std::shared_ptr<Device> make_device(int d, Backend backend, int slot, std::strin
 // two (the canonical sum trees halve every cut).
 void check_deterministic_mesh(const RuntimeOptions& options, const Mesh& mesh, std::string_view op);
 
-// One BLAS thread per device unless the options or $OPENBLAS_NUM_THREADS say otherwise.
+// One BLAS thread per device unless the options say otherwise (-1: $OPENBLAS_NUM_THREADS's).
 void configure_blas_threads(const RuntimeOptions& options);
 
 }  // namespace detail

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "nax/checkpoint/files.h"
+#include "nax/io/files.h"
 #include "nax/core/error.h"
 #include "nax/io/read_file.h"
 #include "text/tokenizer_impl.h"
@@ -72,7 +72,7 @@ void write_token_file(const std::string& path, const std::vector<std::int32_t>& 
     }
   }
   // Atomic: readers see the old file or the whole new one, never a part.
-  checkpoint::write_file_atomically(path, out);
+  io::write_file_atomically(path, out);
 }
 
 TokenFile read_token_file(const std::string& path) {

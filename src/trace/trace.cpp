@@ -1,6 +1,6 @@
-// The process-wide recorder behind nax/trace.h: each thread appends to a buffer of its own (no lock
+// The process-wide recorder behind nax/trace/trace.h: each thread appends to a buffer of its own (no lock
 // per span); write() takes them all.
-#include "nax/trace.h"
+#include "nax/trace/trace.h"
 
 #include <fmt/format.h>
 
@@ -17,10 +17,10 @@ namespace nax::trace {
 
 namespace detail {
 std::atomic<bool> g_enabled{false};
-thread_local SpanObserver* t_observer = nullptr;
+thread_local Observer* t_observer = nullptr;
 }
 
-SpanObserver* set_thread_observer(SpanObserver* observer) { return std::exchange(detail::t_observer, observer); }
+Observer* set_thread_observer(Observer* observer) { return std::exchange(detail::t_observer, observer); }
 
 namespace {
 

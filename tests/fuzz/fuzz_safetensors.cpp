@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "nax/checkpoint/files.h"
+#include "nax/io/files.h"
 #include "nax/checkpoint/safetensors.h"
 
 namespace {
@@ -23,7 +23,7 @@ void reseal(std::string& file) {
   if (at == std::string::npos || at + key.size() + 16 > 8 + n) return;
   const std::size_t digits = at + key.size();
   file.replace(digits, 16, std::string(16, '0'));
-  nax::checkpoint::Checksum sum;
+  nax::io::Checksum sum;
   sum.update(file.data(), file.size());
   file.replace(digits, 16, sum.hex());
 }

@@ -44,8 +44,4 @@ void verify_step_folder(const std::string& folder);
 // committed steps), or holding a manifest.json.
 bool looks_like_step_folder(const std::string& dir);
 
-// Test hook: with $NAX_CHECKPOINT_KILL_AT=N, the Nth point of a checkpoint's writing (files
-// written, flushed, renamed; folders renamed) kills the process with SIGKILL, as a crash would.
-void kill_point();
-
 }  // namespace nax::checkpoint

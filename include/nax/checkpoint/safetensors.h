@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "nax/tensor.h"
+#include "nax/tensor/tensor.h"
 
 namespace nax::checkpoint {
 

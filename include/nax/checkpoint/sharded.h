@@ -10,7 +10,7 @@
 
 #include "nax/checkpoint/safetensors.h"
 #include "nax/nn/parameters.h"
-#include "nax/runtime.h"
+#include "nax/runtime/runtime.h"
 
 namespace nax::checkpoint {
 

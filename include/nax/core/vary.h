@@ -15,6 +15,16 @@ enum class Vary { Invariant, Split, Partial, Varying };
 // n times the mean).
 enum class PartialKind { sum, mean };
 
+// What an op does with a partial value in one of its operands, declared by each op where it
+// enters: the vary rules and deterministic mode both read it (docs/ops.md "Partial sums").
+enum class OnPartial {
+  refuse,      // nonlinear in it (exp, a divisor, a condition, indices): psum (or pmean) first
+  scale,       // linear in it, the other operands fixed (mul, dot, sum, rotary): at most one partial factor
+  add,         // its elements are added to the other operands' (add, sub): all alike partial, or none
+  accumulate,  // as add, several of its elements into one (scatter_add)
+  move,        // its elements are moved, negated or selected (layout ops, neg, concat, where's branches)
+};
+
 class VaryType {
  public:
   struct Entry {

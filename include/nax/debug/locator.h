@@ -11,7 +11,7 @@
 
 #include "nax/core/mesh.h"
 #include "nax/debug/op_recorder.h"
-#include "nax/runtime.h"
+#include "nax/runtime/runtime.h"
 
 namespace nax::debug {
 

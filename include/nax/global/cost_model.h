@@ -1,5 +1,5 @@
 #pragma once
-// The alpha-beta ring model that prices collectives (DESIGN.md §5): a collective over n devices on
+// The alpha-beta ring model that prices collectives (docs/architecture.md, Global view): a collective over n devices on
 // a link of latency alpha and bandwidth beta takes (ring steps) * alpha + (bytes on the wire per
 // device) / beta. Sharding propagation uses it to pick the cheapest strategy; `gptj compare` uses it
 // to project counted communication onto declared clusters.

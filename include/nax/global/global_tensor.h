@@ -1,7 +1,7 @@
 #pragma once
-// GlobalTensor: the global view (DESIGN.md §5). A logical tensor, written about as if on one
+// GlobalTensor: the global view (docs/architecture.md, Global view). A logical tensor, written about as if on one
 // device, of which each device holds its local block; its placement on every mesh axis says how
-// (nax/global/placement.h). Ops on global tensors (nax/global/ops.h) choose a sharding strategy,
+// (nax/global/placement.h). Ops on global tensors (nax/global/global_ops.h) choose a sharding strategy,
 // redistribute their inputs and run the per-shard op on the blocks, so the per-shard machinery
 // (vary types, collectives and their transposes, autodiff) carries over unchanged: a replicated
 // value is an Invariant block, a shard a Split block, a partial value a Varying block.
@@ -10,7 +10,7 @@
 
 #include "nax/core/axis_rules.h"
 #include "nax/global/placement.h"
-#include "nax/tensor.h"
+#include "nax/tensor/tensor.h"
 
 namespace nax {
 

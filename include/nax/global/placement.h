@@ -1,5 +1,5 @@
 #pragma once
-// How a global tensor lies on one mesh axis (DESIGN.md §5), as in PyTorch DTensor: every device
+// How a global tensor lies on one mesh axis (docs/architecture.md, Global view), as in PyTorch DTensor: every device
 // along it holds the whole value (replicate), one block of a tensor axis (shard), or a partial
 // value that the mesh axis still has to reduce (partial sum or max).
 #include <initializer_list>

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "nax/core/reduce_op.h"
-#include "nax/core/sum_tree.h"
-#include "nax/core/device.h"
+#include "nax/kernels/sum_tree.h"
+#include "nax/kernels/device.h"
 #include "nax/core/dtype.h"
 
 namespace nax::kernels {

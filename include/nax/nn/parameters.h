@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "nax/runtime.h"
+#include "nax/runtime/runtime.h"
 
 namespace nax::nn {
 

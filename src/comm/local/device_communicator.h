@@ -9,7 +9,7 @@
 
 #include "comm/local/local_world.h"
 #include "nax/comm/communicator.h"
-#include "nax/core/device.h"
+#include "nax/kernels/device.h"
 
 namespace nax::local {
 

@@ -4,7 +4,7 @@
 
 #include <thread>
 
-#include "nax/trace.h"
+#include "nax/trace/trace.h"
 
 namespace nax::local {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "comm/mpi/mpi_session.h"
-#include "nax/trace.h"
+#include "nax/trace/trace.h"
 
 namespace nax::mpi {
 

@@ -8,7 +8,7 @@
 #include <functional>
 
 #include "comm/mpi/mpi_types.h"
-#include "nax/trace.h"
+#include "nax/trace/trace.h"
 
 namespace nax::mpi {
 

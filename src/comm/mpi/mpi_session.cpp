@@ -40,7 +40,6 @@ Session::Session() {
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
-  if (const char* env = std::getenv("NAX_COLLECTIVE_TIMEOUT_S"); env != nullptr && std::atof(env) > 0) exit_timeout_s_ = std::atof(env);
 }
 
 Session::~Session() {

@@ -19,7 +19,7 @@ class Session {
   int world_rank() const { return rank_; }
   int world_size() const { return size_; }
   // How long finalisation waits for the other processes: the longest collective timeout of the
-  // runtimes made, at least $NAX_COLLECTIVE_TIMEOUT_S (default 300 s).
+  // runtimes made (RuntimeOptions::collective_timeout_s), 300 s before any.
   void set_exit_timeout(double seconds) { exit_timeout_s_ = std::max(exit_timeout_s_, seconds); }
 
   Session(const Session&) = delete;

@@ -7,7 +7,7 @@
 
 #include "kernels/cpu/strided.h"
 #include "nax/core/dtype.h"
-#include "nax/core/sum_tree.h"
+#include "nax/kernels/sum_tree.h"
 
 namespace nax::cpu {
 

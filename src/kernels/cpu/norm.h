@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "nax/core/dtype.h"
-#include "nax/core/sum_tree.h"
+#include "nax/kernels/sum_tree.h"
 
 namespace nax::cpu {
 

@@ -1,5 +1,5 @@
 #pragma once
-// A SumTree (nax/core/sum_tree.h) over a range, flattened for kernels: its leaves in index order,
+// A SumTree (nax/kernels/sum_tree.h) over a range, flattened for kernels: its leaves in index order,
 // each followed by the number of nodes it completes. Running the leaves in order with a stack of
 // partial sums (a leaf pushes its sum; each completed node pops its right and left halves and
 // pushes left + right) computes every node exactly as the recursive definition does, without
@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "nax/core/sum_tree.h"
+#include "nax/kernels/sum_tree.h"
 
 namespace nax::cpu {
 

@@ -1,5 +1,5 @@
 #pragma once
-// CUDA kernels on raw device pointers (DESIGN.md §1): one function per op, each enqueued on
+// CUDA kernels on raw device pointers: one function per op, each enqueued on
 // `stream` and returning at once; a bad launch raises a nax::Error. bf16 is computed in f32.
 // Pointers need only their type's alignment; 16-byte-aligned ones take a vectorised path.
 // The dtype-generic kernels behind CudaKernels are declared by concept: layout.h, binary.h,

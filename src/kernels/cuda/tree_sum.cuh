@@ -9,7 +9,7 @@
 #include "kernels/cuda/map.cuh"
 #include "kernels/cuda/resources.h"
 #include "kernels/cuda/tree_walk.h"
-#include "nax/core/sum_tree.h"
+#include "nax/kernels/sum_tree.h"
 
 namespace nax::cuda::detail {
 

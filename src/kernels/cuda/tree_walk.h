@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "nax/core/error.h"
-#include "nax/core/sum_tree.h"
+#include "nax/kernels/sum_tree.h"
 
 namespace nax::cuda::detail {
 

@@ -1,0 +1,40 @@
+#pragma once
+// Reverse-mode autodiff, define-by-run: each device records the ops it runs; grad(loss, params)
+// walks the record backwards. Every op's backward sits next to its forward (src/ops/), and the
+// collectives use their transposes (nax/ops/collectives.h), so a replicated value feeding split
+// weights gets its gradient all-reduced exactly once, without f/g operators written by hand.
+#include <functional>
+#include <vector>
+
+#include "nax/ops/tape.h"
+#include "nax/tensor/tensor.h"
+
+namespace nax {
+
+// Gradients of a scalar `loss` with respect to `params` (each a parameter() or a value computed
+// from one), with the params' shapes and vary types. The recorded graph behind `loss` is freed
+// as it is walked: a second grad() through it is an error.
+// A loss Varying over a mesh axis is refused: each device would differentiate only its own part
+// (gradients off by the axis size, or missing the other devices' terms); reduce it with pmean or
+// psum first, or opt out when per-device gradients are what you want.
+struct GradOptions {
+  bool allow_varying_loss = false;
+};
+std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params, GradOptions options = {});
+
+// loss = fn(params) and its gradients, with params made parameters first.
+std::pair<Tensor, std::vector<Tensor>> value_and_grad(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                                                      const std::vector<Tensor>& params, GradOptions options = {});
+
+// Activation checkpointing, as jax.checkpoint: y = fn(inputs), recording nothing inside fn. Only
+// the values fn reads that need a gradient (its inputs and any tensors it captures, parameters
+// included) are kept; grad() runs fn again, recording, and backpropagates through that recompute.
+// A block's activations thus live only while its backward runs, for one more forward per block.
+// fn must compute the same thing when called again (no RNG; collectives inside are fine, their
+// transposes run in the recompute's backward) and whatever it captures must still be alive when
+// grad() runs: capture by value. Nests (a remat inside fn is recomputed in turn) and composes with
+// any op; under NoGrad it is fn(inputs).
+Tensor remat(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs);
+Tensor remat(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x);
+
+}  // namespace nax

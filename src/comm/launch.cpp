@@ -1,0 +1,71 @@
+#include "comm/launch.h"
+
+#include <utility>
+
+#include "nax/trace/trace.h"
+
+namespace nax::detail {
+
+void Launch::all_reduce(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  if (start_) request_ = named(c).start_all_reduce(send, recv, count, dtype, op), started(c);
+  else c.all_reduce(send, recv, count, dtype, op);
+}
+
+void Launch::all_gather(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype) {
+  if (start_) request_ = named(c).start_all_gather(send, recv, count, dtype), started(c);
+  else c.all_gather(send, recv, count, dtype);
+}
+
+void Launch::reduce_scatter(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  if (start_) request_ = named(c).start_reduce_scatter(send, recv, count, dtype, op), started(c);
+  else c.reduce_scatter(send, recv, count, dtype, op);
+}
+
+void Launch::permute(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype,
+                     const std::vector<std::pair<int, int>>& pairs) {
+  if (start_) request_ = named(c).start_permute(send, recv, count, dtype, pairs), started(c);
+  else c.permute(send, recv, count, dtype, pairs);
+}
+
+Communicator& Launch::named(Communicator& c) const {
+  if (!label_.empty()) c.set_origin(label_);
+  return c;
+}
+
+void Launch::keep(std::initializer_list<Tensor> buffers) {
+  if (start_) kept_.insert(kept_.end(), buffers.begin(), buffers.end());
+}
+
+void Launch::started(const Communicator& c) {
+  const std::string what = !label_.empty()     ? label_
+                           : c.origin().empty() ? std::string("a started collective")
+                                                : "the started " + c.origin();
+  for (const auto& t : kept_) t.set_pending(what);
+}
+
+void Launch::release() {
+  for (const auto& t : kept_) t.set_pending({});
+}
+
+Launch::~Launch() {
+  request_.reset();  // waits for a call still in flight before its buffers go
+  release();
+}
+
+Tensor Launch::then(std::function<Tensor()> finish) {
+  if (request_ == nullptr) return finish();
+  if (trace::Observer* o = trace::observer()) o->filled_later();
+  finish_ = std::move(finish);
+  return Tensor();
+}
+
+Tensor Launch::complete() {
+  // A started collective's slice covers its start; finishing it (Pending::wait) is a slice of its own.
+  const trace::Span span("collective", "complete a started collective");
+  std::exchange(request_, nullptr)->wait();
+  release();
+  kept_.clear();
+  return std::exchange(finish_, nullptr)();
+}
+
+}  // namespace nax::detail

@@ -1,0 +1,57 @@
+#pragma once
+// How a named collective makes its communicator call: blocking, or started (the request and the
+// rest of the op kept until a Pending's wait). The collectives' forward functions take a Launch,
+// so the blocking and the start forms share their checks, vary rules and packing.
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nax/comm/communicator.h"
+#include "nax/tensor/tensor.h"
+
+namespace nax::detail {
+
+class Launch {
+ public:
+  static Launch blocking() { return Launch(false, {}); }
+  // `label` names the start form the user called ("start_psum(...) at f.cpp:12:7"): the started
+  // call's communicator carries it, so that a mismatch names it rather than the blocking form.
+  static Launch started(std::string label) { return Launch(true, std::move(label)); }
+  Launch(Launch&&) = default;
+  Launch& operator=(Launch&&) = default;
+  // A started call that is never completed (an error on the way) releases its buffers' marks.
+  ~Launch();
+
+  void all_reduce(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  void all_gather(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype);
+  void reduce_scatter(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  void permute(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype,
+               const std::vector<std::pair<int, int>>& pairs);
+  // Buffers a started call reads or writes: alive until it completes, and marked pending until
+  // then, so that a write to one (Tensor::mutable_data) is an error naming the collective.
+  void keep(std::initializer_list<Tensor> buffers);
+
+  // The op's result, made by `finish` from the received data: at once when the call was blocking
+  // (or nothing was sent); else an undefined Tensor, and complete() makes it later.
+  Tensor then(std::function<Tensor()> finish);
+  bool in_flight() const { return request_ != nullptr; }
+  // Waits for the started call and finishes the op.
+  Tensor complete();
+
+ private:
+  Launch(bool start, std::string label) : start_(start), label_(std::move(label)) {}
+  // Names the started call on `c` (the collective named it as its blocking form).
+  Communicator& named(Communicator& c) const;
+  void started(const Communicator& c);  // marks the kept buffers pending under c's origin
+  void release();                       // clears those marks (the buffers stay kept)
+  bool start_;
+  std::string label_;
+  std::vector<Tensor> kept_;
+  std::function<Tensor()> finish_;
+  std::unique_ptr<Communicator::Request> request_;  // last: destroyed (so waited for) before the buffers
+};
+
+}  // namespace nax::detail
