@@ -160,11 +160,11 @@ Projection project(const CompareRow& row, const Cluster& cluster, const CompareO
 }
 
 std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
+  check_options(o.train);
   const Mesh mesh = Mesh::parse(o.train.mesh);
   const Config config = padded_for(config_by_name(o.train.config), mesh);
   check_fits(config, mesh, o.train.batch);
   if (o.train.steps < 2) fail("compare", "--steps must be at least 2 (the first steps warm up)");
-  check_compute_dtype(o.train.dtype);
   if (o.with_jax && o.train.dtype != DType::f32)
     fail("compare", "--with-jax runs JAX in f32 and checks its first loss against nax's: use it with --dtype f32, not {}",
          dtype_name(o.train.dtype));

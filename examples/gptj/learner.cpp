@@ -16,18 +16,10 @@ Tensor micro_batch(const Tensor& t, std::int64_t m, std::int64_t count) {
 
 }  // namespace
 
-void check_sharding(const std::string& sharding) {
-  if (sharding != "hand" && sharding != "auto") fail("train", "--sharding expects hand or auto, got '{}'", sharding);
-}
-
 DType parse_compute_dtype(const std::string& name) {
   if (name == "bf16") return DType::bf16;
   if (name == "f32") return DType::f32;
   fail("train", "--dtype expects bf16 or f32, got '{}'", name);
-}
-
-void check_compute_dtype(DType dtype) {
-  if (dtype != DType::bf16 && dtype != DType::f32) fail("train", "--dtype expects bf16 or f32, got '{}'", dtype_name(dtype));
 }
 
 // The parameters are f32 whatever the compute dtype: they are the master weights the optimizer updates.
@@ -37,9 +29,6 @@ Learner::Learner(Shard& s, const Config& config, const AxisRules& rules, const T
       model_(config, nn::Parameters::init(s, parameter_specs(config), rules, options.seed), options.dtype),
       global_(config, model_.params(), options.dtype),
       optimizer_({.weight_decay = options.weight_decay, .shard_state_over = options.zero ? "dp" : ""}) {
-  check_sharding(options.sharding);
-  check_compute_dtype(options.dtype);
-  if (options.remat && options.sharding != "hand") fail("train", "--remat needs --sharding hand (the global view has no checkpointing yet)");
   model_.set_remat(options.remat);
 }
 

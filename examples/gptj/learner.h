@@ -10,15 +10,12 @@
 
 namespace gptj {
 
-// Checks a --sharding value: hand or auto.
-void check_sharding(const std::string& sharding);
-
 // A --dtype value: bf16 or f32 (the compute dtypes training supports); anything else is refused.
 nax::DType parse_compute_dtype(const std::string& name);
-void check_compute_dtype(nax::DType dtype);
 
 class Learner {
  public:
+  // `options` have passed check_options (made on every device, they are checked once, before).
   Learner(nax::Shard& s, const Config& config, const nax::AxisRules& rules, const TrainOptions& options);
   Learner(const Learner&) = delete;  // the global view reads model_'s parameters in place
   Learner& operator=(const Learner&) = delete;

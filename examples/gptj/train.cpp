@@ -60,9 +60,8 @@ namespace ckpt = nax::checkpoint;
 
 // What defines a run's trajectory, stored in every checkpoint and compared on --resume. The mesh
 // and the sharding are not in it: a checkpoint resumes on any mesh.
-nlohmann::json run_record(const TrainOptions& o) {
-  // unpadded: the padding follows the mesh
-  const Config c = o.init_from.empty() ? config_by_name(o.config) : open_model(o.init_from, nonfinite_policy(o.allow_nonfinite)).config;
+// `c` is the config before the vocabulary is padded (the padding follows the mesh).
+nlohmann::json run_record(const TrainOptions& o, const Config& c) {
   nlohmann::json data = nlohmann::json::array();
   for (const auto& path : o.data) {
     std::error_code ec;
@@ -215,7 +214,12 @@ void check_options(const TrainOptions& o) {
   if (!std::isfinite(o.lr) || o.lr <= 0 || o.lr > 10) fail("gptj", "--lr must be a finite number in (0, 10], got {}", o.lr);
   if (o.resume && o.ckpt_dir.empty()) fail("train", "--resume needs --ckpt-dir");
   if (o.allow_extend_steps && !o.resume) fail("train", "--allow-extend-steps goes with --resume");
+  if (o.sharding != "hand" && o.sharding != "auto") fail("train", "--sharding expects hand or auto, got '{}'", o.sharding);
+  if (o.dtype != DType::bf16 && o.dtype != DType::f32) fail("train", "--dtype expects bf16 or f32, got '{}'", dtype_name(o.dtype));
   if (o.remat && o.sharding != "hand") fail("train", "--remat needs --sharding hand (the global view has no checkpointing yet)");
+  if (o.deterministic && o.dtype == DType::bf16)
+    fail("train", "--deterministic needs --dtype f32: bf16 rounds each device's partial sums before their psum, so the bits would "
+         "depend on the mesh");
   if (!o.metrics.empty()) io::check_writable(o.metrics, "--metrics");
 }
 
@@ -246,14 +250,6 @@ Tensor micro_major(const Tensor& batch, std::int64_t dp, std::int64_t micro) {
   return from_vector(batch.shape(), out, batch.dtype());
 }
 
-// What --deterministic cannot make mesh-independent is refused, naming the flag.
-void check_deterministic(const TrainOptions& o) {
-  if (!o.deterministic) return;
-  if (o.dtype == DType::bf16)
-    fail("train", "--deterministic needs --dtype f32: bf16 rounds each device's partial sums before their psum, so the bits would "
-         "depend on the mesh");
-}
-
 RuntimeOptions runtime_options(Backend backend, bool deterministic) {
   RuntimeOptions options;
   options.backend = backend;
@@ -261,76 +257,197 @@ RuntimeOptions runtime_options(Backend backend, bool deterministic) {
   return options;
 }
 
-TrainResult train(const TrainOptions& o, const TextData& data) {
-  check_options(o);
-  const Mesh mesh = Mesh::parse(o.mesh);
-  std::optional<ModelFiles> pretrained;  // --init-from: its config and weights
-  if (!o.init_from.empty()) pretrained.emplace(open_model(o.init_from, nonfinite_policy(o.allow_nonfinite)));
-  if (pretrained && data.vocab_size() > pretrained->config.vocab)
+namespace {
+
+// Everything a run decides before its devices start: the model's shape, where it starts from (a
+// fresh init, --init-from's weights or --resume's checkpoint), the run folder it writes.
+struct RunPlan {
+  Mesh mesh;
+  Config config;
+  std::vector<nn::ParamSpec> specs;
+  std::optional<ModelFiles> pretrained;
+  std::optional<ckpt::RunFolder> folder;  // process 0 writes the checkpoints, holding the folder's lock
+  nlohmann::json run;                     // run_record: compared on --resume
+  ResumePoint resume;
+};
+
+Config config_of_run(const TrainOptions& o, const TextData& data, const Mesh& mesh, const std::optional<ModelFiles>& pretrained) {
+  if (!pretrained) return with_vocab_at_least(padded_for(config_by_name(o.config), mesh), data.vocab_size(), mesh);
+  if (data.vocab_size() > pretrained->config.vocab)
     fail("train", "--init-from '{}': the data's tokenizer has {} ids, more than the model's vocab_size {}", o.init_from, data.vocab_size(),
          pretrained->config.vocab);
-  const Config config =
-      pretrained ? pretrained->config : with_vocab_at_least(padded_for(config_by_name(o.config), mesh), data.vocab_size(), mesh);
-  check_fits(config, mesh, o.batch);
+  return pretrained->config;
+}
+
+void plan_run(RunPlan& plan, const TrainOptions& o, const TextData& data) {
+  plan.mesh = Mesh::parse(o.mesh);
+  if (!o.init_from.empty()) plan.pretrained.emplace(open_model(o.init_from, nonfinite_policy(o.allow_nonfinite)));
+  plan.config = config_of_run(o, data, plan.mesh, plan.pretrained);
+  const Config& config = plan.config;
+  check_fits(config, plan.mesh, o.batch);
   check_memory(config, o.batch, o.seq);
-  check_sharding(o.sharding);
-  check_compute_dtype(o.dtype);
-  if (o.micro_batches < 1 || (o.batch / mesh.axis_size("dp")) % o.micro_batches != 0)
-    fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, o.batch / mesh.axis_size("dp"));
+  if ((o.batch / plan.mesh.axis_size("dp")) % o.micro_batches != 0)
+    fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, o.batch / plan.mesh.axis_size("dp"));
   if (o.seq > config.max_seq) fail("train", "--seq {} exceeds the config's maximum {}", o.seq, config.max_seq);
-  check_deterministic(o);
-  const auto specs = parameter_specs(config);
-  if (o.resume && o.ckpt_dir.empty()) fail("train", "--resume needs --ckpt-dir");
-  std::optional<ckpt::RunFolder> folder;  // process 0 writes the checkpoints, holding the folder's lock
+  plan.specs = parameter_specs(config);
   if (!o.ckpt_dir.empty() && process_index() == 0) {
-    folder.emplace(o.ckpt_dir);
+    plan.folder.emplace(o.ckpt_dir);
     if (!o.resume) check_fresh(o.ckpt_dir);
   }
-  const nlohmann::json run = run_record(o);
-  ResumePoint resume;
-  if (o.resume) resume = open_resume(o, config, specs, run);
-  std::ofstream metrics;
-  const bool lead_process = process_index() == 0;  // under mpirun, process 0 alone reports and writes
-  if (!o.metrics.empty() && lead_process) {
-    metrics.open(o.metrics, o.resume ? std::ios::app : std::ios::trunc);
-    if (!metrics) fail("train", "--metrics: cannot write '{}'", o.metrics);
+  plan.run = run_record(o, plan.pretrained ? plan.pretrained->config : config_by_name(o.config));
+  if (o.resume) plan.resume = open_resume(o, config, plan.specs, plan.run);
+}
+
+// The --metrics file, one JSON line per record, written by process 0 alone.
+class MetricsLog {
+ public:
+  explicit MetricsLog(const TrainOptions& o) : path_(o.metrics) {
+    if (path_.empty() || process_index() != 0) return;
+    file_.open(path_, o.resume ? std::ios::app : std::ios::trunc);
+    if (!file_) fail("train", "--metrics: cannot write '{}'", path_);
+  }
+  void write(const nlohmann::json& record) {
+    if (!file_.is_open()) return;
+    file_ << record.dump() << "\n";
+  }
+  void flush(std::int64_t step) {
+    if (!file_.is_open()) return;
+    file_.flush();
+    if (!file_) fail("train", "--metrics: writing '{}' failed (at step {})", path_, step + 1);
   }
 
+ private:
+  std::string path_;
+  std::ofstream file_;
+};
+
+// What one device communicated in a step: bytes per group of mesh axes, calls and bytes per
+// collective kind, and the calls in all.
+struct StepComm {
+  nlohmann::json bytes = nlohmann::json::object(), kinds = nlohmann::json::object();
+  std::size_t calls = 0;
+};
+
+StepComm comm_since(const Shard& s, const std::map<std::string, CommStats>& before) {
+  StepComm c;
+  for (const auto& [axes, stats] : s.comm_stats_since(before)) {
+    c.bytes[axes] = total_bytes(stats);
+    c.calls += total_calls(stats);
+    for (int k = 0; k < kCollectiveKinds; ++k)
+      if (const auto n = stats.calls[static_cast<std::size_t>(k)]; n > 0)
+        c.kinds[axes][collective_name(static_cast<CollectiveKind>(k))] = {{"calls", n}, {"bytes", stats.bytes[static_cast<std::size_t>(k)]}};
+  }
+  return c;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+// One device's run: the learner, the data it reads, what it has measured and saved.
+class DeviceRun {
+ public:
+  DeviceRun(Shard& s, const TrainOptions& o, const TextData& data, RunPlan& plan, const AxisRules& rules)
+      : s_(s), o_(o), data_(data), plan_(plan), rules_(rules), learner_(s, plan.config, rules, o) {}
+
+  // The parameters and optimizer state the run starts from; returns the first step to run.
+  std::int64_t restore() {
+    Model& model = learner_.model();
+    if (o_.resume) {  // one global tensor at a time, each device keeping its block
+      const StepFiles& step = *plan_.resume.step;
+      model.params().assign(ckpt::load_sharded(s_, step.weights, model_reads(plan_.specs), rules_, DType::f32));
+      learner_.optimizer().load_state(ckpt::load_sharded(s_, *plan_.resume.optimizer, optimizer_reads(plan_.specs), rules_),
+                                      step.trainer.adam_steps);
+      return last_saved_ = step.trainer.step;
+    }
+    if (plan_.pretrained) model.params().assign(ckpt::load_sharded(s_, plan_.pretrained->weights, model_reads(plan_.specs), rules_, DType::f32));
+    return 0;
+  }
+
+  // Collective: the mean loss over --eval-batches held-out batches.
+  double heldout_loss() {
+    NoGrad no_grad;
+    double total = 0;
+    for (std::int64_t i = 0; i < o_.eval_batches; ++i) {
+      auto [x, y] = data_.batch(TextData::Split::heldout, i, o_.batch, o_.seq, o_.seed);
+      total += learner_.loss(s_.shard(x, rules_), s_.shard(y, rules_)).item();
+    }
+    return total / static_cast<double>(o_.eval_batches);
+  }
+
+  // The step's batch, this device's block of it.
+  std::pair<Tensor, Tensor> batch(std::int64_t step) {
+    auto [inputs, targets] = data_.batch(TextData::Split::train, step, o_.batch, o_.seq, o_.seed);
+    if (o_.deterministic) {
+      inputs = micro_major(inputs, plan_.mesh.axis_size("dp"), o_.micro_batches);
+      targets = micro_major(targets, plan_.mesh.axis_size("dp"), o_.micro_batches);
+    }
+    return {s_.shard(inputs, rules_), s_.shard(targets, rules_)};
+  }
+
+  Learner::StepStats step(std::int64_t step, double lr) {
+    trace::Span span("step", "step", [&] { return fmt::format("\"step\": {}, \"sharding\": {}", step, trace::quote(o_.sharding)); });
+    auto [x, y] = batch(step);
+    auto stats = learner_.step(x, y, lr);
+    if (!std::isfinite(stats.loss)) stop_nonfinite("the loss", stats.loss, step, last_saved_);  // the same on every device: all stop
+    return stats;
+  }
+
+  // Collective: a checkpoint after `step` when --save-every or the run's end asks for one.
+  void maybe_save(std::int64_t step, std::int64_t last, const Tensor& grad_norm) {
+    if (o_.ckpt_dir.empty() || !((o_.save_every > 0 && (step + 1) % o_.save_every == 0) || step + 1 == last)) return;
+    // A finite loss with a non-finite gradient has just made the weights non-finite.
+    if (const double norm = grad_norm.item(); !std::isfinite(norm)) stop_nonfinite("the gradient norm", norm, step, last_saved_);
+    ckpt::RunFolder* folder = s_.device() == 0 && plan_.folder ? &*plan_.folder : nullptr;
+    save_checkpoint(s_, folder, plan_.config, learner_.model().params(), learner_.optimizer(), step + 1, o_, plan_.run);
+    last_saved_ = step + 1;
+  }
+
+  // Collective: the held-out loss after `step` when --eval-every asks for it.
+  std::optional<double> maybe_evaluate(std::int64_t step) {
+    if (o_.eval_every <= 0 || (step + 1) % o_.eval_every != 0) return std::nullopt;
+    const double heldout = heldout_loss();
+    if (!std::isfinite(heldout)) stop_nonfinite("the held-out loss", heldout, step, last_saved_);
+    return heldout;
+  }
+
+ private:
+  Shard& s_;
+  const TrainOptions& o_;
+  const TextData& data_;
+  RunPlan& plan_;
+  const AxisRules& rules_;
+  Learner learner_;
+  std::int64_t last_saved_ = -1;
+};
+
+}  // namespace
+
+TrainResult train(const TrainOptions& o, const TextData& data) {
+  check_options(o);
+  RunPlan plan;
+  plan_run(plan, o, data);
+  const Config& config = plan.config;
+  MetricsLog metrics(o);
   TrainResult result;
-  result.peak_gflops = peak_gflops(o, mesh.size());
-  const double flops_per_step = flops_per_token(config, o.seq) * static_cast<double>(o.batch * o.seq);
-  Runtime rt = Runtime::from_env(mesh, runtime_options(o.backend, o.deterministic));  // one process per device under mpirun, threads otherwise
-  const AxisRules rules = axis_rules(mesh);
-  Progress progress(o.quiet || !lead_process, o.steps);
+  result.peak_gflops = peak_gflops(o, plan.mesh.size());
+  const double tokens_per_step = static_cast<double>(o.batch * o.seq);
+  const double flops_per_step = flops_per_token(config, o.seq) * tokens_per_step;
+  Runtime rt = Runtime::from_env(plan.mesh, runtime_options(o.backend, o.deterministic));  // one process per device under mpirun
+  const AxisRules rules = axis_rules(plan.mesh);
+  Progress progress(o.quiet || process_index() != 0, o.steps);
   progress.message(fmt::format("gptj train: config {} ({:.2f}M parameters), mesh {}, batch {} x seq {}, {} steps, {} compute, "
                                "peak {:.0f} GFLOP/s",
-                               config.name, static_cast<double>(parameter_count(config)) * 1e-6, mesh.str(), o.batch, o.seq, o.steps,
+                               config.name, static_cast<double>(parameter_count(config)) * 1e-6, plan.mesh.str(), o.batch, o.seq, o.steps,
                                dtype_name(o.dtype), result.peak_gflops));
 
   rt.run([&](Shard& s) {
-    const bool lead = s.device() == 0;
-    Learner learner(s, config, rules, o);
-    Model& model = learner.model();
-    nn::AdamW& opt = learner.optimizer();
-    std::int64_t first = 0, last_saved = -1;
-    if (o.resume) {  // one global tensor at a time, each device keeping its block
-      model.params().assign(ckpt::load_sharded(s, resume.step->weights, model_reads(specs), rules, DType::f32));
-      opt.load_state(ckpt::load_sharded(s, *resume.optimizer, optimizer_reads(specs), rules), resume.step->trainer.adam_steps);
-      first = last_saved = resume.step->trainer.step;
-    } else if (pretrained) {
-      model.params().assign(ckpt::load_sharded(s, pretrained->weights, model_reads(specs), rules, DType::f32));
-    }
-    auto heldout_loss = [&] {
-      NoGrad no_grad;
-      double total = 0;
-      for (std::int64_t i = 0; i < o.eval_batches; ++i) {
-        auto [x, y] = data.batch(TextData::Split::heldout, i, o.batch, o.seq, o.seed);
-        total += learner.loss(s.shard(x, rules), s.shard(y, rules)).item();
-      }
-      return total / static_cast<double>(o.eval_batches);
-    };
-    const double initial_heldout = pretrained && !o.resume ? heldout_loss() : 0.0;
-    if (lead) result.initial_heldout_loss = initial_heldout;
+    const bool lead = s.device() == 0;  // device 0 reports; every device computes, evaluates and saves
+    DeviceRun device(s, o, data, plan, rules);
+    const std::int64_t first = device.restore();
+    const double initial_heldout = plan.pretrained && !o.resume ? device.heldout_loss() : 0.0;
     std::vector<double> rates, forward, backward, optimizer;
     const auto start = Clock::now();
     const std::int64_t last = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
@@ -338,77 +455,40 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       const auto t0 = Clock::now();
       const auto comm_before = s.comm_stats();
       const double lr = nn::warmup_cosine(step, o.warmup, o.steps, o.lr);
-      trace::Span step_span("step", "step", [&] { return fmt::format("\"step\": {}, \"sharding\": {}", step, trace::quote(o.sharding)); });
-      auto [inputs, targets] = data.batch(TextData::Split::train, step, o.batch, o.seq, o.seed);
-      if (o.deterministic) {
-        inputs = micro_major(inputs, mesh.axis_size("dp"), o.micro_batches);
-        targets = micro_major(targets, mesh.axis_size("dp"), o.micro_batches);
-      }
-      Tensor x = s.shard(inputs, rules), y = s.shard(targets, rules);
-      const auto stats = learner.step(x, y, lr);
-      const double loss = stats.loss;
-      if (!std::isfinite(loss)) stop_nonfinite("the loss", loss, step, last_saved);  // the same on every device: all stop
+      const auto stats = device.step(step, lr);
+      const double step_s = seconds_since(t0);
+      const StepComm comm = comm_since(s, comm_before);
+      const double tokens_per_s = tokens_per_step / step_s, mfu = flops_per_step / step_s / (result.peak_gflops * 1e9);
       if (step > first) {
         forward.push_back(stats.forward_s), backward.push_back(stats.backward_s), optimizer.push_back(stats.optimizer_s);
+        rates.push_back(tokens_per_s);
       }
-      const double step_s = seconds_since(t0);
-      step_span.close();
-      nlohmann::json comm_bytes = nlohmann::json::object(), comm_kinds = nlohmann::json::object();
-      std::size_t calls = 0;
-      for (const auto& [axes, step_stats] : s.comm_stats_since(comm_before)) {
-        comm_bytes[axes] = total_bytes(step_stats);
-        calls += total_calls(step_stats);
-        for (int k = 0; k < kCollectiveKinds; ++k)
-          if (const auto n = step_stats.calls[static_cast<std::size_t>(k)]; n > 0)
-            comm_kinds[axes][collective_name(static_cast<CollectiveKind>(k))] = {{"calls", n}, {"bytes", step_stats.bytes[static_cast<std::size_t>(k)]}};
-      }
-      const double tokens_per_s = static_cast<double>(o.batch * o.seq) / step_s;
-      const double mfu = flops_per_step / step_s / (result.peak_gflops * 1e9);
-      if (step > first) rates.push_back(tokens_per_s);
-      // Evaluation and checkpoints are collective: every device takes part, device 0 reports.
-      const bool eval_now = o.eval_every > 0 && (step + 1) % o.eval_every == 0;
-      const double heldout = eval_now ? heldout_loss() : 0.0;
-      if (!std::isfinite(heldout)) stop_nonfinite("the held-out loss", heldout, step, last_saved);
-      if (!o.ckpt_dir.empty() && ((o.save_every > 0 && (step + 1) % o.save_every == 0) || step + 1 == last)) {
-        // A finite loss with a non-finite gradient has just made the weights non-finite.
-        if (const double norm = stats.grad_norm.item(); !std::isfinite(norm)) stop_nonfinite("the gradient norm", norm, step, last_saved);
-        save_checkpoint(s, lead && folder ? &*folder : nullptr, config, model.params(), opt, step + 1, o, run);
-        last_saved = step + 1;
-      }
+      const std::optional<double> heldout = device.maybe_evaluate(step);
+      device.maybe_save(step, last, stats.grad_norm);
       if (!lead) continue;
-      result.losses.push_back(loss);
-      result.collectives_per_step = static_cast<double>(calls);
-      for (const auto& [axes, bytes] : comm_bytes.items()) result.bytes_per_step[axes] = bytes.get<double>();
+      result.losses.push_back(stats.loss);
+      result.collectives_per_step = static_cast<double>(comm.calls);
+      for (const auto& [axes, bytes] : comm.bytes.items()) result.bytes_per_step[axes] = bytes.get<double>();
       const double eta = seconds_since(start) / static_cast<double>(step - first + 1) * static_cast<double>(o.steps - step - 1);
-      progress.update(step, fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | MFU {:.1f}% | ETA {:.0f}s", step + 1, o.steps, loss,
-                                        tokens_per_s, 100 * mfu, eta));
-      if (metrics)
-        metrics << nlohmann::json{{"step", step}, {"loss", loss}, {"dtype", dtype_name(o.dtype)}, {"lr", lr}, {"grad_norm", stats.grad_norm.item()},
-                                  {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"step_s", step_s}, {"comm_bytes", comm_bytes},
-                                  {"comm", comm_kinds}, {"collectives", calls}}.dump()
-                << "\n";
-      if (eval_now) {
-        progress.message(fmt::format("step {}: held-out loss {:.4f}", step + 1, heldout));
-        if (metrics) metrics << nlohmann::json{{"step", step}, {"heldout_loss", heldout}}.dump() << "\n";
+      progress.update(step, fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | MFU {:.1f}% | ETA {:.0f}s", step + 1, o.steps,
+                                        stats.loss, tokens_per_s, 100 * mfu, eta));
+      metrics.write({{"step", step}, {"loss", stats.loss}, {"dtype", dtype_name(o.dtype)}, {"lr", lr}, {"grad_norm", stats.grad_norm.item()},
+                     {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"step_s", step_s}, {"comm_bytes", comm.bytes},
+                     {"comm", comm.kinds}, {"collectives", comm.calls}});
+      if (heldout) {
+        progress.message(fmt::format("step {}: held-out loss {:.4f}", step + 1, *heldout));
+        metrics.write({{"step", step}, {"heldout_loss", *heldout}});
       }
-      metrics.flush();
-      if (!o.metrics.empty() && !metrics) fail("train", "--metrics: writing '{}' failed (at step {})", o.metrics, step + 1);
+      metrics.flush(step);
     }
-    const double final_heldout = heldout_loss();
+    const double final_heldout = device.heldout_loss();
     if (!lead) return;
+    result.initial_heldout_loss = initial_heldout;
     result.heldout_loss = final_heldout;
     result.peak_bytes = s.memory().peak_bytes_in_use;
-    auto median = [](std::vector<double> v) {
-      if (v.empty()) return 0.0;
-      std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-      return v[v.size() / 2];
-    };
     result.forward_s = median(forward), result.backward_s = median(backward), result.optimizer_s = median(optimizer);
-    if (!rates.empty()) {
-      std::nth_element(rates.begin(), rates.begin() + static_cast<std::ptrdiff_t>(rates.size() / 2), rates.end());
-      result.tokens_per_s = rates[rates.size() / 2];
-      result.mfu = flops_per_token(config, o.seq) * result.tokens_per_s / (result.peak_gflops * 1e9);
-    }
+    result.tokens_per_s = median(rates);
+    result.mfu = flops_per_token(config, o.seq) * result.tokens_per_s / (result.peak_gflops * 1e9);
   });
   return result;
 }

@@ -71,7 +71,8 @@ struct TrainResult {
   double forward_s = 0, backward_s = 0, optimizer_s = 0;
 };
 
-// Checks every number of the options (ranges, finite, no overflow), before any work.
+// Checks the options before any work: every number (ranges, finite, no overflow), the choices
+// (--sharding, --dtype) and the flags that do not go together.
 void check_options(const TrainOptions& options);
 
 // Refuses a run whose training_bytes_lower_bound exceeds the machine's memory (times the
