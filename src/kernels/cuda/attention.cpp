@@ -1,6 +1,6 @@
 // The CUDA attention's entry points: checks, the scratch layout, and the batches' offsets carried
-// to the kernels by value (no copy to the device, no wait). The kernels: attention_kernels.cuh,
-// launched by attention.cu.
+// to the kernels by value (no copy to the device, no wait). The kernels: attention_forward.cuh,
+// attention_backward.cuh and attention_deterministic_dq.cuh, launched by attention.cu.
 //
 // Offsets. Each operand's `offsets` (host memory, possibly freed when the call returns) is fitted
 // to base + (b % inner) * inner_stride + (b / inner) * outer_stride, which every [.., heads]

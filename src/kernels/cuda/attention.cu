@@ -1,16 +1,76 @@
-// The CUDA attention kernels (attention_kernels.cuh) instantiated per dtype and padded head_dim
-// (the shapes: Tiles there), and their launchers (attention_launch.h). The entry points, checks
-// and the batches' offsets are in attention.cpp.
+// The CUDA attention kernels instantiated per dtype and padded head_dim (the shapes: Tiles
+// below), and their launchers (attention_launch.h). The kernels' bodies: attention_forward.cuh,
+// attention_backward.cuh and attention_deterministic_dq.cuh, on the tile code of
+// attention_warp.cuh. The entry points, checks and the batches' offsets are in attention.cpp.
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
-#include "kernels/cuda/attention_kernels.cuh"
+#include "kernels/cuda/attention_backward.cuh"
+#include "kernels/cuda/attention_deterministic_dq.cuh"
+#include "kernels/cuda/attention_forward.cuh"
+#include "kernels/cuda/attention_launch.h"
+#include "kernels/cuda/attention_warp.cuh"
 #include "kernels/cuda/check.h"
 
 namespace nax::cuda::attention_detail {
 
 namespace {
+
+// The tile shapes by dtype and head_dim (host side): f(shape) with a ForwardShape, BackwardShape
+// or DqShape value. bf16 (tensor cores): 4 warps, 64 query rows per forward block and 64 keys
+// per tile (32 at head_dim 256, whose O accumulator alone is 128 registers a thread); backward
+// 64 keys x 64 queries with dk, dv in chunks of up to 128 columns (each chunk recomputes S and
+// dP: fewer chunks, less work, but dk, dv and dq accumulators of 128 columns take 255 registers
+// with a few bytes of spill). f32 (FMAs): smaller tiles where its rows, twice as wide, would not
+// fit shared memory, and 64-column chunks.
+template <typename T>
+struct Tiles;
+
+template <>
+struct Tiles<bf16_t> {
+  template <typename F>
+  static void forward(int head_dim, F&& f) {
+    if (head_dim <= 64) f(ForwardShape<bf16_t, 64, 64, 4>{});
+    else if (head_dim <= 128) f(ForwardShape<bf16_t, 128, 64, 4>{});
+    else f(ForwardShape<bf16_t, 256, 32, 4>{});
+  }
+  template <typename F>
+  static void backward(int head_dim, F&& f) {
+    if (head_dim <= 64) f(BackwardShape<bf16_t, 64, 64, 4>{});
+    else if (head_dim <= 128) f(BackwardShape<bf16_t, 128, 128, 4>{});
+    else f(BackwardShape<bf16_t, 256, 128, 4>{});
+  }
+  template <typename F>
+  static void dq(int head_dim, F&& f) {
+    if (head_dim <= 64) f(DqShape<bf16_t, 64, 64, 64, 4>{});
+    else if (head_dim <= 128) f(DqShape<bf16_t, 128, 64, 128, 4>{});
+    else f(DqShape<bf16_t, 256, 32, 128, 4>{});
+  }
+};
+
+template <>
+struct Tiles<float> {
+  template <typename F>
+  static void forward(int head_dim, F&& f) {
+    if (head_dim <= 64) f(ForwardShape<float, 64, 64, 4>{});
+    else if (head_dim <= 128) f(ForwardShape<float, 128, 32, 4>{});
+    else f(ForwardShape<float, 256, 32, 4>{});
+  }
+  template <typename F>
+  static void backward(int head_dim, F&& f) {
+    if (head_dim <= 64) f(BackwardShape<float, 64, 64, 4>{});
+    else if (head_dim <= 128) f(BackwardShape<float, 128, 64, 2>{});
+    else f(BackwardShape<float, 256, 64, 2>{});
+  }
+  template <typename F>
+  static void dq(int head_dim, F&& f) {
+    if (head_dim <= 64) f(DqShape<float, 64, 64, 64, 4>{});
+    else if (head_dim <= 128) f(DqShape<float, 128, 32, 64, 2>{});
+    else f(DqShape<float, 256, 32, 64, 2>{});
+  }
+};
 
 template <typename T, int D, int BN, int W>
 __global__ void __launch_bounds__(32 * W) forward_kernel(const __grid_constant__ Params p) {

@@ -8,7 +8,8 @@
 // dtypes: f32 (FMAs, f32 throughout) and bf16 (tensor cores, f32 accumulation and softmax);
 // head_dim up to 256; tq <= tk, any sizes. The offsets arrays are host memory, read before the
 // call returns. Work is enqueued on `stream`; the calls return without waiting for it.
-// Algorithm, tiling and scratch: attention_kernels.cuh and attention.cpp.
+// Algorithm: attention_forward.cuh, attention_backward.cuh, attention_deterministic_dq.cuh (the
+// tile code they share: attention_warp.cuh); tiling: attention.cu; scratch: attention.cpp.
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 #pragma once
-// Internal to the CUDA attention (attention.cpp, attention.cu, attention_kernels.cuh): the kernel
-// parameter block and the launchers. Plain C++17 and no fmt, so that nvcc compiles it; the public
-// entry points and their checks are in attention.h / attention.cpp.
+// Internal to the CUDA attention (attention.cpp, attention.cu and the kernels' attention_*.cuh):
+// the kernel parameter block and the launchers. Plain C++17 and no fmt, so that nvcc compiles
+// it; the public entry points and their checks are in attention.h / attention.cpp.
 #include <cuda_runtime.h>
 
 #include <cstddef>
