@@ -147,11 +147,11 @@ TEST_CASE("mpi: broadcast and barrier through the Communicator match the thread 
       for (int root : {0, n - 1}) {
         both.check(fmt::format("broadcast from {} over {}", root, Names(axes).str()), [&](Shard& s) {
           Communicator& c = s.comm(axes);
-          c.set_origin("test broadcast");
-          c.barrier();
+          const Call call{"test broadcast"};
+          c.barrier(call);
           std::vector<double> send = input_of(s.device(), Shape{{"i", 9}}, DType::f64).to_vector<double>(), recv(9, -1.0);
-          c.broadcast(send.data(), recv.data(), recv.size(), DType::f64, root);
-          c.broadcast(send.data(), send.data(), send.size(), DType::f64, root);  // in place
+          c.broadcast(send.data(), recv.data(), recv.size(), DType::f64, root, call);
+          c.broadcast(send.data(), send.data(), send.size(), DType::f64, root, call);  // in place
           NAX_EXPECT(send == recv);
           return from_vector(Shape{{"i", 9}}, recv);
         }, 0);

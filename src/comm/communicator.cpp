@@ -87,25 +87,25 @@ class FinishedRequest final : public Communicator::Request {
 }  // namespace
 
 std::unique_ptr<Communicator::Request> Communicator::start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
-                                                                      ReduceOp op) {
-  all_reduce(send, recv, count, dtype, op);
+                                                                      ReduceOp op, const Call& call) {
+  all_reduce(send, recv, count, dtype, op, call);
   return std::make_unique<FinishedRequest>();
 }
 
-std::unique_ptr<Communicator::Request> Communicator::start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
-  all_gather(send, recv, count, dtype);
+std::unique_ptr<Communicator::Request> Communicator::start_all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
+  all_gather(send, recv, count, dtype, call);
   return std::make_unique<FinishedRequest>();
 }
 
 std::unique_ptr<Communicator::Request> Communicator::start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
-                                                                          ReduceOp op) {
-  reduce_scatter(send, recv, count, dtype, op);
+                                                                          ReduceOp op, const Call& call) {
+  reduce_scatter(send, recv, count, dtype, op, call);
   return std::make_unique<FinishedRequest>();
 }
 
 std::unique_ptr<Communicator::Request> Communicator::start_permute(const void* send, void* recv, std::size_t count, DType dtype,
-                                                                   const std::vector<std::pair<int, int>>& pairs) {
-  permute(send, recv, count, dtype, pairs);
+                                                                   const std::vector<std::pair<int, int>>& pairs, const Call& call) {
+  permute(send, recv, count, dtype, pairs, call);
   return std::make_unique<FinishedRequest>();
 }
 

@@ -25,11 +25,13 @@ class Launch {
   // A started call that is never completed (an error on the way) releases its buffers' marks.
   ~Launch();
 
-  void all_reduce(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
-  void all_gather(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype);
-  void reduce_scatter(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  // The communicator's calls, made with `call` (the named collective's text and site): a started
+  // one is named by the start form's label instead.
+  void all_reduce(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call);
+  void all_gather(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, const Call& call);
+  void reduce_scatter(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call);
   void permute(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype,
-               const std::vector<std::pair<int, int>>& pairs);
+               const std::vector<std::pair<int, int>>& pairs, const Call& call);
   // Buffers a started call reads or writes: alive until it completes, and marked pending until
   // then, so that a write to one (Tensor::mutable_data) is an error naming the collective.
   void keep(std::initializer_list<Tensor> buffers);
@@ -43,9 +45,9 @@ class Launch {
 
  private:
   Launch(bool start, std::string label) : start_(start), label_(std::move(label)) {}
-  // Names the started call on `c` (the collective named it as its blocking form).
-  Communicator& named(Communicator& c) const;
-  void started(const Communicator& c);  // marks the kept buffers pending under c's origin
+  // The started call's Call: named by the label (the collective named it as its blocking form).
+  Call named(const Call& call) const;
+  void started(const Call& call);  // marks the kept buffers pending under the call's name
   void release();                       // clears those marks (the buffers stay kept)
   bool start_;
   std::string label_;

@@ -54,12 +54,12 @@ std::optional<LocalMean> local_mean_of(const Tensor& mean);
 // them in: blocks cut over several mesh axes are numbered major first in mesh order.
 Names in_mesh_order(const Names& mesh_axes);
 
-// The psum of x over the group of `comm` (n ranks) in the canonical order, typed `vary`: each
+// The psum of x over the group of `comm` (n ranks; its calls made with `call`) in the canonical order, typed `vary`: each
 // partial sum of x's record added over the ranks in the halving tree, then the adds that combined
 // them redone in their order. One all_gather of all the terms: n times an all-reduce's data.
-Tensor psum(Communicator& comm, const Tensor& x, const Names& mesh_axes, const VaryType& vary, detail::Launch& launch);
+Tensor psum(Communicator& comm, const Call& call, const Tensor& x, const Names& mesh_axes, const VaryType& vary, detail::Launch& launch);
 // The same, keeping this rank's block `out` of x viewed as [outer, ranks, block / outer].
-Tensor psum_scatter(Communicator& comm, const Tensor& x, const Names& mesh_axes, Tensor out, std::int64_t outer,
+Tensor psum_scatter(Communicator& comm, const Call& call, const Tensor& x, const Names& mesh_axes, Tensor out, std::int64_t outer,
                     detail::Launch& launch);
 
 }  // namespace nax::deterministic

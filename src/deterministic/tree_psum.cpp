@@ -88,7 +88,7 @@ DType summed_dtype(DType dtype) { return dtype == DType::bf16 ? DType::f32 : dty
 
 // Every leaf of the expression (in its summed dtype, laid out by `arrange`) end to end, and the
 // started all_gather of all ranks' copies of that, rank-major: [ranks, leaves * whole].
-Tensor gather_leaves(Communicator& comm, const SumExpression& expression, DType dtype, std::int64_t whole,
+Tensor gather_leaves(Communicator& comm, const Call& call, const SumExpression& expression, DType dtype, std::int64_t whole,
                      const std::function<Tensor(const Tensor&)>& arrange, detail::Launch& launch) {
   const std::size_t es = dtype_size(dtype);
   const std::int64_t total = whole * static_cast<std::int64_t>(expression.leaves.size());
@@ -99,7 +99,7 @@ Tensor gather_leaves(Communicator& comm, const SumExpression& expression, DType 
   }
   Tensor gathered = Tensor::empty(Shape{{"ranks", comm.size()}, {"leaves", total}}, dtype, stacked.device_ptr());
   launch.keep({stacked, gathered});
-  launch.all_gather(comm, stacked.raw(), gathered.raw_mutable(), static_cast<std::size_t>(total), dtype);
+  launch.all_gather(comm, stacked.raw(), gathered.raw_mutable(), static_cast<std::size_t>(total), dtype, call);
   return gathered;
 }
 
@@ -120,10 +120,10 @@ void sum_block(Tensor& gathered, const SumExpression& expression, int n, std::in
 
 }  // namespace
 
-Tensor psum(Communicator& comm, const Tensor& x, const Names& mesh_axes, const VaryType& vary, detail::Launch& launch) {
+Tensor psum(Communicator& comm, const Call& call, const Tensor& x, const Names& mesh_axes, const VaryType& vary, detail::Launch& launch) {
   const SumExpression expression = SumExpression::of(x, mesh_axes);
   const std::int64_t whole = x.numel();
-  Tensor gathered = gather_leaves(comm, expression, summed_dtype(x.dtype()), whole, [](const Tensor& t) { return t; }, launch);
+  Tensor gathered = gather_leaves(comm, call, expression, summed_dtype(x.dtype()), whole, [](const Tensor& t) { return t; }, launch);
   return launch.then([gathered, expression, n = comm.size(), whole, shape = x.shape(), vary, narrow = x.dtype()]() mutable {
     Tensor out = Tensor::empty(shape, gathered.dtype(), gathered.device_ptr());
     if (!vary.invariant()) out = out.with_vary(vary);
@@ -133,7 +133,7 @@ Tensor psum(Communicator& comm, const Tensor& x, const Names& mesh_axes, const V
   });
 }
 
-Tensor psum_scatter(Communicator& comm, const Tensor& x, const Names& mesh_axes, Tensor out, std::int64_t outer,
+Tensor psum_scatter(Communicator& comm, const Call& call, const Tensor& x, const Names& mesh_axes, Tensor out, std::int64_t outer,
                     detail::Launch& launch) {
   const SumExpression expression = SumExpression::of(x, mesh_axes);
   const std::int64_t whole = x.numel(), block = out.numel();
@@ -144,7 +144,7 @@ Tensor psum_scatter(Communicator& comm, const Tensor& x, const Names& mesh_axes,
     detail::regroup(leaf, grouped, outer, n, block / outer, false);
     return grouped;
   };
-  Tensor gathered = gather_leaves(comm, expression, out.dtype(), whole, by_rank, launch);
+  Tensor gathered = gather_leaves(comm, call, expression, out.dtype(), whole, by_rank, launch);
   return launch.then([gathered, out, expression, n, rank = comm.rank(), whole, block, narrow = x.dtype()]() mutable {
     sum_block(gathered, expression, n, whole, static_cast<std::int64_t>(rank) * block, block, out);
     return detail::converted(out, narrow);

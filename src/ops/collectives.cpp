@@ -21,6 +21,7 @@ struct Context {
   Shard& shard;
   Communicator& comm;
   int n;
+  Call call;  // passed with each of the communicator's calls
   trace::Span span;  // the collective's slice in the trace, until the collective returns
 };
 
@@ -76,12 +77,10 @@ Context enter(std::string_view op, const Tensor* x, const Names& mesh_axes, cons
   Communicator& comm = shard.comm(mesh_axes);
   const std::string call = x != nullptr ? fmt::format("{}({}, {}{})", op, x->str(), mesh_axes.str(), extra)
                                         : fmt::format("{}({}{})", op, mesh_axes.str(), extra);
-  comm.set_origin(site.label(call));
   CallSite with_arguments = site;
   with_arguments.arguments = std::hash<std::string>{}(call);
-  comm.set_call_site(with_arguments);
   if (span.active()) span.add_args(fmt::format("\"group_size\": {}", comm.size()));
-  return {shard, comm, comm.size(), std::move(span)};
+  return {shard, comm, comm.size(), Call{site.label(call), with_arguments.hash()}, std::move(span)};
 }
 
 bool contains(const std::vector<std::string>& list, const std::string& name) {
@@ -163,11 +162,11 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
            "whole; {} over '{}' first", x_in.str(), x_in.vary().local_mean(m) ? "mean" : "sum", m, op.substr(1), op.substr(1),
            x_in.vary().local_mean(m) ? "pmean" : "psum", m);
   if (c.n == 1) return x_in.with_vary(vary);  // a group of one: nothing to reduce, nothing sent
-  if (reduce == ReduceOp::sum && deterministic::on()) return deterministic::psum(c.comm, x_in, mesh_axes, vary, launch);
+  if (reduce == ReduceOp::sum && deterministic::on()) return deterministic::psum(c.comm, c.call, x_in, mesh_axes, vary, launch);
   Tensor x = reduce == ReduceOp::sum ? summed_form(x_in) : x_in;
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
   launch.keep({x});
-  launch.all_reduce(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), reduce);
+  launch.all_reduce(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), reduce, c.call);
   return launch.then([out, dtype = x_in.dtype()] { return detail::narrow_to(out, dtype); });
 }
 
@@ -317,11 +316,11 @@ Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh
   const std::int64_t outer = stack ? 1 : outer_size(x.shape(), axis);
   launch.keep({x});
   if (outer == 1) {
-    launch.all_gather(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype());
+    launch.all_gather(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), c.call);
     return launch.then([out] { return out; });
   }
   Tensor staging = Tensor::empty(Shape{{"rank", c.n}, {"block", x.numel()}}, x.dtype(), x.device_ptr());
-  launch.all_gather(c.comm, x.raw(), staging.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype());
+  launch.all_gather(c.comm, x.raw(), staging.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), c.call);
   return launch.then([staging, out, outer, n = c.n, chunk = x.numel() / outer]() mutable {
     detail::regroup(staging, out, outer, n, chunk, true);
     return out;
@@ -397,15 +396,15 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
   Tensor out = detail::make_result(Shape(axes), x.dtype(), vary, x.device_ptr());
   const std::int64_t outer = outer_size(x.shape(), axis);
   const std::size_t block = static_cast<std::size_t>(out.numel());
-  if (deterministic::on()) return deterministic::psum_scatter(c.comm, x_in, mesh_axes, out, outer, launch);
+  if (deterministic::on()) return deterministic::psum_scatter(c.comm, c.call, x_in, mesh_axes, out, outer, launch);
   if (outer == 1) {
     launch.keep({x});
-    launch.reduce_scatter(c.comm, x.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);
+    launch.reduce_scatter(c.comm, x.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum, c.call);
   } else {
     Tensor staging = Tensor::empty(Shape{{"rank", c.n}, {"block", out.numel()}}, x.dtype(), x.device_ptr());
     detail::regroup(x, staging, outer, c.n, out.numel() / outer, false);
     launch.keep({staging});
-    launch.reduce_scatter(c.comm, staging.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum);
+    launch.reduce_scatter(c.comm, staging.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum, c.call);
   }
   return launch.then([out, dtype = x_in.dtype()] { return detail::narrow_to(out, dtype); });
 }
@@ -451,7 +450,7 @@ Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vect
   if (c.n == 1 && !pairs.empty()) return x.with_vary(vary);  // (0, 0): the block stays
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
   launch.keep({x});
-  launch.permute(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), pairs);
+  launch.permute(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), pairs, c.call);
   return launch.then([out] { return out; });
 }
 
@@ -508,7 +507,7 @@ Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::st
   const std::int64_t split_outer = outer_size(x.shape(), split_axis);
   detail::regroup(x, send, split_outer, c.n, block / split_outer, false);
   Tensor recv = Tensor::empty(send.shape(), x.dtype(), x.device_ptr());
-  c.comm.all_to_all(send.raw(), recv.raw_mutable(), static_cast<std::size_t>(block), x.dtype());
+  c.comm.all_to_all(send.raw(), recv.raw_mutable(), static_cast<std::size_t>(block), x.dtype(), c.call);
 
   // Concatenate what arrived along concat_axis, in rank order.
   std::vector<Axis> out_axes = block_axes;

@@ -60,6 +60,15 @@ struct CallSite {
   std::uint64_t hash() const;  // 0 for an unknown site
 };
 
+// Which named collective makes a communicator call, passed with the call: its text and site
+// ("psum(f32[i=4] varying{mp}, mp) at f.cpp:12:7", named in a backend's errors) and the site's
+// hash (CallSite::hash, with the call's arguments), which every signature the group compares
+// carries. A call made outside the named collectives passes none.
+struct Call {
+  std::string origin;
+  std::uint64_t site = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -69,18 +78,18 @@ class Communicator {
   virtual std::string describe() const = 0;  // backend and group, for error messages
 
   // recv[i] = op over ranks of send[i], `count` elements.
-  virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) = 0;
+  virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {}) = 0;
   // recv = concatenation of every rank's `count` elements, in rank order.
-  virtual void all_gather(const void* send, void* recv, std::size_t count, DType dtype) = 0;
+  virtual void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call = {}) = 0;
   // send holds size() blocks of `count`; recv = op over ranks of block rank().
-  virtual void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) = 0;
+  virtual void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {}) = 0;
   // send holds size() blocks of `count`; block j goes to rank j; recv block j came from rank j.
-  virtual void all_to_all(const void* send, void* recv, std::size_t count, DType dtype) = 0;
+  virtual void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Call& call = {}) = 0;
   // For each (src, dst), dst receives src's `count` elements; a rank that is no destination gets zeros.
   virtual void permute(const void* send, void* recv, std::size_t count, DType dtype,
-                       const std::vector<std::pair<int, int>>& pairs) = 0;
-  virtual void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) = 0;
-  virtual void barrier() = 0;
+                       const std::vector<std::pair<int, int>>& pairs, const Call& call = {}) = 0;
+  virtual void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root, const Call& call = {}) = 0;
+  virtual void barrier(const Call& call = {}) = 0;
 
   // A collective started and not yet waited for: its buffers must stay alive and untouched until
   // wait() returns. wait() raises what the blocking form would (a mismatch, a timeout, an abort);
@@ -93,21 +102,13 @@ class Communicator {
   // Start forms of the collectives above: same arguments, same order rules (a start counts as the
   // call, in the order started), the result in recv once the request is waited for. The defaults
   // run the blocking form and return a finished request; backends that can overlap override them.
-  virtual std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
-  virtual std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::size_t count, DType dtype);
-  virtual std::unique_ptr<Request> start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  virtual std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {});
+  virtual std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call = {});
+  virtual std::unique_ptr<Request> start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {});
   virtual std::unique_ptr<Request> start_permute(const void* send, void* recv, std::size_t count, DType dtype,
-                                                 const std::vector<std::pair<int, int>>& pairs);
+                                                 const std::vector<std::pair<int, int>>& pairs, const Call& call = {});
 
   const CommStats& stats() const { return stats_; }
-
-  // Names the collective that the next calls come from (e.g. "psum(f32[i=4] varying{mp}, mp)"),
-  // so that a backend's errors can say which user call disagreed or timed out.
-  void set_origin(std::string origin) { origin_ = std::move(origin); }
-  const std::string& origin() const { return origin_; }
-  // The call site of the next calls: part of every signature the group compares.
-  void set_call_site(const CallSite& site) { call_site_hash_ = site.hash(); }
-  std::uint64_t call_site_hash() const { return call_site_hash_; }
 
  protected:
   void record(CollectiveKind kind, std::size_t bytes) {
@@ -117,8 +118,6 @@ class Communicator {
 
  private:
   CommStats stats_;
-  std::string origin_;
-  std::uint64_t call_site_hash_ = 0;
 };
 
 }  // namespace nax

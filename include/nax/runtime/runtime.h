@@ -61,9 +61,9 @@ struct RuntimeOptions {
   // they leave per-shard code (returned by run, gathered, asserted with expect_vary), and remat
   // compares its recompute on devices the host cannot read. Unset: on when $NAX_CHECK is set to
   // anything but 0.
-  std::optional<bool> check_values;
+  std::optional<bool> check_values = std::nullopt;
   // The global view prints every sharding decision (device 0). Unset: $NAX_SHARDING_LOG as above.
-  std::optional<bool> sharding_log;
+  std::optional<bool> sharding_log = std::nullopt;
 };
 
 // The options with what they leave unset read from the environment (the one place nax reads it;

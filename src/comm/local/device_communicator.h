@@ -22,17 +22,17 @@ class DeviceCommunicator final : public Communicator {
   int size() const override { return group_->size(); }
   std::string describe() const override { return "device-local " + group_->label(); }
 
-  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
-  void all_gather(const void* send, void* recv, std::size_t count, DType dtype) override;
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
-  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype) override;
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {}) override;
+  void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call = {}) override;
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {}) override;
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Call& call = {}) override;
   void permute(const void* send, void* recv, std::size_t count, DType dtype,
-               const std::vector<std::pair<int, int>>& pairs) override;
-  void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) override;
-  void barrier() override;
+               const std::vector<std::pair<int, int>>& pairs, const Call& call = {}) override;
+  void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root, const Call& call = {}) override;
+  void barrier(const Call& call = {}) override;
 
  private:
-  Signature signature(CollectiveKind kind, DType dtype, std::size_t count, int detail = 0, std::uint64_t pairs_hash = 0) const;
+  Signature signature(const Call& call, CollectiveKind kind, DType dtype, std::size_t count, int detail = 0, std::uint64_t pairs_hash = 0) const;
   void join(const Signature& sig, const void* send, void* recv);  // drain the stream, publish, wait
   void leave();                                                    // drain the stream, wait for all
   // dst (this device) = the ranks' elements [offset, offset + count) of the send buffers, reduced

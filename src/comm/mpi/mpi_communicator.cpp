@@ -38,9 +38,9 @@ MpiCommunicator::~MpiCommunicator() {
   static_cast<void>(agreement_.release());  // a pending check may still write it
 }
 
-CollectiveSignature MpiCommunicator::signature(CollectiveKind kind, DType dtype, std::size_t count, int detail,
+CollectiveSignature MpiCommunicator::signature(const Call& call, CollectiveKind kind, DType dtype, std::size_t count, int detail,
                                                std::uint64_t pairs_hash) const {
-  return CollectiveSignature{kind, dtype, count, detail, pairs_hash, &origin(), call_site_hash()};
+  return CollectiveSignature{kind, dtype, count, detail, pairs_hash, &call.origin, call.site};
 }
 
 void MpiCommunicator::wait(std::span<MPI_Request> requests, const CollectiveSignature& sig, bool agreed) {
@@ -72,13 +72,14 @@ std::string MpiCommunicator::mismatch_message(const CollectiveSignature& sig) {
                            sig.detail, sig.pairs_hash, sig.call_site};
   std::vector<WireSignature> all(members_.size());
   check(MPI_Allgather(&wire, sizeof wire, MPI_BYTE, all.data(), sizeof wire, MPI_BYTE, comm_.get()), "MPI_Allgather");
-  const int length = static_cast<int>(origin().size());
+  const std::string& origin = sig.origin != nullptr ? *sig.origin : std::string();
+  const int length = static_cast<int>(origin.size());
   std::vector<int> lengths(members_.size()), offsets(members_.size());
   check(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm_.get()), "MPI_Allgather");
   int total = 0;
   for (std::size_t r = 0; r < lengths.size(); ++r) offsets[r] = std::exchange(total, total + lengths[r]);
   std::string origins(static_cast<std::size_t>(total), '\0');
-  check(MPI_Allgatherv(origin().data(), length, MPI_CHAR, origins.data(), lengths.data(), offsets.data(), MPI_CHAR, comm_.get()),
+  check(MPI_Allgatherv(origin.data(), length, MPI_CHAR, origins.data(), lengths.data(), offsets.data(), MPI_CHAR, comm_.get()),
         "MPI_Allgatherv");
   auto rank_signature = [&](std::size_t r, std::string& origin_text) {
     origin_text = origins.substr(static_cast<std::size_t>(offsets[r]), static_cast<std::size_t>(lengths[r]));
@@ -135,8 +136,8 @@ std::unique_ptr<Communicator::Request> MpiCommunicator::posted(std::vector<MPI_R
 }
 
 std::unique_ptr<Communicator::Request> MpiCommunicator::start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
-                                                                         ReduceOp op) {
-  const auto sig = signature(CollectiveKind::all_reduce, dtype, count, static_cast<int>(op));
+                                                                         ReduceOp op, const Call& call) {
+  const auto sig = signature(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op));
   begin(CollectiveKind::all_reduce, count * dtype_size(dtype), sig);
   std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
   check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, count_of(count, "all_reduce"), datatype(dtype), reduce_op(op, dtype),
@@ -145,12 +146,12 @@ std::unique_ptr<Communicator::Request> MpiCommunicator::start_all_reduce(const v
   return posted(std::move(requests), sig);
 }
 
-void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
-  start_all_reduce(send, recv, count, dtype, op)->wait();
+void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
+  start_all_reduce(send, recv, count, dtype, op, call)->wait();
 }
 
-std::unique_ptr<Communicator::Request> MpiCommunicator::start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
-  const auto sig = signature(CollectiveKind::all_gather, dtype, count);
+std::unique_ptr<Communicator::Request> MpiCommunicator::start_all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
+  const auto sig = signature(call, CollectiveKind::all_gather, dtype, count);
   begin(CollectiveKind::all_gather, count * dtype_size(dtype), sig);
   const int n = count_of(count, "all_gather");
   count_of(count * members_.size(), "all_gather");
@@ -159,13 +160,13 @@ std::unique_ptr<Communicator::Request> MpiCommunicator::start_all_gather(const v
   return posted(std::move(requests), sig);
 }
 
-void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
-  start_all_gather(send, recv, count, dtype)->wait();
+void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
+  start_all_gather(send, recv, count, dtype, call)->wait();
 }
 
 std::unique_ptr<Communicator::Request> MpiCommunicator::start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
-                                                                             ReduceOp op) {
-  const auto sig = signature(CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op));
+                                                                             ReduceOp op, const Call& call) {
+  const auto sig = signature(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op));
   begin(CollectiveKind::reduce_scatter, count * members_.size() * dtype_size(dtype), sig);
   std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
   check(MPI_Ireduce_scatter_block(send, recv, count_of(count, "reduce_scatter"), datatype(dtype), reduce_op(op, dtype), comm_.get(),
@@ -174,12 +175,12 @@ std::unique_ptr<Communicator::Request> MpiCommunicator::start_reduce_scatter(con
   return posted(std::move(requests), sig);
 }
 
-void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
-  start_reduce_scatter(send, recv, count, dtype, op)->wait();
+void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
+  start_reduce_scatter(send, recv, count, dtype, op, call)->wait();
 }
 
-void MpiCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype) {
-  const auto sig = signature(CollectiveKind::all_to_all, dtype, count);
+void MpiCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
+  const auto sig = signature(call, CollectiveKind::all_to_all, dtype, count);
   begin(CollectiveKind::all_to_all, count * members_.size() * dtype_size(dtype), sig);
   const int n = count_of(count, "all_to_all");
   MPI_Request request = MPI_REQUEST_NULL;
@@ -188,9 +189,9 @@ void MpiCommunicator::all_to_all(const void* send, void* recv, std::size_t count
 }
 
 std::unique_ptr<Communicator::Request> MpiCommunicator::start_permute(const void* send, void* recv, std::size_t count, DType dtype,
-                                                                      const std::vector<std::pair<int, int>>& pairs) {
+                                                                      const std::vector<std::pair<int, int>>& pairs, const Call& call) {
   check_permute_pairs(pairs, size(), "permute", label_);
-  const auto sig = signature(CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs));
+  const auto sig = signature(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs));
   begin(CollectiveKind::permute, count * dtype_size(dtype), sig);
   const int n = count_of(count, "permute");
   const std::size_t bytes = count * dtype_size(dtype);
@@ -212,13 +213,13 @@ std::unique_ptr<Communicator::Request> MpiCommunicator::start_permute(const void
 }
 
 void MpiCommunicator::permute(const void* send, void* recv, std::size_t count, DType dtype,
-                              const std::vector<std::pair<int, int>>& pairs) {
-  start_permute(send, recv, count, dtype, pairs)->wait();
+                              const std::vector<std::pair<int, int>>& pairs, const Call& call) {
+  start_permute(send, recv, count, dtype, pairs, call)->wait();
 }
 
-void MpiCommunicator::broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) {
+void MpiCommunicator::broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root, const Call& call) {
   if (root < 0 || root >= size()) fail("broadcast", "root {} is out of range for a group of {} ranks", root, size());
-  const auto sig = signature(CollectiveKind::broadcast, dtype, count, root);
+  const auto sig = signature(call, CollectiveKind::broadcast, dtype, count, root);
   begin(CollectiveKind::broadcast, count * dtype_size(dtype), sig);
   if (rank_ == root && send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
   MPI_Request request = MPI_REQUEST_NULL;
@@ -226,8 +227,8 @@ void MpiCommunicator::broadcast(const void* send, void* recv, std::size_t count,
   wait({&request, 1}, sig, world_->check_collectives());
 }
 
-void MpiCommunicator::barrier() {
-  const auto sig = signature(CollectiveKind::barrier, DType::f32, 0);
+void MpiCommunicator::barrier(const Call& call) {
+  const auto sig = signature(call, CollectiveKind::barrier, DType::f32, 0);
   begin(CollectiveKind::barrier, 0, sig);
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Ibarrier(comm_.get(), &request), "MPI_Ibarrier");

@@ -28,27 +28,27 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return static_cast<int>(members_.size()); }
   std::string describe() const override { return "mpi " + label_; }
 
-  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
-  void all_gather(const void* send, void* recv, std::size_t count, DType dtype) override;
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
-  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype) override;
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {}) override;
+  void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call = {}) override;
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {}) override;
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Call& call = {}) override;
   void permute(const void* send, void* recv, std::size_t count, DType dtype,
-               const std::vector<std::pair<int, int>>& pairs) override;
-  void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) override;
-  void barrier() override;
+               const std::vector<std::pair<int, int>>& pairs, const Call& call = {}) override;
+  void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root, const Call& call = {}) override;
+  void barrier(const Call& call = {}) override;
 
   // MPI's own non-blocking collectives, posted after the signature check (which waits for the
   // group) and waited for by the request as the blocking forms wait.
-  std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
-  std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) override;
-  std::unique_ptr<Request> start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
+  std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {}) override;
+  std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call = {}) override;
+  std::unique_ptr<Request> start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {}) override;
   std::unique_ptr<Request> start_permute(const void* send, void* recv, std::size_t count, DType dtype,
-                                         const std::vector<std::pair<int, int>>& pairs) override;
+                                         const std::vector<std::pair<int, int>>& pairs, const Call& call = {}) override;
 
  private:
   class MpiRequest;
   std::unique_ptr<Request> posted(std::vector<MPI_Request> requests, const CollectiveSignature& sig);
-  CollectiveSignature signature(CollectiveKind kind, DType dtype, std::size_t count, int detail = 0, std::uint64_t pairs_hash = 0) const;
+  CollectiveSignature signature(const Call& call, CollectiveKind kind, DType dtype, std::size_t count, int detail = 0, std::uint64_t pairs_hash = 0) const;
   // Records the call, checks that no device failed, and agrees on the signature with the group.
   void begin(CollectiveKind kind, std::size_t bytes, const CollectiveSignature& sig);
   // `agreed`: the group passed the signature check, so every member has posted its part.

@@ -39,22 +39,22 @@ class NcclCommunicator final : public Communicator {
   // Without it (make_nccl_group), collectives are NCCL's alone.
   void guard(std::string label, std::vector<int> devices, double timeout_s, bool check_collectives);
 
-  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
-  void all_gather(const void* send, void* recv, std::size_t count, DType dtype) override;
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
-  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype) override;
-  void permute(const void* send, void* recv, std::size_t count, DType dtype, const std::vector<std::pair<int, int>>& pairs) override;
-  void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root) override;
-  void barrier() override;
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {}) override;
+  void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call = {}) override;
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {}) override;
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Call& call = {}) override;
+  void permute(const void* send, void* recv, std::size_t count, DType dtype, const std::vector<std::pair<int, int>>& pairs, const Call& call = {}) override;
+  void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root, const Call& call = {}) override;
+  void barrier(const Call& call = {}) override;
 
   // Started collectives run on a side stream of this communicator, after the work enqueued so far
   // on the compute stream; waiting makes the compute stream wait for them (the host does not).
   // Collectives enqueued later, started or not, follow them: NCCL sees one order per rank.
-  std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
-  std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::size_t count, DType dtype) override;
-  std::unique_ptr<Request> start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override;
+  std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {}) override;
+  std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call = {}) override;
+  std::unique_ptr<Request> start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {}) override;
   std::unique_ptr<Request> start_permute(const void* send, void* recv, std::size_t count, DType dtype,
-                                         const std::vector<std::pair<int, int>>& pairs) override;
+                                         const std::vector<std::pair<int, int>>& pairs, const Call& call = {}) override;
 
  private:
   void init_scratch();
