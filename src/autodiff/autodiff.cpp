@@ -17,16 +17,13 @@ namespace nax {
 
 namespace autodiff {
 
-namespace {
-
-// The vary type a gradient of `like` takes: like's, except that the gradient of a partial value
-// is Varying: it is the gradient of the whole (psum's transpose broadcasts it), scaled by whatever
-// per-device factors the partial met, not itself a term of a sum waiting for its psum.
 VaryType gradient_vary(const Tensor& like) {
   VaryType vary = like.vary();
   for (const auto& m : like.vary().partial_mesh_axes()) vary.set_varying(m);
   return vary;
 }
+
+namespace {
 
 // A contribution in the value's axis order and dtype, with the value's vary type except over the
 // mesh axes where the value is Invariant and the contribution varies (returned, to psum later).
@@ -170,6 +167,19 @@ std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings)
 
 Tensor finish(const Pending& p) { return finish_bucketed({&p})[0]; }
 
+std::vector<Tensor> gradients_of(const Grads& grads, const std::vector<Tensor>& params) {
+  std::vector<const Pending*> pendings;
+  for (const auto& p : params) {
+    auto it = grads.find(p.grad_node().get());
+    pendings.push_back(it != grads.end() ? &it->second : nullptr);
+  }
+  Transposing transposing;
+  std::vector<Tensor> out = finish_bucketed(pendings);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (!out[i].defined()) out[i] = zeros(params[i].shape(), params[i].dtype()).with_vary(params[i].vary());
+  return out;
+}
+
 namespace {
 
 // Nodes reachable from `root` and made at or after `floor`, each after every node that consumes
@@ -265,18 +275,8 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params, 
   NoGrad no_grad;  // backward computations are not recorded
   if (loss.device().index() >= 0 && Shard::current() == nullptr)
     fail("grad", "the loss lives on {}: call grad inside Runtime::run", loss.device().str());
-  auto grads = autodiff::backpropagate(loss, full(Shape{}, 1.0, loss.dtype()).with_vary(autodiff::gradient_vary(loss)), wanted, 0);
-
-  std::vector<const autodiff::Pending*> pendings;
-  for (const auto& p : params) {
-    auto it = grads.find(p.grad_node().get());
-    pendings.push_back(it != grads.end() ? &it->second : nullptr);
-  }
-  autodiff::Transposing transposing;
-  std::vector<Tensor> out = autodiff::finish_bucketed(pendings);
-  for (std::size_t i = 0; i < params.size(); ++i)
-    if (!out[i].defined()) out[i] = zeros(params[i].shape(), params[i].dtype()).with_vary(params[i].vary());
-  return out;
+  const auto grads = autodiff::backpropagate(loss, full(Shape{}, 1.0, loss.dtype()).with_vary(autodiff::gradient_vary(loss)), wanted, 0);
+  return autodiff::gradients_of(grads, params);
 }
 
 std::pair<Tensor, std::vector<Tensor>> value_and_grad(const std::function<Tensor(const std::vector<Tensor>&)>& fn,

@@ -27,12 +27,20 @@ struct Pending {
 
 using Grads = std::unordered_map<Node*, Pending>;
 
+// The vary type a gradient of `like` takes: like's, except that the gradient of a partial value
+// is Varying: it is the gradient of the whole (psum's transpose broadcasts it), scaled by whatever
+// per-device factors the partial met, not itself a term of a sum waiting for its psum.
+VaryType gradient_vary(const Tensor& like);
+
 // Adds one consumer's contribution to a value's gradient.
 void accumulate(Pending& p, const Tensor& g_in, const std::string& op);
 
 // Finished gradients (their psums bucketed: see autodiff.cpp); undefined where a pending is null.
 std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings);
 Tensor finish(const Pending& p);
+// The finished gradients of `params` (leaves the walk was asked for) from a walk's pendings,
+// their psums bucketed; zeros for a param the walk did not reach.
+std::vector<Tensor> gradients_of(const Grads& grads, const std::vector<Tensor>& params);
 
 // Backpropagates `seed` (d loss / d root) through every node reachable from root and made at or
 // after `floor` (Node::sequence), freeing each; returns the gradients pending at the nodes it

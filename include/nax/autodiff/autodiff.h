@@ -26,6 +26,20 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params, 
 std::pair<Tensor, std::vector<Tensor>> value_and_grad(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
                                                       const std::vector<Tensor>& params, GradOptions options = {});
 
+// Reverse mode for schedules, as jax.vjp: vjp(fn, primals) runs outputs = fn(primals) now and
+// keeps what their backward needs; pullback(cotangents), called once, later, with one cotangent
+// per output (its shape, any axis order, the output's vary type or one that still needs a psum),
+// returns one gradient per primal (zeros where no output depends on it). Between the two, other
+// forwards and pullbacks may run: a pipeline stage runs micro-batch i+1's forward before micro-batch
+// i's backward (1F1B). fn sees the primals as fresh leaves, so the gradient stops at them; a value
+// fn reads from outside that needs a gradient must be a primal (an error names it otherwise).
+// Collectives inside fn have their transposes run by the pullback, in reverse order.
+struct Vjp {
+  std::vector<Tensor> outputs;  // cut from the graph: use them freely
+  std::function<std::vector<Tensor>(const std::vector<Tensor>& cotangents)> pullback;
+};
+Vjp vjp(const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& primals);
+
 // Activation checkpointing, as jax.checkpoint: y = fn(inputs), recording nothing inside fn. Only
 // the values fn reads that need a gradient (its inputs and any tensors it captures, parameters
 // included) are kept; grad() runs fn again, recording, and backpropagates through that recompute.
