@@ -66,8 +66,8 @@ void check_partials_over(std::string_view op, const std::vector<Operand>& operan
     const Vary k = x.vary().kind(m);
     if (k == Vary::Partial) {
       if (x.vary().partial(m) != p.vary().partial(m))
-        fail(op, "{} is {} but {} is {}: finish each with its own collective before combining them", p.str(), what_partial(p, m),
-             x.str(), what_partial(x, m));
+        fail(op, "{} is {} but {} is {}: finish each with its own collective before combining them (a per-device value "
+             "joins a local mean as it is, Varying, with no as_partial)", p.str(), what_partial(p, m), x.str(), what_partial(x, m));
       continue;
     }
     // Split beside a partial value: merge_vary names it. A per-device factor or selector makes each
