@@ -26,10 +26,6 @@ class Scratch {
 
 }  // namespace
 
-Signature DeviceCommunicator::signature(const Call& call, CollectiveKind kind, DType dtype, std::size_t count, int detail, std::uint64_t pairs_hash) const {
-  return Signature{kind, dtype, count, detail, pairs_hash, &call.origin, call.site};
-}
-
 void DeviceCommunicator::join(const Signature& sig, const void* send, void* recv) {
   device_->kernels().synchronize();
   group_->arrive(rank_, sig, send, recv);
@@ -55,7 +51,7 @@ void DeviceCommunicator::reduce_slice(void* dst, std::size_t offset, std::size_t
 
 void DeviceCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
   record(CollectiveKind::all_reduce, count * dtype_size(dtype));
-  join(signature(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)), send, recv);
+  join(signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)), send, recv);
   // This rank reduces its 1/n slice into scratch (recv may alias send), then writes it to every
   // rank's recv buffer once all have read their slices.
   const std::size_t n = static_cast<std::size_t>(size()), r = static_cast<std::size_t>(rank_);
@@ -69,7 +65,7 @@ void DeviceCommunicator::all_reduce(const void* send, void* recv, std::size_t co
 
 void DeviceCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
   record(CollectiveKind::all_gather, count * dtype_size(dtype));
-  join(signature(call, CollectiveKind::all_gather, dtype, count), send, recv);
+  join(signature_of(call, CollectiveKind::all_gather, dtype, count), send, recv);
   for (int r = 0; r < size(); ++r)
     device_->kernels().copy_bytes(comm::element_at(recv, count * static_cast<std::size_t>(r), dtype), group_->send(r), count * dtype_size(dtype));
   leave();
@@ -77,14 +73,14 @@ void DeviceCommunicator::all_gather(const void* send, void* recv, std::size_t co
 
 void DeviceCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
   record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
-  join(signature(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)), send, recv);
+  join(signature_of(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)), send, recv);
   reduce_slice(recv, count * static_cast<std::size_t>(rank_), count, dtype, op);
   leave();
 }
 
 void DeviceCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
   record(CollectiveKind::all_to_all, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
-  join(signature(call, CollectiveKind::all_to_all, dtype, count), send, recv);
+  join(signature_of(call, CollectiveKind::all_to_all, dtype, count), send, recv);
   for (int r = 0; r < size(); ++r)
     device_->kernels().copy_bytes(comm::element_at(recv, count * static_cast<std::size_t>(r), dtype),
                                   comm::element_at(group_->send(r), count * static_cast<std::size_t>(rank_), dtype), count * dtype_size(dtype));
@@ -95,7 +91,7 @@ void DeviceCommunicator::permute(const void* send, void* recv, std::size_t count
                                  const std::vector<std::pair<int, int>>& pairs, const Call& call) {
   check_permute_pairs(pairs, size(), "permute", group_->label());
   record(CollectiveKind::permute, count * dtype_size(dtype));
-  join(signature(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)), send, recv);
+  join(signature_of(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)), send, recv);
   auto source = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.second == rank_; });
   if (source == pairs.end()) device_->kernels().fill(dtype, recv, static_cast<std::int64_t>(count), 0.0);
   else device_->kernels().copy_bytes(recv, group_->send(source->first), count * dtype_size(dtype));
@@ -105,14 +101,14 @@ void DeviceCommunicator::permute(const void* send, void* recv, std::size_t count
 void DeviceCommunicator::broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root, const Call& call) {
   if (root < 0 || root >= size()) fail("broadcast", "root {} is out of range for a group of {} ranks", root, size());
   record(CollectiveKind::broadcast, count * dtype_size(dtype));
-  join(signature(call, CollectiveKind::broadcast, dtype, count, root), send, recv);
+  join(signature_of(call, CollectiveKind::broadcast, dtype, count, root), send, recv);
   if (rank_ != root || send != recv) device_->kernels().copy_bytes(recv, group_->send(root), count * dtype_size(dtype));
   leave();
 }
 
 void DeviceCommunicator::barrier(const Call& call) {
   record(CollectiveKind::barrier, 0);
-  join(signature(call, CollectiveKind::barrier, DType::f32, 0), nullptr, nullptr);
+  join(signature_of(call, CollectiveKind::barrier, DType::f32, 0), nullptr, nullptr);
 }
 
 }  // namespace nax::local

@@ -32,7 +32,6 @@ class DeviceCommunicator final : public Communicator {
   void barrier(const Call& call = {}) override;
 
  private:
-  Signature signature(const Call& call, CollectiveKind kind, DType dtype, std::size_t count, int detail = 0, std::uint64_t pairs_hash = 0) const;
   void join(const Signature& sig, const void* send, void* recv);  // drain the stream, publish, wait
   void leave();                                                    // drain the stream, wait for all
   // dst (this device) = the ranks' elements [offset, offset + count) of the send buffers, reduced

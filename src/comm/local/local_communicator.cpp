@@ -23,10 +23,6 @@ void copy_out(void* dst, const void* src, std::size_t bytes, bool large) {
 
 }  // namespace
 
-Signature LocalCommunicator::signature(const Call& call, CollectiveKind kind, DType dtype, std::size_t count, int detail, std::uint64_t pairs_hash) const {
-  return Signature{kind, dtype, count, detail, pairs_hash, &call.origin, call.site};
-}
-
 void LocalCommunicator::reduce_block(const std::vector<void*>& dsts, std::size_t offset, std::size_t count, DType dtype,
                                      ReduceOp op) {
   // Accumulate a cache-sized chunk at a time, always in rank order, so that every rank gets the
@@ -67,13 +63,13 @@ void LocalCommunicator::run_all_reduce(const Signature& sig, const void* send, v
 void LocalCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
   worker_.drain();
   record(CollectiveKind::all_reduce, count * dtype_size(dtype));
-  run_all_reduce(signature(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)), send, recv, count, dtype, op, false);
+  run_all_reduce(signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)), send, recv, count, dtype, op, false);
 }
 
 std::unique_ptr<Communicator::Request> LocalCommunicator::start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
                                                                            ReduceOp op, const Call& call) {
   record(CollectiveKind::all_reduce, count * dtype_size(dtype));
-  return started(signature(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)),
+  return started(signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)),
                  [=, this](const Signature& sig) { run_all_reduce(sig, send, recv, count, dtype, op, true); });
 }
 
@@ -87,12 +83,12 @@ void LocalCommunicator::run_all_gather(const Signature& sig, const void* send, v
 void LocalCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
   worker_.drain();
   record(CollectiveKind::all_gather, count * dtype_size(dtype));
-  run_all_gather(signature(call, CollectiveKind::all_gather, dtype, count), send, recv, count, dtype, false);
+  run_all_gather(signature_of(call, CollectiveKind::all_gather, dtype, count), send, recv, count, dtype, false);
 }
 
 std::unique_ptr<Communicator::Request> LocalCommunicator::start_all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
   record(CollectiveKind::all_gather, count * dtype_size(dtype));
-  return started(signature(call, CollectiveKind::all_gather, dtype, count),
+  return started(signature_of(call, CollectiveKind::all_gather, dtype, count),
                  [=, this](const Signature& sig) { run_all_gather(sig, send, recv, count, dtype, true); });
 }
 
@@ -106,20 +102,20 @@ void LocalCommunicator::run_reduce_scatter(const Signature& sig, const void* sen
 void LocalCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
   worker_.drain();
   record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
-  run_reduce_scatter(signature(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)), send, recv, count, dtype, op, false);
+  run_reduce_scatter(signature_of(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)), send, recv, count, dtype, op, false);
 }
 
 std::unique_ptr<Communicator::Request> LocalCommunicator::start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
                                                                                ReduceOp op, const Call& call) {
   record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
-  return started(signature(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)),
+  return started(signature_of(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)),
                  [=, this](const Signature& sig) { run_reduce_scatter(sig, send, recv, count, dtype, op, true); });
 }
 
 void LocalCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
   worker_.drain();
   record(CollectiveKind::all_to_all, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
-  group_->arrive(rank_, signature(call, CollectiveKind::all_to_all, dtype, count), send, recv);
+  group_->arrive(rank_, signature_of(call, CollectiveKind::all_to_all, dtype, count), send, recv);
   for (int r = 0; r < size(); ++r)
     std::memcpy(comm::element_at(recv, count * static_cast<std::size_t>(r), dtype), comm::element_at(group_->send(r), count * static_cast<std::size_t>(rank_), dtype),
                 count * dtype_size(dtype));
@@ -140,14 +136,14 @@ void LocalCommunicator::permute(const void* send, void* recv, std::size_t count,
   check_permute_pairs(pairs, size(), "permute", group_->label());
   worker_.drain();
   record(CollectiveKind::permute, count * dtype_size(dtype));
-  run_permute(signature(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)), send, recv, count, dtype, pairs, false);
+  run_permute(signature_of(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)), send, recv, count, dtype, pairs, false);
 }
 
 std::unique_ptr<Communicator::Request> LocalCommunicator::start_permute(const void* send, void* recv, std::size_t count, DType dtype,
                                                                         const std::vector<std::pair<int, int>>& pairs, const Call& call) {
   check_permute_pairs(pairs, size(), "permute", group_->label());
   record(CollectiveKind::permute, count * dtype_size(dtype));
-  return started(signature(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)),
+  return started(signature_of(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)),
                  [=, this](const Signature& sig) { run_permute(sig, send, recv, count, dtype, pairs, true); });
 }
 
@@ -155,7 +151,7 @@ void LocalCommunicator::broadcast(const void* send, void* recv, std::size_t coun
   if (root < 0 || root >= size()) fail("broadcast", "root {} is out of range for a group of {} ranks", root, size());
   worker_.drain();
   record(CollectiveKind::broadcast, count * dtype_size(dtype));
-  group_->arrive(rank_, signature(call, CollectiveKind::broadcast, dtype, count, root), send, recv);
+  group_->arrive(rank_, signature_of(call, CollectiveKind::broadcast, dtype, count, root), send, recv);
   if (rank_ != root || send != recv) std::memcpy(recv, group_->send(root), count * dtype_size(dtype));
   group_->step(rank_);
 }
@@ -163,7 +159,7 @@ void LocalCommunicator::broadcast(const void* send, void* recv, std::size_t coun
 void LocalCommunicator::barrier(const Call& call) {
   worker_.drain();
   record(CollectiveKind::barrier, 0);
-  group_->arrive(rank_, signature(call, CollectiveKind::barrier, DType::f32, 0), nullptr, nullptr);
+  group_->arrive(rank_, signature_of(call, CollectiveKind::barrier, DType::f32, 0), nullptr, nullptr);
 }
 
 }  // namespace nax::local

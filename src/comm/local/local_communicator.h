@@ -36,7 +36,6 @@ class LocalCommunicator final : public Communicator {
                                          const std::vector<std::pair<int, int>>& pairs, const Call& call = {}) override;
 
  private:
-  Signature signature(const Call& call, CollectiveKind kind, DType dtype, std::size_t count, int detail = 0, std::uint64_t pairs_hash = 0) const;
   // The collectives' rendezvous and data movement, after record(); `on_worker`: run by the worker,
   // which the deadlock search does not follow (the device's own thread waits in wait()).
   void run_all_reduce(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, bool on_worker);

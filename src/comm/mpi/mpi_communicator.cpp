@@ -38,11 +38,6 @@ MpiCommunicator::~MpiCommunicator() {
   static_cast<void>(agreement_.release());  // a pending check may still write it
 }
 
-CollectiveSignature MpiCommunicator::signature(const Call& call, CollectiveKind kind, DType dtype, std::size_t count, int detail,
-                                               std::uint64_t pairs_hash) const {
-  return CollectiveSignature{kind, dtype, count, detail, pairs_hash, &call.origin, call.site};
-}
-
 void MpiCommunicator::wait(std::span<MPI_Request> requests, const CollectiveSignature& sig, bool agreed) {
   const std::function<std::string()> describe = [&] { return fmt::format("{} on device {} in {}", sig.str(), world_->device(), label_); };
   world_->wait(requests, Pending{key_, members_, total_calls(stats()), describe}, agreed);
@@ -137,7 +132,7 @@ std::unique_ptr<Communicator::Request> MpiCommunicator::posted(std::vector<MPI_R
 
 std::unique_ptr<Communicator::Request> MpiCommunicator::start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
                                                                          ReduceOp op, const Call& call) {
-  const auto sig = signature(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op));
+  const auto sig = signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op));
   begin(CollectiveKind::all_reduce, count * dtype_size(dtype), sig);
   std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
   check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, count_of(count, "all_reduce"), datatype(dtype), reduce_op(op, dtype),
@@ -151,7 +146,7 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count
 }
 
 std::unique_ptr<Communicator::Request> MpiCommunicator::start_all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
-  const auto sig = signature(call, CollectiveKind::all_gather, dtype, count);
+  const auto sig = signature_of(call, CollectiveKind::all_gather, dtype, count);
   begin(CollectiveKind::all_gather, count * dtype_size(dtype), sig);
   const int n = count_of(count, "all_gather");
   count_of(count * members_.size(), "all_gather");
@@ -166,7 +161,7 @@ void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t count
 
 std::unique_ptr<Communicator::Request> MpiCommunicator::start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
                                                                              ReduceOp op, const Call& call) {
-  const auto sig = signature(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op));
+  const auto sig = signature_of(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op));
   begin(CollectiveKind::reduce_scatter, count * members_.size() * dtype_size(dtype), sig);
   std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
   check(MPI_Ireduce_scatter_block(send, recv, count_of(count, "reduce_scatter"), datatype(dtype), reduce_op(op, dtype), comm_.get(),
@@ -180,7 +175,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t c
 }
 
 void MpiCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
-  const auto sig = signature(call, CollectiveKind::all_to_all, dtype, count);
+  const auto sig = signature_of(call, CollectiveKind::all_to_all, dtype, count);
   begin(CollectiveKind::all_to_all, count * members_.size() * dtype_size(dtype), sig);
   const int n = count_of(count, "all_to_all");
   MPI_Request request = MPI_REQUEST_NULL;
@@ -191,7 +186,7 @@ void MpiCommunicator::all_to_all(const void* send, void* recv, std::size_t count
 std::unique_ptr<Communicator::Request> MpiCommunicator::start_permute(const void* send, void* recv, std::size_t count, DType dtype,
                                                                       const std::vector<std::pair<int, int>>& pairs, const Call& call) {
   check_permute_pairs(pairs, size(), "permute", label_);
-  const auto sig = signature(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs));
+  const auto sig = signature_of(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs));
   begin(CollectiveKind::permute, count * dtype_size(dtype), sig);
   const int n = count_of(count, "permute");
   const std::size_t bytes = count * dtype_size(dtype);
@@ -219,7 +214,7 @@ void MpiCommunicator::permute(const void* send, void* recv, std::size_t count, D
 
 void MpiCommunicator::broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root, const Call& call) {
   if (root < 0 || root >= size()) fail("broadcast", "root {} is out of range for a group of {} ranks", root, size());
-  const auto sig = signature(call, CollectiveKind::broadcast, dtype, count, root);
+  const auto sig = signature_of(call, CollectiveKind::broadcast, dtype, count, root);
   begin(CollectiveKind::broadcast, count * dtype_size(dtype), sig);
   if (rank_ == root && send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
   MPI_Request request = MPI_REQUEST_NULL;
@@ -228,7 +223,7 @@ void MpiCommunicator::broadcast(const void* send, void* recv, std::size_t count,
 }
 
 void MpiCommunicator::barrier(const Call& call) {
-  const auto sig = signature(call, CollectiveKind::barrier, DType::f32, 0);
+  const auto sig = signature_of(call, CollectiveKind::barrier, DType::f32, 0);
   begin(CollectiveKind::barrier, 0, sig);
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Ibarrier(comm_.get(), &request), "MPI_Ibarrier");

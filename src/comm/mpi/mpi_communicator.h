@@ -48,7 +48,6 @@ class MpiCommunicator final : public Communicator {
  private:
   class MpiRequest;
   std::unique_ptr<Request> posted(std::vector<MPI_Request> requests, const CollectiveSignature& sig);
-  CollectiveSignature signature(const Call& call, CollectiveKind kind, DType dtype, std::size_t count, int detail = 0, std::uint64_t pairs_hash = 0) const;
   // Records the call, checks that no device failed, and agrees on the signature with the group.
   void begin(CollectiveKind kind, std::size_t bytes, const CollectiveSignature& sig);
   // `agreed`: the group passed the signature check, so every member has posted its part.
