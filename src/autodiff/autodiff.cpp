@@ -1,10 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cstring>
 #include <map>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "autodiff/backward.h"

@@ -3,9 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "ops/tape.h"
 #include "nax/ops/collectives.h"
 #include "nax/ops/ops.h"
