@@ -1,10 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cstring>
 #include <map>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "autodiff/backward.h"
@@ -28,13 +25,12 @@ namespace {
 // A contribution in the value's axis order and dtype, with the value's vary type except over the
 // mesh axes where the value is Invariant and the contribution varies (returned, to psum later).
 std::pair<Tensor, std::vector<std::string>> align(const Tensor& g_in, const Tensor& like, const std::string& op) {
-  Tensor g = g_in;
-  if (g.shape().rank() != like.shape().rank())
-    fail("grad", "backward of {} gave {} for input {}", op, g.str(), like.str());
+  if (g_in.shape().rank() != like.shape().rank())
+    fail("grad", "backward of {} gave {} for input {}", op, g_in.str(), like.str());
   for (const auto& axis : like.shape().axes())
-    if (!g.shape().has(axis.name) || g.shape().size(axis.name) != axis.size)
-      fail("grad", "backward of {} gave {} for input {}", op, g.str(), like.str());
-  g = detail::permute_to(g, like.shape().names());
+    if (!g_in.shape().has(axis.name) || g_in.shape().size(axis.name) != axis.size)
+      fail("grad", "backward of {} gave {} for input {}", op, g_in.str(), like.str());
+  Tensor g = detail::permute_to(g_in, like.shape().names());
   if (g.dtype() != like.dtype()) g = cast(g, like.dtype());
   VaryType vary = gradient_vary(like);
   std::vector<std::string> pending_axes;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "checkpoint/agreement.h"
 #include "nax/autodiff/autodiff.h"

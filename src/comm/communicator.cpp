@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <numeric>
+
 #include "nax/core/error.h"
 
 namespace nax {
@@ -50,17 +52,8 @@ void check_permute_pairs(const std::vector<std::pair<int, int>>& pairs, int n, s
   }
 }
 
-std::size_t total_calls(const CommStats& s) {
-  std::size_t n = 0;
-  for (auto c : s.calls) n += c;
-  return n;
-}
-
-std::size_t total_bytes(const CommStats& s) {
-  std::size_t n = 0;
-  for (auto b : s.bytes) n += b;
-  return n;
-}
+std::size_t total_calls(const CommStats& s) { return std::accumulate(s.calls.begin(), s.calls.end(), std::size_t{0}); }
+std::size_t total_bytes(const CommStats& s) { return std::accumulate(s.bytes.begin(), s.bytes.end(), std::size_t{0}); }
 
 CommStats operator-(const CommStats& a, const CommStats& b) {
   CommStats d;

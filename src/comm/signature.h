@@ -31,6 +31,12 @@ struct CollectiveSignature {
   std::uint64_t hash() const;
 };
 
+// The signature of a call of `kind` that `call` makes.
+inline CollectiveSignature signature_of(const Call& call, CollectiveKind kind, DType dtype, std::size_t count, int detail = 0,
+                                        std::uint64_t pairs_hash = 0) {
+  return CollectiveSignature{kind, dtype, count, detail, pairs_hash, &call.origin, call.site};
+}
+
 // A hash of permute pairs, order-sensitive.
 std::uint64_t hash_pairs(const std::vector<std::pair<int, int>>& pairs);
 

@@ -2,10 +2,8 @@
 
 #include <bit>
 #include <cstdlib>
-#include <map>
 #include <mutex>
 #include <new>
-#include <vector>
 
 namespace nax {
 

@@ -243,8 +243,6 @@ std::optional<Finding> check_same_program(const MeshRecords& r, const std::strin
   return std::nullopt;
 }
 
-std::string mesh_label(const Mesh& m) { return m.str(); }
-
 }  // namespace
 
 MeshRecords record_ops(Runtime& runtime, const std::function<void(Shard&)>& program) {
@@ -262,9 +260,9 @@ MeshRecords record_ops(Runtime& runtime, const std::function<void(Shard&)>& prog
 
 Comparison compare_records(const MeshRecords& a, const MeshRecords& b) {
   Comparison c;
-  const std::string a_name = mesh_label(a.mesh), b_name = mesh_label(b.mesh);
+  const std::string a_name = a.mesh.str(), b_name = b.mesh.str();
   for (const auto* r : {&a, &b})
-    if (auto f = check_same_program(*r, mesh_label(r->mesh))) {
+    if (auto f = check_same_program(*r, r->mesh.str())) {
       c.first = *f;
       return c;
     }
@@ -273,6 +271,12 @@ Comparison compare_records(const MeshRecords& a, const MeshRecords& b) {
   auto note = [&c](std::string text) {
     if (c.notes.size() < 20) c.notes.push_back(std::move(text));
     else ++c.notes_left_out;
+  };
+  // The meshes ran different programs from op i (op j on mesh b), x being where they part.
+  auto program_difference = [&c](std::size_t i, std::size_t j, const OpRecord& x, std::string detail) {
+    c.first.found = true, c.first.kind = "program", c.first.index = i, c.first.other_index = j, c.first.op = x.op;
+    c.first.context = x.context, c.first.detail = std::move(detail);
+    return c;
   };
   auto label = [](std::size_t index, const OpRecord& r) {
     return fmt::format("op {} ({}{})", index, r.op, r.context.empty() ? "" : " in " + r.context);
@@ -284,11 +288,8 @@ Comparison compare_records(const MeshRecords& a, const MeshRecords& b) {
     if (x.op != y.op) {  // a collective one mesh needs and the other does not: pass over it
       if (x.collective) { --j; continue; }
       if (y.collective) { --i; continue; }
-      Finding f;
-      f.found = true, f.kind = "program", f.index = i, f.other_index = j, f.op = x.op, f.context = x.context;
-      f.detail = fmt::format("mesh {} ran {} as op {} where mesh {} ran {} as op {}", a_name, x.op, i, b_name, y.op, j);
-      c.first = f;
-      return c;
+      return program_difference(i, j, x,
+                                fmt::format("mesh {} ran {} as op {} where mesh {} ran {} as op {}", a_name, x.op, i, b_name, y.op, j));
     }
     if (!x.unread.empty() || !y.unread.empty()) {
       note(fmt::format("{}: not read: {}", label(i, x), !x.unread.empty() ? x.unread : y.unread));
@@ -359,14 +360,9 @@ Comparison compare_records(const MeshRecords& a, const MeshRecords& b) {
   for (; i < ops_a.size() || j < ops_b.size();) {  // what is left must be collectives only one mesh needed
     const bool in_a = i < ops_a.size();
     const OpRecord& x = in_a ? ops_a[i] : ops_b[j];
-    if (!x.collective) {
-      Finding f;
-      f.found = true, f.kind = "program", f.index = i, f.other_index = j, f.op = x.op, f.context = x.context;
-      f.detail = fmt::format("mesh {} ran {} more ops from op {} ({}) on", in_a ? a_name : b_name, in_a ? ops_a.size() - i : ops_b.size() - j,
-                             in_a ? i : j, x.op);
-      c.first = f;
-      return c;
-    }
+    if (!x.collective)
+      return program_difference(i, j, x, fmt::format("mesh {} ran {} more ops from op {} ({}) on", in_a ? a_name : b_name,
+                                                     in_a ? ops_a.size() - i : ops_b.size() - j, in_a ? i : j, x.op));
     in_a ? ++i : ++j;
   }
   return c;

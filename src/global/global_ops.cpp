@@ -1,8 +1,6 @@
 // Global-view primitives: each states its sharding rule and runs the per-shard op (propagation.h).
 #include <fmt/format.h>
 
-#include <algorithm>
-
 #include "global/propagation.h"
 #include "nax/ops/ops.h"
 #include "nax/ops/transformer_ops.h"
@@ -10,26 +8,17 @@
 namespace nax {
 
 using global_detail::apply;
+using global_detail::has;
 using global_detail::Rule;
+using global_detail::without;
 
 namespace {
-
-bool has(const std::vector<std::string>& axes, const std::string& name) {
-  return std::find(axes.begin(), axes.end(), name) != axes.end();
-}
 
 // The names of a, then b's other names: the result of a broadcasting elementwise op.
 std::vector<std::string> union_of(const std::vector<std::string>& a, const std::vector<std::string>& b) {
   std::vector<std::string> out = a;
   for (const auto& n : b)
     if (!has(out, n)) out.push_back(n);
-  return out;
-}
-
-std::vector<std::string> without(const std::vector<std::string>& axes, const std::vector<std::string>& removed) {
-  std::vector<std::string> out;
-  for (const auto& n : axes)
-    if (!has(removed, n)) out.push_back(n);
   return out;
 }
 

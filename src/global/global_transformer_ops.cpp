@@ -3,8 +3,6 @@
 // primitives, so each reduction becomes a partial value and a small all-reduce (as GSPMD sees it).
 #include <fmt/format.h>
 
-#include <algorithm>
-
 #include "global/propagation.h"
 #include "nax/ops/ops.h"
 #include "nax/ops/transformer_ops.h"
@@ -20,11 +18,6 @@ bool sharded_along(const GlobalTensor& x, const std::string& axis) {
   for (const auto& [m, p] : x.placements().entries())
     if (p.is_shard() && p.axis() == axis) return true;
   return false;
-}
-
-std::vector<std::string> without(std::vector<std::string> axes, const std::string& removed) {
-  axes.erase(std::remove(axes.begin(), axes.end(), removed), axes.end());
-  return axes;
 }
 
 }  // namespace
@@ -83,7 +76,7 @@ GlobalTensor cross_entropy(const GlobalTensor& logits, const GlobalTensor& targe
 GlobalTensor embedding(const GlobalTensor& table, const GlobalTensor& ids, const std::string& vocab) {
   table.shape().require(vocab, "embedding");
   std::vector<std::string> out = ids.shape().names();
-  for (const auto& a : without(table.shape().names(), vocab)) out.push_back(a);
+  for (const auto& a : global_detail::without(table.shape().names(), {vocab})) out.push_back(a);
   Rule rule("embedding", "embedding:" + vocab, {table.shape().names(), ids.shape().names()}, out);
   rule.linear = {{0}};
   return apply(rule, {&table, &ids}, [&](const std::vector<Tensor>& t) { return embedding(t[0], t[1], vocab); });

@@ -32,10 +32,6 @@ double transition_cost(const CostModel& model, const Placement& from, const Plac
   return model.seconds(CollectiveKind::all_reduce, bytes, n, m) + model.copy_seconds(bytes / static_cast<std::size_t>(n));
 }
 
-bool has(const std::vector<std::string>& axes, const std::string& name) {
-  return std::find(axes.begin(), axes.end(), name) != axes.end();
-}
-
 bool deterministic_shard() {
   const Shard* s = Shard::current();
   return s != nullptr && s->deterministic();
@@ -261,6 +257,17 @@ GlobalTensor apply(const Rule& rule, const std::vector<const GlobalTensor*>& inp
   Tensor out = fn(blocks);
   check_vary(rule, out, s.output, shard->mesh());
   return GlobalTensor::from_local(out, partial_ops(s.output));
+}
+
+bool has(const std::vector<std::string>& axes, const std::string& name) {
+  return std::find(axes.begin(), axes.end(), name) != axes.end();
+}
+
+std::vector<std::string> without(const std::vector<std::string>& axes, const std::vector<std::string>& removed) {
+  std::vector<std::string> out;
+  for (const auto& n : axes)
+    if (!has(removed, n)) out.push_back(n);
+  return out;
 }
 
 std::map<std::string, PartialOp> partial_ops(const Placements& placements) {

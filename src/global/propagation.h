@@ -43,6 +43,10 @@ Strategy choose(const Rule& rule, const std::vector<const GlobalTensor*>& inputs
 GlobalTensor apply(const Rule& rule, const std::vector<const GlobalTensor*>& inputs,
                    const std::function<Tensor(const std::vector<Tensor>&)>& fn);
 
+// Whether `name` is one of `axes`; `axes` without those in `removed`, in order.
+bool has(const std::vector<std::string>& axes, const std::string& name);
+std::vector<std::string> without(const std::vector<std::string>& axes, const std::vector<std::string>& removed);
+
 // The partial reductions of `placements`, by mesh axis (to rewrap a per-shard result).
 std::map<std::string, PartialOp> partial_ops(const Placements& placements);
 

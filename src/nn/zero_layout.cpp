@@ -66,7 +66,6 @@ Tensor ZeroLayout::cut(const Tensor& value_in, const Segment& segment) const {
 
 std::vector<Tensor> ZeroLayout::gather(const std::vector<Tensor>& segment_values) const {
   if (segment_values.size() != segments_.size()) fail("AdamW", "{} segments, the layout has {}", segment_values.size(), segments_.size());
-  const std::size_t es = dtype_size(dtype_);
   VaryType varying;
   varying.set_varying(axis_);
   std::vector<Tensor> out;

@@ -69,6 +69,17 @@ class BackwardOf {
   const CallSite* previous_;
 };
 
+// `out`, with its transpose backward(g) recorded when x needs a gradient, run as the backward of
+// `op` (a literal) called at `site`.
+template <typename Backward>
+Tensor with_transpose(const char* op, const Tensor& x, const Tensor& out, const CallSite& site, Backward backward) {
+  if (!autodiff::any_requires_grad({&x})) return out;
+  return autodiff::record(op, out, {x}, [op, site, backward](const Tensor& g) {
+    BackwardOf scope(op, site);
+    return std::vector<Tensor>{backward(g)};
+  });
+}
+
 // The checked shard and the communicator of the group, told which named collective calls it and
 // from where: the one place that builds what the group compares.
 Context enter(std::string_view op, const Tensor* x, const Names& mesh_axes, const CallSite& site, std::string_view extra = {}) {
@@ -173,12 +184,8 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
 
 Tensor summed(std::string_view op, const Tensor& x, const Names& mesh_axes, const CallSite& site) {
   detail::Launch launch = detail::Launch::blocking();
-  Tensor out = reduce_collective(op, ReduceOp::sum, x, mesh_axes, site, launch);
-  if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record(std::string(op), out, {x}, [mesh_axes, site, op](const Tensor& g) {
-    BackwardOf scope(op.data(), site);  // a literal: "psum" or "pmean"
-    return std::vector<Tensor>{pvary(g, mesh_axes)};
-  });
+  return with_transpose(op.data(), x, reduce_collective(op, ReduceOp::sum, x, mesh_axes, site, launch), site,
+                        [mesh_axes](const Tensor& g) { return pvary(g, mesh_axes); });
 }
 }  // namespace
 
@@ -251,12 +258,8 @@ Tensor pvary_forward(const Tensor& x, const Names& mesh_axes) {
 }  // namespace
 
 Tensor pvary(const Tensor& x, const Names& mesh_axes, std::source_location where) {
-  Tensor out = pvary_forward(x, mesh_axes);
-  if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record("pvary", out, {x}, [mesh_axes, site = site_of(where)](const Tensor& g) {
-    BackwardOf scope("pvary", site);
-    return std::vector<Tensor>{psum(g, mesh_axes)};
-  });
+  return with_transpose("pvary", x, pvary_forward(x, mesh_axes), site_of(where),
+                        [mesh_axes](const Tensor& g) { return psum(g, mesh_axes); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -336,12 +339,10 @@ Tensor gather(std::string_view op, const Tensor& x, const Names& mesh_axes, cons
   const Names group = cut_order(op, x, mesh_axes, axis);
   detail::Launch launch = detail::Launch::blocking();
   Tensor out = gather_collective(op, x, group, axis, invariant, site, stack, launch);
-  if (!autodiff::any_requires_grad({&x})) return out;
   if (!invariant)
-    return autodiff::record(std::string(op), out, {x}, [x, group, axis, site, op](const Tensor& g) {
-      BackwardOf scope(op.data(), site);  // a literal
-      return std::vector<Tensor>{unstack(psum_scatter(g, group, axis), x, axis)};
-    });
+    return with_transpose(op.data(), x, out, site,
+                          [x, group, axis](const Tensor& g) { return unstack(psum_scatter(g, group, axis), x, axis); });
+  if (!autodiff::any_requires_grad({&x})) return out;
   return autodiff::record(std::string(op), out, {x}, [x, group, axis](const Tensor& g) {
     const std::int64_t block = x.shape().has(axis) ? x.shape().size(axis) : 1;
     const auto r = static_cast<std::int64_t>(axis_index(group).item());
@@ -414,12 +415,8 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
 Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
   const CallSite site = site_of(where);
   detail::Launch launch = detail::Launch::blocking();
-  Tensor out = psum_scatter_forward(x, mesh_axes, axis, site, launch);
-  if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record("psum_scatter", out, {x}, [mesh_axes, axis, site](const Tensor& g) {
-    BackwardOf scope("psum_scatter", site);
-    return std::vector<Tensor>{all_gather(g, mesh_axes, axis)};
-  });
+  return with_transpose("psum_scatter", x, psum_scatter_forward(x, mesh_axes, axis, site, launch), site,
+                        [mesh_axes, axis](const Tensor& g) { return all_gather(g, mesh_axes, axis); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -459,14 +456,10 @@ Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vect
 Tensor ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, std::source_location where) {
   const CallSite site = site_of(where);
   detail::Launch launch = detail::Launch::blocking();
-  Tensor out = ppermute_forward(x, mesh_axes, pairs, site, launch);
-  if (!autodiff::any_requires_grad({&x})) return out;
   std::vector<std::pair<int, int>> inverse;
   for (auto [src, dst] : pairs) inverse.push_back({dst, src});
-  return autodiff::record("ppermute", out, {x}, [mesh_axes, inverse, site](const Tensor& g) {
-    BackwardOf scope("ppermute", site);
-    return std::vector<Tensor>{ppermute(g, mesh_axes, inverse)};
-  });
+  return with_transpose("ppermute", x, ppermute_forward(x, mesh_axes, pairs, site, launch), site,
+                        [mesh_axes, inverse](const Tensor& g) { return ppermute(g, mesh_axes, inverse); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -525,12 +518,8 @@ Tensor all_to_all(const Tensor& x, const Names& mesh_axes, const std::string& sp
                   std::source_location where) {
   const CallSite site = site_of(where);
   const Names group = cut_order("all_to_all", x, mesh_axes, concat_axis);
-  Tensor out = all_to_all_forward(x, group, split_axis, concat_axis, site);
-  if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record("all_to_all", out, {x}, [group, split_axis, concat_axis, site](const Tensor& g) {
-    BackwardOf scope("all_to_all", site);
-    return std::vector<Tensor>{all_to_all(g, group, concat_axis, split_axis)};
-  });
+  auto backward = [group, split_axis, concat_axis](const Tensor& g) { return all_to_all(g, group, concat_axis, split_axis); };
+  return with_transpose("all_to_all", x, all_to_all_forward(x, group, split_axis, concat_axis, site), site, backward);
 }
 
 namespace detail {

@@ -31,10 +31,7 @@ void check_targets(std::string_view op, const Tensor& logits, const Tensor& targ
 
 kernels::PickLayout pick_layout(const Shape& logits, const Shape& targets, const std::string& vocab) {
   kernels::PickLayout where;
-  where.layout.rank = targets.rank();
-  where.layout.sizes = detail::sizes_of(targets.axes());
-  where.layout.strides[0] = detail::strides_in_order(targets, targets.axes());
-  where.layout.strides[1] = detail::strides_in_order(logits, targets.axes());
+  where.layout = detail::layout_over(targets.axes(), targets, logits);
   where.vocab_stride = logits.strides()[static_cast<std::size_t>(logits.index_of(vocab))];
   return where;
 }

@@ -51,13 +51,8 @@ Tensor binary_forward(kernels::BinaryOp op, const Tensor& a_in, const Tensor& b_
     return detail::narrow_to(binary_forward(op, detail::widen(a_in), detail::widen(b_in)), DType::bf16);
 
   Tensor out = detail::make_result(shape, a_in.dtype(), vary, a_in.device_ptr());
-  kernels::Layout<3> layout;
-  layout.rank = shape.rank();
-  layout.sizes = detail::sizes_of(shape.axes());
-  layout.strides[0] = detail::strides_in_order(a_in.shape(), shape.axes());
-  layout.strides[1] = detail::strides_in_order(b_in.shape(), shape.axes());
-  layout.strides[2] = detail::strides_in_order(shape, shape.axes());
-  detail::kernels_of(out).binary(op, a_in.dtype(), a_in.raw(), b_in.raw(), out.raw_mutable(), layout);
+  detail::kernels_of(out).binary(op, a_in.dtype(), a_in.raw(), b_in.raw(), out.raw_mutable(),
+                                 detail::layout_over(shape.axes(), a_in.shape(), b_in.shape(), shape));
   return out;
 }
 

@@ -123,11 +123,10 @@ void check_scatter(const Tensor& target, const std::string& axis, const Tensor& 
   for (const auto& a : ids.shape().axes())
     if (target.shape().has(a.name))
       fail("scatter_add", "ids axis '{}' is also an axis of the target (rename one): ids {}, target {}", a.name, ids.str(), target.str());
-  bool ok = true;
   std::vector<Axis> expected = ids.shape().axes();
   for (const auto& a : target.shape().axes())
     if (a.name != axis) expected.push_back(a);
-  ok = static_cast<int>(expected.size()) == updates.rank();
+  bool ok = static_cast<int>(expected.size()) == updates.rank();
   for (const auto& a : expected) ok = ok && updates.shape().has(a.name) && updates.shape().size(a.name) == a.size;
   if (!ok)
     fail("scatter_add", "updates {} must have ids' axes and the target's axes other than '{}', i.e. [{}] in any order (ids {}, target {})",

@@ -1,7 +1,6 @@
 // Layout ops: rename, transpose, split/merge axes, slice, concat, cast.
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <set>
 
 #include "ops/tape.h"
@@ -46,12 +45,7 @@ Tensor transpose_forward(const Tensor& x, const Names& order) {
   Shape shape(axes);
   if (shape == x.shape()) return x;
   Tensor out = detail::make_result(shape, x.dtype(), x.vary(), x.device_ptr());
-  kernels::Layout<2> layout;
-  layout.rank = shape.rank();
-  layout.sizes = detail::sizes_of(axes);
-  layout.strides[0] = detail::strides_in_order(x.shape(), axes);
-  layout.strides[1] = detail::strides_in_order(shape, axes);
-  detail::kernels_of(out).copy(dtype_size(x.dtype()), x.raw(), out.raw_mutable(), layout);
+  detail::kernels_of(out).copy(dtype_size(x.dtype()), x.raw(), out.raw_mutable(), detail::layout_over(axes, x.shape(), shape));
   return out;
 }
 
@@ -141,11 +135,7 @@ Tensor slice_forward(const Tensor& x, const std::string& axis, std::int64_t star
   VaryType vary = x.vary();
   for (const auto& m : x.vary().split_mesh_axes(axis)) vary.set_varying(m);  // a slice of a block is no global block
   Tensor out = detail::make_result(shape, x.dtype(), vary, x.device_ptr());
-  kernels::Layout<2> layout;
-  layout.rank = shape.rank();
-  layout.sizes = detail::sizes_of(axes);
-  layout.strides[0] = detail::strides_in_order(x.shape(), axes);
-  layout.strides[1] = detail::strides_in_order(shape, axes);
+  const kernels::Layout<2> layout = detail::layout_over(axes, x.shape(), shape);
   const std::size_t es = dtype_size(x.dtype());
   const auto* src = static_cast<const char*>(x.raw()) + static_cast<std::size_t>(start * layout.strides[0][static_cast<std::size_t>(i)]) * es;
   detail::kernels_of(out).copy(es, src, out.raw_mutable(), layout);
@@ -189,13 +179,8 @@ Tensor concat_forward(const std::vector<Tensor>& xs, const std::string& axis) {
   std::int64_t offset = 0;
   auto out_strides = shape.strides();
   for (const auto& p : parts) {
-    kernels::Layout<2> layout;
-    layout.rank = shape.rank();
-    layout.sizes = detail::sizes_of(p.shape().axes());
-    layout.strides[0] = detail::strides_in_order(p.shape(), p.shape().axes());
-    layout.strides[1] = detail::strides_in_order(shape, p.shape().axes());
     char* dst = static_cast<char*>(out.raw_mutable()) + static_cast<std::size_t>(offset * out_strides[static_cast<std::size_t>(i)]) * es;
-    detail::kernels_of(out).copy(es, p.raw(), dst, layout);
+    detail::kernels_of(out).copy(es, p.raw(), dst, detail::layout_over(p.shape().axes(), p.shape(), shape));
     offset += p.shape().size(axis);
   }
   return out;

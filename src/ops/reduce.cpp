@@ -43,11 +43,7 @@ Tensor reduce_forward(ReduceOp op, std::string_view name, const Tensor& x_in, co
   Tensor out = detail::make_result(shape, x_in.dtype(), detail::merge_vary(name, {&x_in}, axes.list(), reduced_to(op, name == "mean")),
                                   x_in.device_ptr());
 
-  kernels::Layout<2> layout;
-  layout.rank = x_in.rank();
-  layout.sizes = detail::sizes_of(x_in.shape().axes());
-  layout.strides[0] = detail::strides_in_order(x_in.shape(), x_in.shape().axes());
-  layout.strides[1] = detail::strides_in_order(shape, x_in.shape().axes());
+  const kernels::Layout<2> layout = detail::layout_over(x_in.shape().axes(), x_in.shape(), shape);
   const SumTree tree = op == ReduceOp::sum ? deterministic::sum_tree(name, x_in, walked) : SumTree{};
   detail::kernels_of(out).reduce(op, x_in.dtype(), x_in.raw(), out.raw_mutable(), out.numel(), layout, tree);
   return out;

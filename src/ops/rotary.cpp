@@ -2,7 +2,6 @@
 // head_dim, in any axis order. Its backward is the inverse rotation, the same kernel with the
 // angle negated.
 #include <cmath>
-#include <cstring>
 
 #include "ops/tape.h"
 #include "ops/internal.h"

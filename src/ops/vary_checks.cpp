@@ -3,9 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "ops/tape.h"
 #include "nax/ops/collectives.h"
 #include "nax/ops/ops.h"
@@ -115,8 +112,7 @@ void expect_vary(const Tensor& x, std::string_view spec, std::source_location wh
   }
   const std::string site = fmt::format("{}:{}", where.file_name(), where.line());
   for (const auto& m : s.mesh().axis_names()) {
-    const bool same = kind_text(want, m) == kind_text(x.vary(), m);
-    if (!same)
+    if (kind_text(want, m) != kind_text(x.vary(), m))
       fail("expect_vary", "{} is {} over mesh axis '{}' but {} expects {} (at {})", x.str(), kind_text(x.vary(), m), m, spec,
            kind_text(want, m), site);
   }

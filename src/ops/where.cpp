@@ -46,14 +46,8 @@ Tensor where_forward(const Tensor& cond, const Tensor& a, const Tensor& b) {
   const Tensor va = detail::compute_values(a), vb = detail::compute_values(b);
   const Tensor mask = mask_in(cond, va.dtype());
   Tensor out = detail::make_result(shape, va.dtype(), vary, a.device_ptr());
-  kernels::Layout<4> layout;
-  layout.rank = shape.rank();
-  layout.sizes = detail::sizes_of(shape.axes());
-  layout.strides[0] = detail::strides_in_order(mask.shape(), shape.axes());
-  layout.strides[1] = detail::strides_in_order(va.shape(), shape.axes());
-  layout.strides[2] = detail::strides_in_order(vb.shape(), shape.axes());
-  layout.strides[3] = detail::strides_in_order(shape, shape.axes());
-  detail::kernels_of(out).where(va.dtype(), mask.raw(), va.raw(), vb.raw(), out.raw_mutable(), layout);
+  detail::kernels_of(out).where(va.dtype(), mask.raw(), va.raw(), vb.raw(), out.raw_mutable(),
+                                detail::layout_over(shape.axes(), mask.shape(), va.shape(), vb.shape(), shape));
   return detail::narrow_to(out, a.dtype());
 }
 

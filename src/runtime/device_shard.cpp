@@ -2,9 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
-
-
 namespace nax::detail {
 
 DeviceShard::Block DeviceShard::block_of(const Shape& global, const AxisRules& rules, std::string_view op) {

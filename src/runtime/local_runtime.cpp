@@ -112,11 +112,11 @@ detail::CommFactory LocalState::comm_factory(int d, const std::shared_ptr<Device
       };
     case Transport::device:
       return [world, d, device, rank_of](const std::vector<std::string>& axes) -> std::unique_ptr<Communicator> {
-        return std::make_unique<local::DeviceCommunicator>(world->group(d, axes), rank_of(axes), device);
+        return local::make_device_communicator(world->group(d, axes), rank_of(axes), device);
       };
     default:
       return [world, d, rank_of](const std::vector<std::string>& axes) -> std::unique_ptr<Communicator> {
-        return std::make_unique<local::LocalCommunicator>(world->group(d, axes), rank_of(axes));
+        return local::make_local_communicator(world->group(d, axes), rank_of(axes));
       };
   }
 }

@@ -99,7 +99,7 @@ MpiState::MpiState(const Mesh& mesh, const RuntimeOptions& options)
     fail("Runtime::mpi", "transport {} is not available under MPI for {} devices (MPI moves host memory, NCCL device memory)",
          transport_name(options.transport), backend_name(device->backend()));
   detail::CommFactory make_comm = [world](const std::vector<std::string>& axes) -> std::unique_ptr<Communicator> {
-    return std::make_unique<mpi::MpiCommunicator>(world, axes);
+    return mpi::make_mpi_communicator(world, axes);
   };
   if (nccl)
     make_comm = [world, device](const std::vector<std::string>& axes) { return make_mpi_nccl_comm(*world, *device, axes); };

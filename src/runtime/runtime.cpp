@@ -1,7 +1,6 @@
 // Runtime: the backend-independent part (the backends are local_runtime.cpp and mpi_runtime.cpp).
 #include "nax/runtime/runtime.h"
 
-#include <cstdlib>
 #include <string_view>
 #include <utility>
 

@@ -1,6 +1,5 @@
 // The members of DeviceShard that make tensors (shard, gather, the sharded random and constant
 // initialisers) with the op layer below: transfers, all_gather_invariant, random blocks.
-#include <cstring>
 
 #include "nax/ops/collectives.h"
 #include "nax/kernels/kernels.h"
@@ -20,11 +19,7 @@ Tensor DeviceShard::shard(const Tensor& global, const AxisRules& rules) {
   if (!global.device().host_accessible()) return shard(transfer(global, Device::host()), rules);
   check_same_tensor(global, b.vary);
   Tensor out = make_result(b.local, global.dtype(), b.vary, Device::host());
-  kernels::Layout<2> layout;
-  layout.rank = b.local.rank();
-  layout.sizes = sizes_of(b.local.axes());
-  layout.strides[0] = strides_in_order(global.shape(), b.local.axes());
-  layout.strides[1] = strides_in_order(b.local, b.local.axes());
+  const kernels::Layout<2> layout = layout_over(b.local.axes(), global.shape(), b.local);
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < b.offsets.size(); ++i) offset += b.offsets[i] * layout.strides[0][i];
   const std::size_t es = dtype_size(global.dtype());

@@ -21,12 +21,7 @@ kernels::Dims sizes_of(const std::vector<Axis>& axes) {
 Tensor broadcast_to(const Tensor& g, const Shape& shape) {
   Tensor out = Tensor::empty(shape, g.dtype(), g.device_ptr());
   if (!g.vary().invariant()) out = out.with_vary(g.vary());
-  kernels::Layout<2> layout;
-  layout.rank = shape.rank();
-  layout.sizes = sizes_of(shape.axes());
-  layout.strides[0] = strides_in_order(g.shape(), shape.axes());
-  layout.strides[1] = strides_in_order(shape, shape.axes());
-  kernels_of(out).copy(dtype_size(g.dtype()), g.raw(), out.raw_mutable(), layout);
+  kernels_of(out).copy(dtype_size(g.dtype()), g.raw(), out.raw_mutable(), layout_over(shape.axes(), g.shape(), shape));
   return out;
 }
 

@@ -17,6 +17,11 @@ inline kernels::Kernels& kernels_of(const Tensor& x) { return x.device().kernels
 // Strides of `x`'s axes in the order of `axes` (0 for axes x lacks): for broadcasting.
 kernels::Dims strides_in_order(const Shape& x, const std::vector<Axis>& axes);
 kernels::Dims sizes_of(const std::vector<Axis>& axes);
+// The layout that walks `axes`, with each operand's strides in that order (strides_in_order).
+template <typename... Shapes>
+kernels::Layout<sizeof...(Shapes)> layout_over(const std::vector<Axis>& axes, const Shapes&... operands) {
+  return {static_cast<int>(axes.size()), sizes_of(axes), {strides_in_order(operands, axes)...}};
+}
 
 // g broadcast to `shape` (a fresh tensor with g's vary type; records nothing).
 Tensor broadcast_to(const Tensor& g, const Shape& shape);

@@ -1,6 +1,5 @@
 #pragma once
 // UTF-8 helpers of the tokenizer.
-#include <cstdint>
 #include <string>
 #include <string_view>
 

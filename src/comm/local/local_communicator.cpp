@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "comm/element_at.h"
+#include "comm/local/comm_worker.h"
 #include "kernels/cpu/kernels.h"
 
 namespace nax::local {
@@ -21,149 +22,168 @@ void copy_out(void* dst, const void* src, std::size_t bytes, bool large) {
   else std::memcpy(dst, src, bytes);
 }
 
+class LocalCommunicator final : public Communicator {
+ public:
+  LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank) : group_(std::move(group)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size(); }
+  std::string describe() const override { return "local " + group_->label(); }
+
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) override {
+    worker_.drain();
+    record(CollectiveKind::all_reduce, count * dtype_size(dtype));
+    run_all_reduce(signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)), send, recv, count, dtype, op,
+                   false);
+  }
+
+  std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                                            const Call& call) override {
+    record(CollectiveKind::all_reduce, count * dtype_size(dtype));
+    return started(signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)),
+                   [=, this](const Signature& sig) { run_all_reduce(sig, send, recv, count, dtype, op, true); });
+  }
+
+  void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) override {
+    worker_.drain();
+    record(CollectiveKind::all_gather, count * dtype_size(dtype));
+    run_all_gather(signature_of(call, CollectiveKind::all_gather, dtype, count), send, recv, count, dtype, false);
+  }
+
+  std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) override {
+    record(CollectiveKind::all_gather, count * dtype_size(dtype));
+    return started(signature_of(call, CollectiveKind::all_gather, dtype, count),
+                   [=, this](const Signature& sig) { run_all_gather(sig, send, recv, count, dtype, true); });
+  }
+
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) override {
+    worker_.drain();
+    record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
+    run_reduce_scatter(signature_of(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)), send, recv, count, dtype,
+                       op, false);
+  }
+
+  std::unique_ptr<Request> start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                                                const Call& call) override {
+    record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
+    return started(signature_of(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)),
+                   [=, this](const Signature& sig) { run_reduce_scatter(sig, send, recv, count, dtype, op, true); });
+  }
+
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) override {
+    worker_.drain();
+    record(CollectiveKind::all_to_all, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
+    group_->arrive(rank_, signature_of(call, CollectiveKind::all_to_all, dtype, count), send, recv);
+    for (int r = 0; r < size(); ++r)
+      std::memcpy(comm::element_at(recv, count * static_cast<std::size_t>(r), dtype),
+                  comm::element_at(group_->send(r), count * static_cast<std::size_t>(rank_), dtype), count * dtype_size(dtype));
+    group_->step(rank_);
+  }
+
+  void permute(const void* send, void* recv, std::size_t count, DType dtype, const std::vector<std::pair<int, int>>& pairs,
+               const Call& call) override {
+    check_permute_pairs(pairs, size(), "permute", group_->label());
+    worker_.drain();
+    record(CollectiveKind::permute, count * dtype_size(dtype));
+    run_permute(signature_of(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)), send, recv, count, dtype, pairs, false);
+  }
+
+  std::unique_ptr<Request> start_permute(const void* send, void* recv, std::size_t count, DType dtype,
+                                         const std::vector<std::pair<int, int>>& pairs, const Call& call) override {
+    check_permute_pairs(pairs, size(), "permute", group_->label());
+    record(CollectiveKind::permute, count * dtype_size(dtype));
+    return started(signature_of(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)),
+                   [=, this](const Signature& sig) { run_permute(sig, send, recv, count, dtype, pairs, true); });
+  }
+
+  void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root, const Call& call) override {
+    if (root < 0 || root >= size()) fail("broadcast", "root {} is out of range for a group of {} ranks", root, size());
+    worker_.drain();
+    record(CollectiveKind::broadcast, count * dtype_size(dtype));
+    group_->arrive(rank_, signature_of(call, CollectiveKind::broadcast, dtype, count, root), send, recv);
+    if (rank_ != root || send != recv) std::memcpy(recv, group_->send(root), count * dtype_size(dtype));
+    group_->step(rank_);
+  }
+
+  void barrier(const Call& call) override {
+    worker_.drain();
+    record(CollectiveKind::barrier, 0);
+    group_->arrive(rank_, signature_of(call, CollectiveKind::barrier, DType::f32, 0), nullptr, nullptr);
+  }
+
+ private:
+  // The collectives' rendezvous and data movement, after record(); `on_worker`: run by the worker,
+  // which the deadlock search does not follow (the device's own thread waits in wait()).
+  void run_all_reduce(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, bool on_worker) {
+    group_->arrive(rank_, sig, send, recv, !on_worker);
+    // Reduce-scatter and all-gather in one pass: this rank reduces its 1/n slice and writes the
+    // result straight into every rank's recv buffer, so each byte is read once and written once.
+    const std::size_t n = static_cast<std::size_t>(size()), r = static_cast<std::size_t>(rank_);
+    const std::size_t begin = count * r / n, end = count * (r + 1) / n;
+    std::vector<void*> dsts;
+    for (int q = 0; q < size(); ++q) dsts.push_back(comm::element_at(group_->recv(q), begin, dtype));
+    reduce_block(dsts, begin, end - begin, dtype, op);
+    group_->step(rank_);
+  }
+
+  void run_all_gather(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype, bool on_worker) {
+    group_->arrive(rank_, sig, send, recv, !on_worker);
+    const bool large = count * dtype_size(dtype) * static_cast<std::size_t>(size()) >= kStreamBytes;
+    for (int r = 0; r < size(); ++r)
+      copy_out(comm::element_at(recv, count * static_cast<std::size_t>(r), dtype), group_->send(r), count * dtype_size(dtype), large);
+    group_->step(rank_);
+  }
+
+  void run_reduce_scatter(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                          bool on_worker) {
+    group_->arrive(rank_, sig, send, recv, !on_worker);
+    reduce_block({recv}, count * static_cast<std::size_t>(rank_), count, dtype, op);
+    group_->step(rank_);
+  }
+
+  void run_permute(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype,
+                   const std::vector<std::pair<int, int>>& pairs, bool on_worker) {
+    group_->arrive(rank_, sig, send, recv, !on_worker);
+    auto source = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.second == rank_; });
+    if (source == pairs.end()) std::memset(recv, 0, count * dtype_size(dtype));
+    else std::memcpy(recv, group_->send(source->first), count * dtype_size(dtype));
+    group_->step(rank_);
+  }
+
+  // Queues `run(sig)` on the worker with its own copy of the origin (the caller's may be gone by then).
+  std::unique_ptr<Request> started(const Signature& sig, std::function<void(const Signature&)> run) {
+    return worker_.submit([sig, origin = sig.origin != nullptr ? *sig.origin : std::string(), run = std::move(run)] {
+      Signature own = sig;
+      own.origin = &origin;
+      run(own);
+    });
+  }
+
+  // Reduces the ranks' elements [offset, offset + count) of the send buffers into each of dsts.
+  void reduce_block(const std::vector<void*>& dsts, std::size_t offset, std::size_t count, DType dtype, ReduceOp op) {
+    // Accumulate a cache-sized chunk at a time, always in rank order, so that every rank gets the
+    // same bits and a destination may alias a send buffer (a chunk is read before it is written).
+    constexpr std::size_t kChunkBytes = 16384;
+    alignas(64) char tmp[kChunkBytes];
+    const std::size_t es = dtype_size(dtype), chunk = kChunkBytes / es;
+    const bool large = count * es * dsts.size() >= kStreamBytes;
+    for (std::size_t begin = 0; begin < count; begin += chunk) {
+      const std::size_t n = std::min(chunk, count - begin);
+      std::memcpy(tmp, comm::element_at(group_->send(0), offset + begin, dtype), n * es);
+      for (int r = 1; r < size(); ++r) cpu::accumulate(op, dtype, tmp, comm::element_at(group_->send(r), offset + begin, dtype), n);
+      for (void* dst : dsts) copy_out(comm::element_at(dst, begin, dtype), tmp, n * es, large);
+    }
+  }
+
+  std::shared_ptr<LocalGroup> group_;
+  int rank_;
+  CommWorker worker_;  // last: joined before the rest goes
+};
+
 }  // namespace
 
-Signature LocalCommunicator::signature(const Call& call, CollectiveKind kind, DType dtype, std::size_t count, int detail, std::uint64_t pairs_hash) const {
-  return Signature{kind, dtype, count, detail, pairs_hash, &call.origin, call.site};
-}
-
-void LocalCommunicator::reduce_block(const std::vector<void*>& dsts, std::size_t offset, std::size_t count, DType dtype,
-                                     ReduceOp op) {
-  // Accumulate a cache-sized chunk at a time, always in rank order, so that every rank gets the
-  // same bits and a destination may alias a send buffer (a chunk is read before it is written).
-  constexpr std::size_t kChunkBytes = 16384;
-  alignas(64) char tmp[kChunkBytes];
-  const std::size_t es = dtype_size(dtype), chunk = kChunkBytes / es;
-  const bool large = count * es * dsts.size() >= kStreamBytes;
-  for (std::size_t begin = 0; begin < count; begin += chunk) {
-    const std::size_t n = std::min(chunk, count - begin);
-    std::memcpy(tmp, comm::element_at(group_->send(0), offset + begin, dtype), n * es);
-    for (int r = 1; r < size(); ++r) cpu::accumulate(op, dtype, tmp, comm::element_at(group_->send(r), offset + begin, dtype), n);
-    for (void* dst : dsts) copy_out(comm::element_at(dst, begin, dtype), tmp, n * es, large);
-  }
-}
-
-std::unique_ptr<Communicator::Request> LocalCommunicator::started(const Signature& sig, std::function<void(const Signature&)> run) {
-  return worker_.submit([sig, origin = sig.origin != nullptr ? *sig.origin : std::string(), run = std::move(run)] {
-    Signature own = sig;
-    own.origin = &origin;
-    run(own);
-  });
-}
-
-void LocalCommunicator::run_all_reduce(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
-                                       bool on_worker) {
-  group_->arrive(rank_, sig, send, recv, !on_worker);
-  // Reduce-scatter and all-gather in one pass: this rank reduces its 1/n slice and writes the
-  // result straight into every rank's recv buffer, so each byte is read once and written once.
-  const std::size_t n = static_cast<std::size_t>(size()), r = static_cast<std::size_t>(rank_);
-  const std::size_t begin = count * r / n, end = count * (r + 1) / n;
-  std::vector<void*> dsts;
-  for (int q = 0; q < size(); ++q) dsts.push_back(comm::element_at(group_->recv(q), begin, dtype));
-  reduce_block(dsts, begin, end - begin, dtype, op);
-  group_->step(rank_);
-}
-
-void LocalCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
-  worker_.drain();
-  record(CollectiveKind::all_reduce, count * dtype_size(dtype));
-  run_all_reduce(signature(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)), send, recv, count, dtype, op, false);
-}
-
-std::unique_ptr<Communicator::Request> LocalCommunicator::start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
-                                                                           ReduceOp op, const Call& call) {
-  record(CollectiveKind::all_reduce, count * dtype_size(dtype));
-  return started(signature(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)),
-                 [=, this](const Signature& sig) { run_all_reduce(sig, send, recv, count, dtype, op, true); });
-}
-
-void LocalCommunicator::run_all_gather(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype, bool on_worker) {
-  group_->arrive(rank_, sig, send, recv, !on_worker);
-  const bool large = count * dtype_size(dtype) * static_cast<std::size_t>(size()) >= kStreamBytes;
-  for (int r = 0; r < size(); ++r) copy_out(comm::element_at(recv, count * static_cast<std::size_t>(r), dtype), group_->send(r), count * dtype_size(dtype), large);
-  group_->step(rank_);
-}
-
-void LocalCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
-  worker_.drain();
-  record(CollectiveKind::all_gather, count * dtype_size(dtype));
-  run_all_gather(signature(call, CollectiveKind::all_gather, dtype, count), send, recv, count, dtype, false);
-}
-
-std::unique_ptr<Communicator::Request> LocalCommunicator::start_all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
-  record(CollectiveKind::all_gather, count * dtype_size(dtype));
-  return started(signature(call, CollectiveKind::all_gather, dtype, count),
-                 [=, this](const Signature& sig) { run_all_gather(sig, send, recv, count, dtype, true); });
-}
-
-void LocalCommunicator::run_reduce_scatter(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
-                                           bool on_worker) {
-  group_->arrive(rank_, sig, send, recv, !on_worker);
-  reduce_block({recv}, count * static_cast<std::size_t>(rank_), count, dtype, op);
-  group_->step(rank_);
-}
-
-void LocalCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
-  worker_.drain();
-  record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
-  run_reduce_scatter(signature(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)), send, recv, count, dtype, op, false);
-}
-
-std::unique_ptr<Communicator::Request> LocalCommunicator::start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
-                                                                               ReduceOp op, const Call& call) {
-  record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
-  return started(signature(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)),
-                 [=, this](const Signature& sig) { run_reduce_scatter(sig, send, recv, count, dtype, op, true); });
-}
-
-void LocalCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
-  worker_.drain();
-  record(CollectiveKind::all_to_all, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
-  group_->arrive(rank_, signature(call, CollectiveKind::all_to_all, dtype, count), send, recv);
-  for (int r = 0; r < size(); ++r)
-    std::memcpy(comm::element_at(recv, count * static_cast<std::size_t>(r), dtype), comm::element_at(group_->send(r), count * static_cast<std::size_t>(rank_), dtype),
-                count * dtype_size(dtype));
-  group_->step(rank_);
-}
-
-void LocalCommunicator::run_permute(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype,
-                                    const std::vector<std::pair<int, int>>& pairs, bool on_worker) {
-  group_->arrive(rank_, sig, send, recv, !on_worker);
-  auto source = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.second == rank_; });
-  if (source == pairs.end()) std::memset(recv, 0, count * dtype_size(dtype));
-  else std::memcpy(recv, group_->send(source->first), count * dtype_size(dtype));
-  group_->step(rank_);
-}
-
-void LocalCommunicator::permute(const void* send, void* recv, std::size_t count, DType dtype,
-                                const std::vector<std::pair<int, int>>& pairs, const Call& call) {
-  check_permute_pairs(pairs, size(), "permute", group_->label());
-  worker_.drain();
-  record(CollectiveKind::permute, count * dtype_size(dtype));
-  run_permute(signature(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)), send, recv, count, dtype, pairs, false);
-}
-
-std::unique_ptr<Communicator::Request> LocalCommunicator::start_permute(const void* send, void* recv, std::size_t count, DType dtype,
-                                                                        const std::vector<std::pair<int, int>>& pairs, const Call& call) {
-  check_permute_pairs(pairs, size(), "permute", group_->label());
-  record(CollectiveKind::permute, count * dtype_size(dtype));
-  return started(signature(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)),
-                 [=, this](const Signature& sig) { run_permute(sig, send, recv, count, dtype, pairs, true); });
-}
-
-void LocalCommunicator::broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root, const Call& call) {
-  if (root < 0 || root >= size()) fail("broadcast", "root {} is out of range for a group of {} ranks", root, size());
-  worker_.drain();
-  record(CollectiveKind::broadcast, count * dtype_size(dtype));
-  group_->arrive(rank_, signature(call, CollectiveKind::broadcast, dtype, count, root), send, recv);
-  if (rank_ != root || send != recv) std::memcpy(recv, group_->send(root), count * dtype_size(dtype));
-  group_->step(rank_);
-}
-
-void LocalCommunicator::barrier(const Call& call) {
-  worker_.drain();
-  record(CollectiveKind::barrier, 0);
-  group_->arrive(rank_, signature(call, CollectiveKind::barrier, DType::f32, 0), nullptr, nullptr);
+std::unique_ptr<Communicator> make_local_communicator(std::shared_ptr<LocalGroup> group, int rank) {
+  return std::make_unique<LocalCommunicator>(std::move(group), rank);
 }
 
 }  // namespace nax::local

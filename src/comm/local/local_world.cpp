@@ -13,9 +13,7 @@ using Clock = std::chrono::steady_clock;
 LocalGroup::LocalGroup(LocalWorld& world, std::vector<int> members, std::string axes_label)
     : world_(world), members_(std::move(members)), slots_(members_.size()),
       spin_(world.mesh().size() <= static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {
-  std::vector<std::string> devices;
-  for (int d : members_) devices.push_back(fmt::format("{}", d));
-  label_ = fmt::format("group {} of devices [{}]", axes_label, fmt::join(devices, ","));
+  label_ = fmt::format("group {} of devices [{}]", axes_label, fmt::join(members_, ","));
 }
 
 std::string LocalGroup::mismatch_message() const {

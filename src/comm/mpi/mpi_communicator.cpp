@@ -7,7 +7,9 @@
 #include <cstring>
 #include <functional>
 
+#include "comm/mpi/mpi_comm_handle.h"
 #include "comm/mpi/mpi_types.h"
+#include "comm/signature.h"
 #include "nax/trace/trace.h"
 
 namespace nax::mpi {
@@ -21,218 +23,239 @@ struct WireSignature {
   std::uint64_t call_site;
 };
 
-}  // namespace
-
-MpiCommunicator::MpiCommunicator(std::shared_ptr<MpiWorld> world, const std::vector<std::string>& mesh_axes)
-    : world_(std::move(world)), key_(fmt::format("{}", fmt::join(mesh_axes, ","))),
-      members_(world_->mesh().group(world_->device(), mesh_axes)),
-      rank_(world_->mesh().rank_in_group(world_->device(), mesh_axes)) {
-  label_ = fmt::format("group ({}) of devices [{}]", key_, fmt::join(members_, ","));
-  comm_ = CommHandle(world_->create_group_comm(members_, key_, label_));
-  check(MPI_Comm_set_errhandler(comm_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-}
-
-MpiCommunicator::~MpiCommunicator() {
-  if (!world_->left_pending()) return;
-  comm_.abandon();
-  static_cast<void>(agreement_.release());  // a pending check may still write it
-}
-
-CollectiveSignature MpiCommunicator::signature(const Call& call, CollectiveKind kind, DType dtype, std::size_t count, int detail,
-                                               std::uint64_t pairs_hash) const {
-  return CollectiveSignature{kind, dtype, count, detail, pairs_hash, &call.origin, call.site};
-}
-
-void MpiCommunicator::wait(std::span<MPI_Request> requests, const CollectiveSignature& sig, bool agreed) {
-  const std::function<std::string()> describe = [&] { return fmt::format("{} on device {} in {}", sig.str(), world_->device(), label_); };
-  world_->wait(requests, Pending{key_, members_, total_calls(stats()), describe}, agreed);
-}
-
-void MpiCommunicator::begin(CollectiveKind kind, std::size_t bytes, const CollectiveSignature& sig) {
-  record(kind, bytes);
-  const std::function<std::string()> describe = [&] { return fmt::format("{} on device {} in {}", sig.str(), world_->device(), label_); };
-  world_->check_not_aborting(Pending{key_, members_, total_calls(stats()), describe});
-  if (!world_->check_collectives()) return;
-  // The signatures' agreement completes when the last peer arrives: the trace's wait for peers.
-  const trace::Span waiting("wait", "wait for peers", [&] { return fmt::format("\"group\": {}", trace::quote(label_)); });
-  // Equal signatures give equal hashes: the group agrees when max(h) == min(h) (the second half
-  // carries -h, so one MAX reduction gives both).
-  const auto h = static_cast<std::int64_t>(sig.hash() >> 1);
-  std::array<std::int64_t, 4>& buffers = *agreement_;
-  buffers = {h, -h, 0, 0};
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Iallreduce(buffers.data(), buffers.data() + 2, 2, MPI_INT64_T, MPI_MAX, comm_.get(), &request), "MPI_Iallreduce");
-  wait({&request, 1}, sig, false);
-  if (buffers[2] != h || buffers[3] != -h) throw Error(mismatch_message(sig));
-}
-
-std::string MpiCommunicator::mismatch_message(const CollectiveSignature& sig) {
-  // Every rank of the group is here (they all saw the same extremes): gather what each called.
-  const WireSignature wire{static_cast<std::int64_t>(sig.kind), static_cast<std::int64_t>(sig.dtype), static_cast<std::int64_t>(sig.count),
-                           sig.detail, sig.pairs_hash, sig.call_site};
-  std::vector<WireSignature> all(members_.size());
-  check(MPI_Allgather(&wire, sizeof wire, MPI_BYTE, all.data(), sizeof wire, MPI_BYTE, comm_.get()), "MPI_Allgather");
-  const std::string& origin = sig.origin != nullptr ? *sig.origin : std::string();
-  const int length = static_cast<int>(origin.size());
-  std::vector<int> lengths(members_.size()), offsets(members_.size());
-  check(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm_.get()), "MPI_Allgather");
-  int total = 0;
-  for (std::size_t r = 0; r < lengths.size(); ++r) offsets[r] = std::exchange(total, total + lengths[r]);
-  std::string origins(static_cast<std::size_t>(total), '\0');
-  check(MPI_Allgatherv(origin.data(), length, MPI_CHAR, origins.data(), lengths.data(), offsets.data(), MPI_CHAR, comm_.get()),
-        "MPI_Allgatherv");
-  auto rank_signature = [&](std::size_t r, std::string& origin_text) {
-    origin_text = origins.substr(static_cast<std::size_t>(offsets[r]), static_cast<std::size_t>(lengths[r]));
-    return CollectiveSignature{static_cast<CollectiveKind>(all[r].kind), static_cast<DType>(all[r].dtype), static_cast<std::size_t>(all[r].count),
-                               static_cast<int>(all[r].detail), all[r].pairs_hash, &origin_text, all[r].call_site};
-  };
-  std::string first_origin, other_origin;
-  const CollectiveSignature first = rank_signature(0, first_origin);
-  for (std::size_t r = 1; r < members_.size(); ++r) {
-    const CollectiveSignature other = rank_signature(r, other_origin);
-    if (!(other == first))
-      return fmt::format("collective mismatch in {}: device {} called {} but device {} called {}", label_, members_[0], first.str(),
-                         members_[r], other.str());
-  }
-  return fmt::format("collective mismatch in {}: the signatures' hashes differ but not the signatures", label_);
-}
-
-// A posted collective: what wait() needs after the communicator has moved on to other calls.
-class MpiCommunicator::MpiRequest final : public Communicator::Request {
+class MpiCommunicator final : public Communicator {
  public:
-  MpiRequest(MpiCommunicator& comm, std::vector<MPI_Request> requests, const CollectiveSignature& sig)
-      : comm_(comm), requests_(std::move(requests)), origin_(sig.origin != nullptr ? *sig.origin : std::string()), sig_(sig),
-        call_(total_calls(comm.stats())), agreed_(comm.world_->check_collectives()) {
-    sig_.origin = &origin_;
+  MpiCommunicator(std::shared_ptr<MpiWorld> world, const std::vector<std::string>& mesh_axes)
+      : world_(std::move(world)), key_(fmt::format("{}", fmt::join(mesh_axes, ","))),
+        members_(world_->mesh().group(world_->device(), mesh_axes)),
+        rank_(world_->mesh().rank_in_group(world_->device(), mesh_axes)) {
+    label_ = fmt::format("group ({}) of devices [{}]", key_, fmt::join(members_, ","));
+    comm_ = CommHandle(world_->create_group_comm(members_, key_, label_));
+    check(MPI_Comm_set_errhandler(comm_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   }
-  ~MpiRequest() override {
-    if (waited_) return;
-    try {
-      wait();
-    } catch (...) {  // the owner is going away because of another error, or said nothing about it
+
+  ~MpiCommunicator() override {
+    if (!world_->left_pending()) return;
+    comm_.abandon();
+    static_cast<void>(agreement_.release());  // a pending check may still write it
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(members_.size()); }
+  std::string describe() const override { return "mpi " + label_; }
+
+  // MPI's own non-blocking collectives, posted after the signature check (which waits for the
+  // group) and waited for by the request as the blocking forms wait.
+  std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                                            const Call& call) override {
+    const auto sig = signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op));
+    begin(CollectiveKind::all_reduce, count * dtype_size(dtype), sig);
+    std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+    check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, count_of(count, "all_reduce"), datatype(dtype), reduce_op(op, dtype),
+                         comm_.get(), requests.data()),
+          "MPI_Iallreduce");
+    return posted(std::move(requests), sig);
+  }
+
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) override {
+    start_all_reduce(send, recv, count, dtype, op, call)->wait();
+  }
+
+  std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) override {
+    const auto sig = signature_of(call, CollectiveKind::all_gather, dtype, count);
+    begin(CollectiveKind::all_gather, count * dtype_size(dtype), sig);
+    const int n = count_of(count, "all_gather");
+    count_of(count * members_.size(), "all_gather");
+    std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+    check(MPI_Iallgather(send, n, datatype(dtype), recv, n, datatype(dtype), comm_.get(), requests.data()), "MPI_Iallgather");
+    return posted(std::move(requests), sig);
+  }
+
+  void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) override {
+    start_all_gather(send, recv, count, dtype, call)->wait();
+  }
+
+  std::unique_ptr<Request> start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                                                const Call& call) override {
+    const auto sig = signature_of(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op));
+    begin(CollectiveKind::reduce_scatter, count * members_.size() * dtype_size(dtype), sig);
+    std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+    check(MPI_Ireduce_scatter_block(send, recv, count_of(count, "reduce_scatter"), datatype(dtype), reduce_op(op, dtype), comm_.get(),
+                                    requests.data()),
+          "MPI_Ireduce_scatter_block");
+    return posted(std::move(requests), sig);
+  }
+
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) override {
+    start_reduce_scatter(send, recv, count, dtype, op, call)->wait();
+  }
+
+  void all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) override {
+    const auto sig = signature_of(call, CollectiveKind::all_to_all, dtype, count);
+    begin(CollectiveKind::all_to_all, count * members_.size() * dtype_size(dtype), sig);
+    const int n = count_of(count, "all_to_all");
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Ialltoall(send, n, datatype(dtype), recv, n, datatype(dtype), comm_.get(), &request), "MPI_Ialltoall");
+    wait({&request, 1}, sig, world_->check_collectives());
+  }
+
+  std::unique_ptr<Request> start_permute(const void* send, void* recv, std::size_t count, DType dtype,
+                                         const std::vector<std::pair<int, int>>& pairs, const Call& call) override {
+    check_permute_pairs(pairs, size(), "permute", label_);
+    const auto sig = signature_of(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs));
+    begin(CollectiveKind::permute, count * dtype_size(dtype), sig);
+    const int n = count_of(count, "permute");
+    const std::size_t bytes = count * dtype_size(dtype);
+    std::vector<MPI_Request> requests;
+    bool received = false;
+    for (auto [src, dst] : pairs) {
+      if (src == rank_ && dst == rank_) {
+        std::memcpy(recv, send, bytes);
+        received = true;
+      } else if (src == rank_) {
+        check(MPI_Isend(send, n, datatype(dtype), dst, 0, comm_.get(), &requests.emplace_back()), "MPI_Isend");
+      } else if (dst == rank_) {
+        check(MPI_Irecv(recv, n, datatype(dtype), src, 0, comm_.get(), &requests.emplace_back()), "MPI_Irecv");
+        received = true;
+      }
     }
+    if (!received) std::memset(recv, 0, bytes);
+    return posted(std::move(requests), sig);
   }
-  void wait() override {
-    if (waited_) return;
-    waited_ = true;
-    const std::function<std::string()> describe = [&] {
-      return fmt::format("{} on device {} in {}", sig_.str(), comm_.world_->device(), comm_.label_);
-    };
-    comm_.world_->wait(requests_, Pending{comm_.key_, comm_.members_, call_, describe}, agreed_);
+
+  void permute(const void* send, void* recv, std::size_t count, DType dtype, const std::vector<std::pair<int, int>>& pairs,
+               const Call& call) override {
+    start_permute(send, recv, count, dtype, pairs, call)->wait();
+  }
+
+  void broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root, const Call& call) override {
+    if (root < 0 || root >= size()) fail("broadcast", "root {} is out of range for a group of {} ranks", root, size());
+    const auto sig = signature_of(call, CollectiveKind::broadcast, dtype, count, root);
+    begin(CollectiveKind::broadcast, count * dtype_size(dtype), sig);
+    if (rank_ == root && send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Ibcast(recv, count_of(count, "broadcast"), datatype(dtype), root, comm_.get(), &request), "MPI_Ibcast");
+    wait({&request, 1}, sig, world_->check_collectives());
+  }
+
+  void barrier(const Call& call) override {
+    const auto sig = signature_of(call, CollectiveKind::barrier, DType::f32, 0);
+    begin(CollectiveKind::barrier, 0, sig);
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Ibarrier(comm_.get(), &request), "MPI_Ibarrier");
+    wait({&request, 1}, sig, world_->check_collectives());
   }
 
  private:
-  MpiCommunicator& comm_;
-  std::vector<MPI_Request> requests_;
-  std::string origin_;
-  CollectiveSignature sig_;
-  std::size_t call_;
-  bool agreed_;
-  bool waited_ = false;
+  // A posted collective: what wait() needs after the communicator has moved on to other calls.
+  class MpiRequest final : public Request {
+   public:
+    MpiRequest(MpiCommunicator& comm, std::vector<MPI_Request> requests, const CollectiveSignature& sig)
+        : comm_(comm), requests_(std::move(requests)), origin_(sig.origin != nullptr ? *sig.origin : std::string()), sig_(sig),
+          call_(total_calls(comm.stats())), agreed_(comm.world_->check_collectives()) {
+      sig_.origin = &origin_;
+    }
+    ~MpiRequest() override {
+      if (waited_) return;
+      try {
+        wait();
+      } catch (...) {  // the owner is going away because of another error, or said nothing about it
+      }
+    }
+    void wait() override {
+      if (waited_) return;
+      waited_ = true;
+      const std::function<std::string()> describe = [&] {
+        return fmt::format("{} on device {} in {}", sig_.str(), comm_.world_->device(), comm_.label_);
+      };
+      comm_.world_->wait(requests_, Pending{comm_.key_, comm_.members_, call_, describe}, agreed_);
+    }
+
+   private:
+    MpiCommunicator& comm_;
+    std::vector<MPI_Request> requests_;
+    std::string origin_;
+    CollectiveSignature sig_;
+    std::size_t call_;
+    bool agreed_;
+    bool waited_ = false;
+  };
+
+  std::unique_ptr<Request> posted(std::vector<MPI_Request> requests, const CollectiveSignature& sig) {
+    return std::make_unique<MpiRequest>(*this, std::move(requests), sig);
+  }
+
+  // Records the call, checks that no device failed, and agrees on the signature with the group.
+  void begin(CollectiveKind kind, std::size_t bytes, const CollectiveSignature& sig) {
+    record(kind, bytes);
+    const std::function<std::string()> describe = [&] { return fmt::format("{} on device {} in {}", sig.str(), world_->device(), label_); };
+    world_->check_not_aborting(Pending{key_, members_, total_calls(stats()), describe});
+    if (!world_->check_collectives()) return;
+    // The signatures' agreement completes when the last peer arrives: the trace's wait for peers.
+    const trace::Span waiting("wait", "wait for peers", [&] { return fmt::format("\"group\": {}", trace::quote(label_)); });
+    // Equal signatures give equal hashes: the group agrees when max(h) == min(h) (the second half
+    // carries -h, so one MAX reduction gives both).
+    const auto h = static_cast<std::int64_t>(sig.hash() >> 1);
+    std::array<std::int64_t, 4>& buffers = *agreement_;
+    buffers = {h, -h, 0, 0};
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Iallreduce(buffers.data(), buffers.data() + 2, 2, MPI_INT64_T, MPI_MAX, comm_.get(), &request), "MPI_Iallreduce");
+    wait({&request, 1}, sig, false);
+    if (buffers[2] != h || buffers[3] != -h) throw Error(mismatch_message(sig));
+  }
+
+  // `agreed`: the group passed the signature check, so every member has posted its part.
+  void wait(std::span<MPI_Request> requests, const CollectiveSignature& sig, bool agreed) {
+    const std::function<std::string()> describe = [&] { return fmt::format("{} on device {} in {}", sig.str(), world_->device(), label_); };
+    world_->wait(requests, Pending{key_, members_, total_calls(stats()), describe}, agreed);
+  }
+
+  std::string mismatch_message(const CollectiveSignature& sig) {
+    // Every rank of the group is here (they all saw the same extremes): gather what each called.
+    const WireSignature wire{static_cast<std::int64_t>(sig.kind), static_cast<std::int64_t>(sig.dtype), static_cast<std::int64_t>(sig.count),
+                             sig.detail, sig.pairs_hash, sig.call_site};
+    std::vector<WireSignature> all(members_.size());
+    check(MPI_Allgather(&wire, sizeof wire, MPI_BYTE, all.data(), sizeof wire, MPI_BYTE, comm_.get()), "MPI_Allgather");
+    const std::string& origin = sig.origin != nullptr ? *sig.origin : std::string();
+    const int length = static_cast<int>(origin.size());
+    std::vector<int> lengths(members_.size()), offsets(members_.size());
+    check(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm_.get()), "MPI_Allgather");
+    int total = 0;
+    for (std::size_t r = 0; r < lengths.size(); ++r) offsets[r] = std::exchange(total, total + lengths[r]);
+    std::string origins(static_cast<std::size_t>(total), '\0');
+    check(MPI_Allgatherv(origin.data(), length, MPI_CHAR, origins.data(), lengths.data(), offsets.data(), MPI_CHAR, comm_.get()),
+          "MPI_Allgatherv");
+    auto rank_signature = [&](std::size_t r, std::string& origin_text) {
+      origin_text = origins.substr(static_cast<std::size_t>(offsets[r]), static_cast<std::size_t>(lengths[r]));
+      return CollectiveSignature{static_cast<CollectiveKind>(all[r].kind), static_cast<DType>(all[r].dtype), static_cast<std::size_t>(all[r].count),
+                                 static_cast<int>(all[r].detail), all[r].pairs_hash, &origin_text, all[r].call_site};
+    };
+    std::string first_origin, other_origin;
+    const CollectiveSignature first = rank_signature(0, first_origin);
+    for (std::size_t r = 1; r < members_.size(); ++r) {
+      const CollectiveSignature other = rank_signature(r, other_origin);
+      if (!(other == first))
+        return fmt::format("collective mismatch in {}: device {} called {} but device {} called {}", label_, members_[0], first.str(),
+                           members_[r], other.str());
+    }
+    return fmt::format("collective mismatch in {}: the signatures' hashes differ but not the signatures", label_);
+  }
+
+  std::shared_ptr<MpiWorld> world_;
+  std::string key_;    // "dp,mp"
+  std::string label_;  // "group (dp,mp) of devices [0,1,2,3]"
+  std::vector<int> members_;
+  int rank_;
+  CommHandle comm_;
+  // The signature check's buffers, {h, -h} and the group's extremes: on the heap, so that they can
+  // outlive a check abandoned by a timeout or an abort (MPI may still write them).
+  std::unique_ptr<std::array<std::int64_t, 4>> agreement_ = std::make_unique<std::array<std::int64_t, 4>>();
 };
 
-std::unique_ptr<Communicator::Request> MpiCommunicator::posted(std::vector<MPI_Request> requests, const CollectiveSignature& sig) {
-  return std::make_unique<MpiRequest>(*this, std::move(requests), sig);
-}
+}  // namespace
 
-std::unique_ptr<Communicator::Request> MpiCommunicator::start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
-                                                                         ReduceOp op, const Call& call) {
-  const auto sig = signature(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op));
-  begin(CollectiveKind::all_reduce, count * dtype_size(dtype), sig);
-  std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
-  check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, count_of(count, "all_reduce"), datatype(dtype), reduce_op(op, dtype),
-                       comm_.get(), requests.data()),
-        "MPI_Iallreduce");
-  return posted(std::move(requests), sig);
-}
-
-void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
-  start_all_reduce(send, recv, count, dtype, op, call)->wait();
-}
-
-std::unique_ptr<Communicator::Request> MpiCommunicator::start_all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
-  const auto sig = signature(call, CollectiveKind::all_gather, dtype, count);
-  begin(CollectiveKind::all_gather, count * dtype_size(dtype), sig);
-  const int n = count_of(count, "all_gather");
-  count_of(count * members_.size(), "all_gather");
-  std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
-  check(MPI_Iallgather(send, n, datatype(dtype), recv, n, datatype(dtype), comm_.get(), requests.data()), "MPI_Iallgather");
-  return posted(std::move(requests), sig);
-}
-
-void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
-  start_all_gather(send, recv, count, dtype, call)->wait();
-}
-
-std::unique_ptr<Communicator::Request> MpiCommunicator::start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
-                                                                             ReduceOp op, const Call& call) {
-  const auto sig = signature(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op));
-  begin(CollectiveKind::reduce_scatter, count * members_.size() * dtype_size(dtype), sig);
-  std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
-  check(MPI_Ireduce_scatter_block(send, recv, count_of(count, "reduce_scatter"), datatype(dtype), reduce_op(op, dtype), comm_.get(),
-                                  requests.data()),
-        "MPI_Ireduce_scatter_block");
-  return posted(std::move(requests), sig);
-}
-
-void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
-  start_reduce_scatter(send, recv, count, dtype, op, call)->wait();
-}
-
-void MpiCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
-  const auto sig = signature(call, CollectiveKind::all_to_all, dtype, count);
-  begin(CollectiveKind::all_to_all, count * members_.size() * dtype_size(dtype), sig);
-  const int n = count_of(count, "all_to_all");
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Ialltoall(send, n, datatype(dtype), recv, n, datatype(dtype), comm_.get(), &request), "MPI_Ialltoall");
-  wait({&request, 1}, sig, world_->check_collectives());
-}
-
-std::unique_ptr<Communicator::Request> MpiCommunicator::start_permute(const void* send, void* recv, std::size_t count, DType dtype,
-                                                                      const std::vector<std::pair<int, int>>& pairs, const Call& call) {
-  check_permute_pairs(pairs, size(), "permute", label_);
-  const auto sig = signature(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs));
-  begin(CollectiveKind::permute, count * dtype_size(dtype), sig);
-  const int n = count_of(count, "permute");
-  const std::size_t bytes = count * dtype_size(dtype);
-  std::vector<MPI_Request> requests;
-  bool received = false;
-  for (auto [src, dst] : pairs) {
-    if (src == rank_ && dst == rank_) {
-      std::memcpy(recv, send, bytes);
-      received = true;
-    } else if (src == rank_) {
-      check(MPI_Isend(send, n, datatype(dtype), dst, 0, comm_.get(), &requests.emplace_back()), "MPI_Isend");
-    } else if (dst == rank_) {
-      check(MPI_Irecv(recv, n, datatype(dtype), src, 0, comm_.get(), &requests.emplace_back()), "MPI_Irecv");
-      received = true;
-    }
-  }
-  if (!received) std::memset(recv, 0, bytes);
-  return posted(std::move(requests), sig);
-}
-
-void MpiCommunicator::permute(const void* send, void* recv, std::size_t count, DType dtype,
-                              const std::vector<std::pair<int, int>>& pairs, const Call& call) {
-  start_permute(send, recv, count, dtype, pairs, call)->wait();
-}
-
-void MpiCommunicator::broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root, const Call& call) {
-  if (root < 0 || root >= size()) fail("broadcast", "root {} is out of range for a group of {} ranks", root, size());
-  const auto sig = signature(call, CollectiveKind::broadcast, dtype, count, root);
-  begin(CollectiveKind::broadcast, count * dtype_size(dtype), sig);
-  if (rank_ == root && send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Ibcast(recv, count_of(count, "broadcast"), datatype(dtype), root, comm_.get(), &request), "MPI_Ibcast");
-  wait({&request, 1}, sig, world_->check_collectives());
-}
-
-void MpiCommunicator::barrier(const Call& call) {
-  const auto sig = signature(call, CollectiveKind::barrier, DType::f32, 0);
-  begin(CollectiveKind::barrier, 0, sig);
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Ibarrier(comm_.get(), &request), "MPI_Ibarrier");
-  wait({&request, 1}, sig, world_->check_collectives());
+std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<MpiWorld> world, const std::vector<std::string>& mesh_axes) {
+  return std::make_unique<MpiCommunicator>(std::move(world), mesh_axes);
 }
 
 }  // namespace nax::mpi

@@ -4,7 +4,6 @@
 // collective which cannot complete into an error instead of a hang.
 #include <mpi.h>
 
-#include <cstdint>
 #include <functional>
 #include <span>
 #include <string>

@@ -5,7 +5,6 @@
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 
 #include "kernels/cpu/kernels.h"
@@ -15,11 +14,6 @@
 namespace nax::cpu {
 
 namespace {
-
-template <typename T>
-T sum_of(const T* x, std::int64_t n) {
-  return lane_sum<T>(n, [x](std::int64_t i) { return x[i]; });
-}
 
 template <typename T>
 T dot_of(const T* a, const T* b, std::int64_t n) {
@@ -67,7 +61,7 @@ template <typename T>
 T softmax_row(T* row, std::int64_t visible, std::int64_t width, T scale) {
   const T shift = lane_max(row, visible) * scale;  // scale > 0: the max of the scaled scores
   for (std::int64_t j = 0; j < visible; ++j) row[j] = exp_of(row[j] * scale - shift);
-  const T total = sum_of(row, visible);
+  const T total = lane_sum<T>(visible, [row](std::int64_t i) { return row[i]; });
   const T inverse = T(1) / total;
   for (std::int64_t j = 0; j < visible; ++j) row[j] *= inverse;
   std::fill(row + visible, row + width, T(0));

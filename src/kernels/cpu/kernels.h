@@ -1,6 +1,7 @@
 #pragma once
-// CPU kernels: raw compute on pointers. Layouts are given in elements; f32, f64 and i32 (bf16 is
-// converted to f32 by the op layer, except by cast and copy which handle it directly).
+// CPU kernels: raw compute on pointers, as the Kernels methods of their names say
+// (nax/kernels/kernels.h). Layouts are given in elements; f32, f64 and i32 (bf16 is converted to
+// f32 by the op layer, except by cast and copy which handle it directly).
 #include <cstddef>
 #include <cstdint>
 
@@ -14,27 +15,22 @@ namespace nax::cpu {
 using kernels::BinaryOp;
 using kernels::UnaryOp;
 
-// out (contiguous in the layout's order) = op(a, b), a and b read with the layout's strides.
 void binary(BinaryOp op, DType dtype, const void* a, const void* b, void* out, const Layout<3>& layout);
 void unary(UnaryOp op, DType dtype, const void* in, void* out, std::int64_t n);
 void fill(DType dtype, void* out, std::int64_t n, double value);
 
-// out[j] = op over the input elements that map to j; the layout iterates the input, strides[0] are
-// the input's, strides[1] the output's (0 along reduced dimensions). out is initialised here.
 void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const Layout<2>& layout,
             const SumTree& tree);
 // The sum of reduce with `tree.on`: each output's inputs, row-major over the reduced dimensions,
 // added in the tree's order (leaves from their first term).
 void tree_sum(DType dtype, const void* in, void* out, std::int64_t out_count, const Layout<2>& layout, const SumTree& tree);
 
-// dst = src element by element, src read with strides[0], dst written with strides[1].
 void copy(std::size_t element_size, const void* src, void* dst, const Layout<2>& layout);
 // memcpy with non-temporal stores: for destinations that will not be read again soon (a peer's
 // buffer), it spares the read-for-ownership of every destination line.
 void stream_copy(void* dst, const void* src, std::size_t bytes);
 void convert(DType from, const void* src, DType to, void* dst, std::int64_t n);
 
-// dst[i] = op(dst[i], src[i]) (the communicator's reduction).
 void accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n);
 
 // C (m x n, row stride ldc) = A (m x k) * B (k x n) + beta C, row-major, each operand optionally

@@ -1,7 +1,8 @@
 #pragma once
 // CPU kernels of the vocabulary lookups: embedding rows and picked logits. The caller's block of
 // the vocabulary is [start, start + local); ids outside it read as zero and scatter nothing (the
-// vocab-parallel form: another device holds those rows). Ids are checked by the op layer.
+// vocab-parallel form: another device holds those rows). Ids are checked by the op layer. Each
+// kernel computes what the Kernels method of its name says (nax/kernels/kernels.h).
 #include <cstddef>
 #include <cstdint>
 
@@ -13,11 +14,9 @@ namespace nax::cpu {
 
 using kernels::VocabRange;
 
-// out row i (row_bytes bytes) = table row ids[i] - start, or zeros; any element type.
 void gather_rows(const std::int32_t* ids, std::int64_t count, VocabRange range, const void* table, std::size_t row_bytes,
                  void* out);
 
-// table_grad (local x row elements) = 0, then table_grad row ids[i] - start += grad row i.
 void scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, VocabRange range, const void* grad,
                       std::int64_t row, void* table_grad, const SumTree& tree);
 // The same with `tree.on` (nax/kernels/kernels.h says the order; absent terms are +0).
@@ -26,12 +25,9 @@ void tree_scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t co
 
 using kernels::PickLayout;
 
-// out[j] = logits[at target j], or zero for a target outside the range; any element type.
 void pick_forward(const std::int32_t* targets, VocabRange range, const PickLayout& where, const void* logits,
                   std::size_t element_size, void* out);
 
-// logits_grad (logits_count elements) = 0, then logits_grad[at target j] += grad[j] for targets
-// in the range.
 void pick_backward(DType dtype, const std::int32_t* targets, VocabRange range, const PickLayout& where, const void* grad,
                    void* logits_grad, std::int64_t logits_count);
 

@@ -1,8 +1,6 @@
 // GELU and where kernels: one fused loop each.
 #include "kernels/cpu/pointwise.h"
 
-#include <cmath>
-
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/float_dispatch.h"
 #include "kernels/cpu/vector_math.h"

@@ -48,11 +48,7 @@ void pack_a(const Operand<T>& a, std::int64_t m, std::int64_t k, std::int64_t ro
   for (std::int64_t p = 0; p < rows; p += R, out += k * R)
     for (int r = 0; r < R; ++r) {
       const std::int64_t i = row0 + p + r;
-      if (i < m) {
-        for (std::int64_t kk = 0; kk < k; ++kk) out[kk * R + r] = a.at(i, kk);
-      } else {
-        for (std::int64_t kk = 0; kk < k; ++kk) out[kk * R + r] = T(0);
-      }
+      for (std::int64_t kk = 0; kk < k; ++kk) out[kk * R + r] = i < m ? a.at(i, kk) : T(0);
     }
 }
 
@@ -126,13 +122,8 @@ void tile_sums(const T* a, const T* b, const SumSchedule& schedule, T* stack, T*
 template <typename Tile, typename T = typename Tile::Value>
 void store_tile(const T* tile, std::int64_t rows, std::int64_t cols, T beta, T* c, std::int64_t ldc) {
   constexpr int C = Tile::cols;
-  for (std::int64_t r = 0; r < rows; ++r, c += ldc, tile += C) {
-    if (beta == T(0)) {
-      for (std::int64_t j = 0; j < cols; ++j) c[j] = tile[j];
-    } else {
-      for (std::int64_t j = 0; j < cols; ++j) c[j] = tile[j] + beta * c[j];
-    }
-  }
+  for (std::int64_t r = 0; r < rows; ++r, c += ldc, tile += C)
+    for (std::int64_t j = 0; j < cols; ++j) c[j] = beta == T(0) ? tile[j] : tile[j] + beta * c[j];
 }
 
 // Rows of op(A) per packed block: about 256 KiB of it, reused by every column panel of a block

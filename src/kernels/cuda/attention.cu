@@ -103,52 +103,33 @@ __global__ void __launch_bounds__(32 * kRowWarps) dq_kernel(const __grid_constan
 // attention.cpp keeps every grid under 2^31 blocks.
 unsigned grid(std::int64_t blocks) { return static_cast<unsigned>(blocks); }
 
-// Above 48 KiB of dynamic shared memory a kernel must opt in, on each device. Asked at every
-// launch (a host-side attribute write, microseconds): every kernel here has the same type, so a
-// flag kept per template instance would be shared by all of them.
+// f(T{}) with T the kernels' element type.
+template <typename F>
+void with_type(bool bf16, F&& f) {
+  if (bf16) f(bf16_t{});
+  else f(float{});
+}
+
+// One pass of a tile shape: `kernel` over `blocks` blocks, with the shape's threads and shared
+// memory. Above 48 KiB of dynamic shared memory a kernel must opt in, on each device. Asked at
+// every launch (a host-side attribute write, microseconds): every kernel here has the same type,
+// so a flag kept per template instance would be shared by all of them.
+template <typename Shape, typename Kernel>
+void launch_shape(cudaStream_t stream, const Params& p, std::int64_t blocks, Kernel kernel) {
+  if (blocks == 0) return;
+  if (Shape::kSmem > 48 * 1024)
+    NAX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Shape::kSmem)));
+  kernel<<<grid(blocks), Shape::kThreads, Shape::kSmem, stream>>>(p);
+  NAX_CUDA_CHECK_LAUNCH();
+}
+
+// A row kernel (delta_rows, dq_rows): one warp per row.
 template <typename Kernel>
-void allow_smem(Kernel kernel, std::size_t bytes) {
-  if (bytes <= 48 * 1024) return;
-  NAX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
-template <typename T>
-void forward_typed(cudaStream_t stream, const Params& p) {
-  Tiles<T>::forward(p.head_dim, [&](auto shape) {
-    using Shape = decltype(shape);
-    const std::int64_t blocks = forward_blocks<Shape>(p);
-    if (blocks == 0) return;
-    auto kernel = forward_kernel<T, Shape::kD, Shape::kBN, Shape::kW>;
-    allow_smem(kernel, Shape::kSmem);
-    kernel<<<grid(blocks), Shape::kThreads, Shape::kSmem, stream>>>(p);
-    NAX_CUDA_CHECK_LAUNCH();
-  });
-}
-
-template <typename T>
-void backward_typed(cudaStream_t stream, const Params& p) {
-  Tiles<T>::backward(p.head_dim, [&](auto shape) {
-    using Shape = decltype(shape);
-    const std::int64_t blocks = backward_blocks<Shape>(p);
-    if (blocks == 0) return;
-    auto kernel = backward_kernel<T, Shape::kD, Shape::kDC, Shape::kW>;
-    allow_smem(kernel, Shape::kSmem);
-    kernel<<<grid(blocks), Shape::kThreads, Shape::kSmem, stream>>>(p);
-    NAX_CUDA_CHECK_LAUNCH();
-  });
-}
-
-template <typename T>
-void deterministic_dq_typed(cudaStream_t stream, const Params& p) {
-  Tiles<T>::dq(p.head_dim, [&](auto shape) {
-    using Shape = decltype(shape);
-    const std::int64_t blocks = dq_blocks<Shape>(p);
-    if (blocks == 0) return;
-    auto kernel = deterministic_dq_kernel<T, Shape::kD, Shape::kBN, Shape::kDC, Shape::kW>;
-    allow_smem(kernel, Shape::kSmem);
-    kernel<<<grid(blocks), Shape::kThreads, Shape::kSmem, stream>>>(p);
-    NAX_CUDA_CHECK_LAUNCH();
-  });
+void launch_rows(cudaStream_t stream, const Params& p, Kernel kernel) {
+  const std::int64_t blocks = row_blocks(p);
+  if (blocks == 0) return;
+  kernel<<<grid(blocks), 32 * kRowWarps, 0, stream>>>(p);
+  NAX_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -162,34 +143,41 @@ std::size_t backward_scratch_bytes(std::int64_t batches, std::int64_t tq, std::i
 }
 
 void launch_forward(cudaStream_t stream, bool bf16, const Params& p) {
-  if (bf16) forward_typed<bf16_t>(stream, p);
-  else forward_typed<float>(stream, p);
+  with_type(bf16, [&](auto t) {
+    using T = decltype(t);
+    Tiles<T>::forward(p.head_dim, [&](auto shape) {
+      using S = decltype(shape);
+      launch_shape<S>(stream, p, forward_blocks<S>(p), forward_kernel<T, S::kD, S::kBN, S::kW>);
+    });
+  });
 }
 
 void launch_backward_delta(cudaStream_t stream, bool bf16, const Params& p) {
-  const std::int64_t blocks = row_blocks(p);
-  if (blocks == 0) return;
-  if (bf16) delta_kernel<bf16_t><<<grid(blocks), 32 * kRowWarps, 0, stream>>>(p);
-  else delta_kernel<float><<<grid(blocks), 32 * kRowWarps, 0, stream>>>(p);
-  NAX_CUDA_CHECK_LAUNCH();
+  with_type(bf16, [&](auto t) { launch_rows(stream, p, delta_kernel<decltype(t)>); });
 }
 
 void launch_backward_main(cudaStream_t stream, bool bf16, const Params& p) {
-  if (bf16) backward_typed<bf16_t>(stream, p);
-  else backward_typed<float>(stream, p);
+  with_type(bf16, [&](auto t) {
+    using T = decltype(t);
+    Tiles<T>::backward(p.head_dim, [&](auto shape) {
+      using S = decltype(shape);
+      launch_shape<S>(stream, p, backward_blocks<S>(p), backward_kernel<T, S::kD, S::kDC, S::kW>);
+    });
+  });
 }
 
 void launch_backward_dq(cudaStream_t stream, bool bf16, const Params& p) {
-  const std::int64_t blocks = row_blocks(p);
-  if (blocks == 0) return;
-  if (bf16) dq_kernel<bf16_t><<<grid(blocks), 32 * kRowWarps, 0, stream>>>(p);
-  else dq_kernel<float><<<grid(blocks), 32 * kRowWarps, 0, stream>>>(p);
-  NAX_CUDA_CHECK_LAUNCH();
+  with_type(bf16, [&](auto t) { launch_rows(stream, p, dq_kernel<decltype(t)>); });
 }
 
 void launch_backward_dq_deterministic(cudaStream_t stream, bool bf16, const Params& p) {
-  if (bf16) deterministic_dq_typed<bf16_t>(stream, p);
-  else deterministic_dq_typed<float>(stream, p);
+  with_type(bf16, [&](auto t) {
+    using T = decltype(t);
+    Tiles<T>::dq(p.head_dim, [&](auto shape) {
+      using S = decltype(shape);
+      launch_shape<S>(stream, p, dq_blocks<S>(p), deterministic_dq_kernel<T, S::kD, S::kBN, S::kDC, S::kW>);
+    });
+  });
 }
 
 }  // namespace nax::cuda::attention_detail

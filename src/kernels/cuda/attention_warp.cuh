@@ -9,11 +9,6 @@
 // Mma<T>: tensor cores (ldmatrix + mma.sync, bf16 in, f32 accumulate) for bf16, plain FMAs in
 // the same register layout for f32, so that everything around them (masking, online softmax,
 // the backward's elementwise steps) is one code for both.
-//
-// The passes' bodies take (block, thread) indices and a shared-memory pointer rather than reading
-// CUDA built-ins, and the few warp-level primitives are wrapped here, so that this header and the
-// passes' also compile as host C++ under NAX_ATTENTION_EMULATION (a warp emulator supplies the
-// primitives).
 #include <cuda_bf16.h>
 #include <vector_types.h>
 
@@ -26,7 +21,6 @@ namespace nax::cuda::attention_detail {
 
 using bf16_t = __nv_bfloat16;
 
-#ifndef NAX_ATTENTION_EMULATION
 #define NAX_ATT_FN __device__ __forceinline__
 
 NAX_ATT_FN void block_sync() { __syncthreads(); }
@@ -68,7 +62,6 @@ NAX_ATT_FN void atomic_add2(float* p, float x, float y) {
   atomicAdd(p + 1, y);
 #endif
 }
-#endif  // NAX_ATTENTION_EMULATION
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;

@@ -1,17 +1,9 @@
-// CudaKernels: each method selects the GPU, then hands its stream (and, where a kernel needs them,
-// the workspace, the uploader or the multiprocessor count) to the kernel of the same name.
+// CudaKernels' methods that do more than hand the stream to the kernel of the same name (those are
+// defined in cuda_kernels.h).
 #include "kernels/cuda/cuda_kernels.h"
 
 #include <limits>
 
-#include "kernels/cuda/attention.h"
-#include "kernels/cuda/binary.h"
-#include "kernels/cuda/check.h"
-#include "kernels/cuda/kernels.h"
-#include "kernels/cuda/layout.h"
-#include "kernels/cuda/lookup.h"
-#include "kernels/cuda/norm.h"
-#include "kernels/cuda/reduce.h"
 #include "kernels/cuda/rotary.h"
 #include "kernels/cuda/tree_gemm.h"
 #include "nax/core/error.h"
@@ -52,85 +44,7 @@ bool CudaKernels::computes(DType dtype) const {
   return false;
 }
 
-// --- memory ---
-
-void CudaKernels::copy_from_host(void* dst, const void* host_src, std::size_t bytes) {
-  if (bytes == 0) return;
-  DeviceGuard guard(gpu_);
-  NAX_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream()));
-}
-
-void CudaKernels::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
-  if (bytes == 0) return;
-  DeviceGuard guard(gpu_);
-  NAX_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
-  NAX_CUDA_CHECK(cudaStreamSynchronize(stream()));
-}
-
-void CudaKernels::copy_bytes(void* dst, const void* src, std::size_t bytes) {
-  if (bytes == 0) return;
-  DeviceGuard guard(gpu_);
-  // Default: under the device transport the source may sit on another GPU of the process.
-  NAX_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
-}
-
-void CudaKernels::synchronize() {
-  DeviceGuard guard(gpu_);
-  NAX_CUDA_CHECK(cudaStreamSynchronize(stream()));
-}
-
-// --- elementwise and layout ---
-
-void CudaKernels::binary(kernels::BinaryOp op, DType dtype, const void* a, const void* b, void* out, const kernels::Layout<3>& layout) {
-  DeviceGuard guard(gpu_);
-  cuda::binary(stream(), op, dtype, a, b, out, layout);
-}
-
-void CudaKernels::unary(kernels::UnaryOp op, DType dtype, const void* in, void* out, std::int64_t n) {
-  DeviceGuard guard(gpu_);
-  cuda::unary(stream(), op, dtype, in, out, n);
-}
-
-void CudaKernels::fill(DType dtype, void* out, std::int64_t n, double value) {
-  DeviceGuard guard(gpu_);
-  cuda::fill(stream(), dtype, out, n, value);
-}
-
-void CudaKernels::copy(std::size_t element_size, const void* src, void* dst, const kernels::Layout<2>& layout) {
-  DeviceGuard guard(gpu_);
-  cuda::copy(stream(), element_size, src, dst, layout);
-}
-
-void CudaKernels::convert(DType from, const void* src, DType to, void* dst, std::int64_t n) {
-  DeviceGuard guard(gpu_);
-  cuda::convert(stream(), from, src, to, dst, n);
-}
-
-void CudaKernels::where(DType dtype, const void* cond, const void* a, const void* b, void* out, const kernels::Layout<4>& layout) {
-  DeviceGuard guard(gpu_);
-  cuda::where(stream(), dtype, cond, a, b, out, layout);
-}
-
-void CudaKernels::reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t out_count, const kernels::Layout<2>& layout,
-                         const SumTree& tree) {
-  DeviceGuard guard(gpu_);
-  cuda::reduce(stream(), workspace_, multiprocessors_, op, dtype, in, out, out_count, layout, tree);
-}
-
-void CudaKernels::accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n) {
-  DeviceGuard guard(gpu_);
-  cuda::accumulate(stream(), op, dtype, dst, src, n);
-}
-
-// --- contraction ---
-
 void CudaKernels::bind_thread() { NAX_CUDA_CHECK(cudaSetDevice(gpu_)); }
-
-void CudaKernels::adamw(std::int64_t n, const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out,
-                        float* v_out, const kernels::AdamWStep& step) {
-  DeviceGuard guard(gpu_);
-  cuda::adamw_step(stream(), static_cast<std::size_t>(n), p, m, v, g, p_out, m_out, v_out, step);
-}
 
 void CudaKernels::gemm(DType dtype, const kernels::GemmShape& shape, const void* a, const void* b, void* c) {
   DeviceGuard guard(gpu_);
@@ -185,52 +99,6 @@ void CudaKernels::gelu_backward(DType dtype, std::int64_t n, const void* x, cons
   }
 }
 
-void CudaKernels::layer_norm_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* bias,
-                                     double eps, void* y, void* mean, void* rstd) {
-  DeviceGuard guard(gpu_);
-  cuda::layer_norm_forward(stream(), dtype, rows, n, x, scale, bias, eps, y, mean, rstd);
-}
-
-void CudaKernels::layer_norm_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, const void* scale, const void* mean,
-                                      const void* rstd, const void* dy, void* dx, void* dscale, void* dbias, const SumTree& rows_tree) {
-  DeviceGuard guard(gpu_);
-  cuda::layer_norm_backward(stream(), workspace_, multiprocessors_, dtype, rows, n, x, scale, mean, rstd, dy, dx, dscale, dbias,
-                            rows_tree);
-}
-
-void CudaKernels::softmax_forward(DType dtype, std::int64_t rows, std::int64_t n, const void* x, void* y, bool log) {
-  DeviceGuard guard(gpu_);
-  cuda::softmax_forward(stream(), dtype, rows, n, x, y, log);
-}
-
-void CudaKernels::softmax_backward(DType dtype, std::int64_t rows, std::int64_t n, const void* y, const void* dy, void* dx, bool log) {
-  DeviceGuard guard(gpu_);
-  cuda::softmax_backward(stream(), dtype, rows, n, y, dy, dx, log);
-}
-
-std::int64_t CudaKernels::attention_forward_scratch(const kernels::AttentionSizes& sizes) {
-  return cuda::attention_forward_scratch(sizes);
-}
-
-std::int64_t CudaKernels::attention_backward_scratch(const kernels::AttentionSizes& sizes) {
-  return cuda::attention_backward_scratch(sizes);
-}
-
-void CudaKernels::causal_attention_forward(const kernels::AttentionSizes& sizes, const kernels::InMatrices& q,
-                                           const kernels::InMatrices& k, const kernels::InMatrices& v, const kernels::OutMatrices& out,
-                                           void* lse, void* scratch) {
-  DeviceGuard guard(gpu_);
-  cuda::attention_forward(stream(), sizes, q, k, v, out, lse, scratch);
-}
-
-void CudaKernels::causal_attention_backward(const kernels::AttentionSizes& sizes, const kernels::InMatrices& q,
-                                            const kernels::InMatrices& k, const kernels::InMatrices& v, const kernels::InMatrices& out,
-                                            const kernels::InMatrices& dout, const void* lse, const kernels::OutMatrices& dq,
-                                            const kernels::OutMatrices& dk, const kernels::OutMatrices& dv, void* scratch) {
-  DeviceGuard guard(gpu_);
-  cuda::attention_backward(stream(), sizes, q, k, v, out, dout, lse, dq, dk, dv, scratch);
-}
-
 void CudaKernels::rotary_in_place(const kernels::RotarySizes& sizes, void* data, const std::int64_t* outer_offsets,
                                   std::int64_t outer_count) {
   if (outer_count <= 0 || sizes.seq_len <= 0 || sizes.rotary_dims < 2) return;
@@ -238,32 +106,6 @@ void CudaKernels::rotary_in_place(const kernels::RotarySizes& sizes, void* data,
   const auto* offsets =
       static_cast<const std::int64_t*>(uploads_.upload(outer_offsets, static_cast<std::size_t>(outer_count) * sizeof(std::int64_t)));
   cuda::rotary_in_place(stream(), sizes, data, offsets, outer_count);
-}
-
-// --- lookups ---
-
-void CudaKernels::gather_rows(const std::int32_t* ids, std::int64_t count, kernels::VocabRange range, const void* table,
-                              std::size_t row_bytes, void* out) {
-  DeviceGuard guard(gpu_);
-  cuda::gather_rows(stream(), ids, count, range, table, row_bytes, out);
-}
-
-void CudaKernels::scatter_add_rows(DType dtype, const std::int32_t* ids, std::int64_t count, kernels::VocabRange range, const void* grad,
-                                   std::int64_t row, void* table_grad, const SumTree& tree) {
-  DeviceGuard guard(gpu_);
-  cuda::scatter_add_rows(stream(), workspace_, dtype, ids, count, range, grad, row, table_grad, tree);
-}
-
-void CudaKernels::pick_forward(const std::int32_t* targets, kernels::VocabRange range, const kernels::PickLayout& where,
-                               const void* logits, std::size_t element_size, void* out) {
-  DeviceGuard guard(gpu_);
-  cuda::pick_forward(stream(), targets, range, where, logits, element_size, out);
-}
-
-void CudaKernels::pick_backward(DType dtype, const std::int32_t* targets, kernels::VocabRange range, const kernels::PickLayout& where,
-                                const void* grad, void* logits_grad, std::int64_t logits_count) {
-  DeviceGuard guard(gpu_);
-  cuda::pick_backward(stream(), dtype, targets, range, where, grad, logits_grad, logits_count);
 }
 
 }  // namespace nax::cuda

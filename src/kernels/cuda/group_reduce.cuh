@@ -3,7 +3,6 @@
 // one warp (32), or the whole block (a multiple of 32; then blockDim.x must equal Group). The order
 // of combination is fixed, so results are deterministic. Every thread of the group must call,
 // and every thread gets the result.
-#include <cstdint>
 
 namespace nax::cuda::detail {
 

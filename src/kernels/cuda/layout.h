@@ -13,10 +13,8 @@ namespace nax::cuda {
 
 // out[0..n) = value converted to dtype (a C++ cast; bf16 rounds to nearest even).
 void fill(cudaStream_t stream, DType dtype, void* out, std::int64_t n, double value);
-// dst = src element by element: src read with strides[0], dst written with strides[1].
 void copy(cudaStream_t stream, std::size_t element_size, const void* src, void* dst, const kernels::Layout<2>& layout);
 void convert(cudaStream_t stream, DType from, const void* src, DType to, void* dst, std::int64_t n);
-// out = cond != 0 ? a : b, read with strides[0..2], written with strides[3].
 void where(cudaStream_t stream, DType dtype, const void* cond, const void* a, const void* b, void* out,
            const kernels::Layout<4>& layout);
 // data = factor * data at the layout's offsets; factor 0 writes zeros (whatever was there, NaN too).
