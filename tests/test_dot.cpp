@@ -1,6 +1,7 @@
 // dot: contraction over named axes, against a direct sum, for every layout class the GEMM path
 // distinguishes (plain, transposed operands, batch axes anywhere, several contracted axes).
 #include "helpers.h"
+#include "nax/kernels/kernels.h"
 
 using namespace nax;
 using nax::testing::at;
@@ -78,6 +79,35 @@ TEST_CASE("dot in f32 and bf16", "[ops][dot]") {
   auto got = c.to_vector<double>();
   auto want = dot(cast(cast(a, DType::bf16), DType::f32), cast(cast(b, DType::bf16), DType::f32), "k").to_vector<double>();
   REQUIRE(nax::testing::max_rel_error(got, want) < 1e-2);
+}
+
+// bf16 dot, through the CPU's bf16 GEMM where it has one (oneDNN) or widened to f32 otherwise:
+// each element the f32 sum of the bf16 products, rounded once to bf16. Checked element by element
+// against f64 on the same bf16 values, for plain, transposed and strided batched GEMM views.
+TEST_CASE("bf16 dot rounds each element once from an f32-accumulated sum", "[ops][dot]") {
+  INFO("this CPU's GEMM takes bf16 itself: " << Device::host()->kernels().gemm_computes(DType::bf16));
+  struct Case {
+    Shape a, b;
+    Names contract;
+  };
+  const std::vector<Case> cases = {
+      {Shape{{"m", 33}, {"k", 70}}, Shape{{"k", 70}, {"n", 17}}, {"k"}},
+      {Shape{{"k", 64}, {"m", 20}}, Shape{{"n", 12}, {"k", 64}}, {"k"}},  // both operands transposed in memory
+      {Shape{{"b", 3}, {"s", 16}, {"h", 2}, {"d", 32}}, Shape{{"b", 3}, {"t", 16}, {"h", 2}, {"d", 32}}, {"d"}},  // batched, strided
+  };
+  for (const auto& c : cases) {
+    const Tensor a = cast(rand(c.a, "a", DType::f32), DType::bf16), b = cast(rand(c.b, "b", DType::f32), DType::bf16);
+    const Tensor got = dot(a, b, c.contract);
+    REQUIRE(got.dtype() == DType::bf16);
+    const Tensor exact = dot(cast(a, DType::f64), cast(b, DType::f64), c.contract);
+    const Tensor magnitude = dot(abs(cast(a, DType::f64)), abs(cast(b, DType::f64)), c.contract);
+    const auto g = transpose(cast(got, DType::f64), exact.shape().names()).to_vector<double>();
+    const auto e = exact.to_vector<double>(), m = magnitude.to_vector<double>();
+    for (std::size_t i = 0; i < e.size(); ++i) {
+      INFO(a.str() << " . " << b.str() << " element " << i << ": " << g[i] << " vs " << e[i]);
+      REQUIRE(std::abs(g[i] - e[i]) <= std::ldexp(std::abs(e[i]), -8) + 1e-5 * m[i]);  // half a bf16 ulp, plus f32 sums
+    }
+  }
 }
 
 TEST_CASE("dot copies no operand when the strides allow a GEMM view", "[ops][dot]") {

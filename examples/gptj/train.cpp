@@ -29,15 +29,17 @@ namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// The mesh's f32 GEMM peak in GFLOP/s: one thread's sgemm rate on 1024^3 (a simulated device is
-// one thread) times the devices that can run at once (at most the cores).
-double measure_peak_gflops(int devices) {
+// The mesh's GEMM peak in the run's compute dtype, in GFLOP/s: one thread's dot rate on 1024^3 (a
+// simulated device is one thread; bf16 on the CPU's bf16 instructions where it has them) times the
+// devices that can run at once (at most the cores).
+double measure_peak_gflops(int devices, DType dtype) {
   const bool tracing = trace::enabled();  // a calibration on a runtime of its own: not part of the run's timeline
   trace::stop();
   Runtime rt = Runtime::local(Mesh::parse("x=1"), {.blas_threads = 1});
   double best = 0;
   rt.run([&](Shard&) {
-    Tensor a = random_normal(Shape{{"m", 1024}, {"k", 1024}}, 1, "a"), b = random_normal(Shape{{"k", 1024}, {"n", 1024}}, 1, "b");
+    const Tensor a = cast(random_normal(Shape{{"m", 1024}, {"k", 1024}}, 1, "a"), dtype);
+    const Tensor b = cast(random_normal(Shape{{"k", 1024}, {"n", 1024}}, 1, "b"), dtype);
     for (int i = 0; i < 4; ++i) {
       auto t = Clock::now();
       dot(a, b, "k");
@@ -51,7 +53,7 @@ double measure_peak_gflops(int devices) {
 // The peak MFU is measured against: on GPUs the datasheet's, once per GPU in use (virtual devices
 // share theirs), else the CPU's measured sgemm rate.
 double peak_gflops(const TrainOptions& o, int devices) {
-  if (o.backend == Backend::cpu) return measure_peak_gflops(devices);
+  if (o.backend == Backend::cpu) return measure_peak_gflops(devices, o.dtype);
   const int gpus = std::max(1, std::min(devices, cuda_gpu_count()));
   return gpus * gpu_peak_flops(o.dtype) * 1e-9;
 }

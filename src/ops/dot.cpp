@@ -141,7 +141,9 @@ Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract
   }
   VaryType vary = detail::merge_vary("dot", {&a_in, &b_in}, contract.list());
   deterministic::check_partial_result("dot", vary, a_in.dtype(), detail::describe({&a_in, &b_in}));
-  if (detail::needs_widening(a_in))
+  // bf16 on a device that computes it in f32: widened, unless its GEMM takes bf16 itself (not in
+  // deterministic mode, whose tree GEMM sums in f32).
+  if (detail::needs_widening(a_in) && (deterministic::on() || !detail::kernels_of(a_in).gemm_computes(DType::bf16)))
     return detail::narrow_to(dot_forward(detail::widen(a_in), detail::widen(b_in), contract), DType::bf16);
 
   std::vector<std::string> batch, a_free, b_free;

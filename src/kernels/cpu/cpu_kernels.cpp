@@ -16,6 +16,7 @@ class CpuKernels final : public Kernels {
  public:
   Backend backend() const override { return Backend::cpu; }
   bool computes(DType dtype) const override { return dtype != DType::bf16; }
+  bool gemm_computes(DType dtype) const override { return computes(dtype) || (dtype == DType::bf16 && cpu::bf16_gemm_available()); }
 
   void copy_from_host(void* dst, const void* src, std::size_t bytes) override { copy_bytes(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override { copy_bytes(dst, src, bytes); }
@@ -51,6 +52,7 @@ class CpuKernels final : public Kernels {
 
   void gemm(DType dtype, const GemmShape& g, const void* a, const void* b, void* c) override {
     if (g.tree.on) return cpu::tree_gemm(dtype, g, a, b, c);
+    if (dtype == DType::bf16) return cpu::bf16_gemm(g, a, b, c);
     const std::size_t es = dtype_size(dtype);
     for (std::int64_t t = 0; t < g.batch; ++t)
       cpu::gemm(dtype, g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<const char*>(a) + t * g.stride_a * es, g.lda,

@@ -31,5 +31,6 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
 }
 
 void set_blas_threads(int threads) { openblas_set_num_threads(threads); }
+int blas_threads() { return openblas_get_num_threads(); }
 
 }  // namespace nax::cpu

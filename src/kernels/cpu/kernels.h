@@ -49,7 +49,15 @@ void scan_rows(DType dtype, std::int64_t rows, std::int64_t n, const void* x, vo
 void top_k_rows(DType dtype, std::int64_t rows, std::int64_t n, std::int64_t k, bool largest, const void* x, void* values,
                 std::int32_t* indices);
 
+// The threads each BLAS call of this process uses (RuntimeOptions::blas_threads): OpenBLAS's and
+// the bf16 GEMM's.
 void set_blas_threads(int threads);
+int blas_threads();
+
+// bf16 GEMM with f32 sums (bf16_gemm.cpp): available where oneDNN has bf16 kernels for this
+// processor; beta 0 and no tree.
+bool bf16_gemm_available();
+void bf16_gemm(const GemmShape& shape, const void* a, const void* b, void* c);
 
 // One fused AdamW step (kernels/kernels.h says the formula), f32, out of place.
 void adamw(std::int64_t n, const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out, float* v_out,

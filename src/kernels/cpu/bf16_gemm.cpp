@@ -1,0 +1,92 @@
+// bf16 GEMM on the processor's bf16 dot-product instructions (AVX512-BF16, AMX) through oneDNN's
+// matmul, with the contract of the cuBLASLt path: bf16 operands, f32 sums, each element rounded
+// once to bf16. Without oneDNN, or where oneDNN has only its reference kernel for bf16, it is
+// unavailable and the op layer widens bf16 to f32 instead.
+#include "kernels/cpu/kernels.h"
+
+#if NAX_HAS_DNNL
+#include <omp.h>
+
+#include <map>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <tuple>
+#endif
+
+namespace nax::cpu {
+
+#if NAX_HAS_DNNL
+namespace {
+
+using dnnl::memory;
+
+dnnl::engine& engine() {
+  static dnnl::engine cpu(dnnl::engine::kind::cpu, 0);
+  return cpu;
+}
+
+// rows x cols, stored row-major with leading dimension ld, or transposed (stored cols x rows); a
+// batch of them `stride` elements apart.
+memory::desc operand(std::int64_t batch, std::int64_t rows, std::int64_t cols, std::int64_t ld, bool trans, std::int64_t stride) {
+  const memory::dim r = trans ? 1 : ld, c = trans ? ld : 1;
+  if (batch == 1) return memory::desc({rows, cols}, memory::data_type::bf16, memory::dims{r, c});
+  return memory::desc({batch, rows, cols}, memory::data_type::bf16, memory::dims{stride, r, c});
+}
+
+using Key = std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                       std::int64_t, std::int64_t, std::int64_t>;
+
+// A shape's matmul and its memory layouts, made once per thread (making one costs far more than a
+// small GEMM).
+struct Made {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul matmul;
+};
+
+Made& made_for(const GemmShape& g) {
+  thread_local std::map<Key, Made> made;
+  const Key key{g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch, g.stride_a, g.stride_b, g.stride_c};
+  auto it = made.find(key);
+  if (it != made.end()) return it->second;
+  const dnnl::matmul::desc desc(operand(g.batch, g.m, g.k, g.lda, g.trans_a, g.stride_a), operand(g.batch, g.k, g.n, g.ldb, g.trans_b, g.stride_b),
+                                operand(g.batch, g.m, g.n, g.ldc, false, g.stride_c));
+  dnnl::matmul::primitive_desc pd(desc, engine());
+  dnnl::matmul matmul(pd);
+  return made.emplace(key, Made{std::move(pd), std::move(matmul)}).first->second;
+}
+
+}  // namespace
+
+bool bf16_gemm_available() {
+  static const bool available = [] {
+    try {
+      const memory::desc square({32, 32}, memory::data_type::bf16, memory::format_tag::ab);
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(square, square, square), engine());
+      return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return available;
+}
+
+void bf16_gemm(const GemmShape& g, const void* a, const void* b, void* c) {
+  if (g.beta != 0) fail("gemm", "bf16 GEMM accumulates into C (beta {}) on no path of nax's ops", g.beta);
+  if (g.tree.on) fail("gemm", "deterministic mode computes bf16 in f32 (the tree GEMM): no bf16 GEMM");
+  omp_set_num_threads(blas_threads());  // this thread's GEMMs use the device's share of the cores
+  Made& made = made_for(g);
+  thread_local dnnl::stream stream(engine());
+  made.matmul.execute(stream, {{DNNL_ARG_SRC, memory(made.pd.src_desc(), engine(), const_cast<void*>(a))},
+                               {DNNL_ARG_WEIGHTS, memory(made.pd.weights_desc(), engine(), const_cast<void*>(b))},
+                               {DNNL_ARG_DST, memory(made.pd.dst_desc(), engine(), c)}});
+  stream.wait();
+}
+
+#else
+
+bool bf16_gemm_available() { return false; }
+void bf16_gemm(const GemmShape&, const void*, const void*, void*) { fail("gemm", "nax was built without oneDNN: no bf16 GEMM"); }
+
+#endif
+
+}  // namespace nax::cpu
