@@ -21,7 +21,12 @@ namespace {
 using dnnl::memory;
 
 dnnl::engine& engine() {
-  static dnnl::engine cpu(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine cpu = [] {
+    // Each device thread keeps its own primitives (made_for): oneDNN's process-wide cache would
+    // only be shared state between the devices.
+    dnnl::set_primitive_cache_capacity(0);
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return cpu;
 }
 
