@@ -67,8 +67,9 @@ class FakeNcclGroup {
 
 constexpr std::chrono::duration<double> kShort{0.3};
 
-CollectiveSignature signature(CollectiveKind kind, std::size_t count, const std::string& origin, int detail = 0) {
-  return CollectiveSignature{kind, DType::f32, count, detail, 0, &origin};
+CollectiveSignature signature(CollectiveKind kind, std::size_t count, const std::string& origin, int detail = 0,
+                              std::uint64_t call_site = 0) {
+  return CollectiveSignature{kind, DType::f32, count, detail, 0, &origin, call_site};
 }
 
 // Runs fn(rank) on one thread per rank; returns each rank's error message ("" when none).
@@ -113,6 +114,21 @@ TEST_CASE("nccl guard: a mismatched collective is an error naming both calls on 
     REQUIRE(e.find("device 6 called all_gather(y, mp) [all_gather(f32 x 8)]") != std::string::npos);
   }
   REQUIRE_FALSE(group.aborted(0));  // a mismatch found by the check leaves the communicator usable
+}
+
+TEST_CASE("nccl guard: the same collective from two call sites is a mismatch naming both", "[nccl]") {
+  FakeNcclGroup group(2);
+  const std::string first = "psum(x, mp) at a.cpp:10:3", second = "psum(x, mp) at a.cpp:12:3";
+  auto errors = on_ranks(2, [&](int r) {
+    NcclGuard guard(group.ops(r), "group (mp) of devices [0,1]", {0, 1}, r, kShort);
+    guard.check_signature(signature(CollectiveKind::all_reduce, 4, r == 0 ? first : second, 0, r == 0 ? 10 : 12));
+  });
+  for (const auto& e : errors) {
+    INFO(e);
+    REQUIRE(e.find("collective mismatch") != std::string::npos);
+    REQUIRE(e.find("a.cpp:10:3") != std::string::npos);
+    REQUIRE(e.find("a.cpp:12:3") != std::string::npos);
+  }
 }
 
 TEST_CASE("nccl guard: a peer that never joins times out and aborts the communicator", "[nccl]") {

@@ -24,18 +24,20 @@ void encode(const CollectiveSignature& sig, std::int64_t* words) {
   words[2] = static_cast<std::int64_t>(sig.count);
   words[3] = sig.detail;
   words[4] = static_cast<std::int64_t>(sig.pairs_hash);
+  words[5] = static_cast<std::int64_t>(sig.call_site);
   char origin[NcclGuard::kOriginWords * sizeof(std::int64_t)] = {};
   if (sig.origin != nullptr) std::memcpy(origin, sig.origin->data(), std::min(sig.origin->size(), sizeof origin - 1));
-  std::memcpy(words + 5, origin, sizeof origin);
+  std::memcpy(words + 6, origin, sizeof origin);
 }
 
 CollectiveSignature decode(const std::int64_t* words, std::string& origin) {
   char text[NcclGuard::kOriginWords * sizeof(std::int64_t)];
-  std::memcpy(text, words + 5, sizeof text);
+  std::memcpy(text, words + 6, sizeof text);
   text[sizeof text - 1] = '\0';
   origin = text;
   return CollectiveSignature{static_cast<CollectiveKind>(words[0]), static_cast<DType>(words[1]), static_cast<std::size_t>(words[2]),
-                             static_cast<int>(words[3]), static_cast<std::uint64_t>(words[4]), origin.empty() ? nullptr : &origin};
+                             static_cast<int>(words[3]), static_cast<std::uint64_t>(words[4]), origin.empty() ? nullptr : &origin,
+                             static_cast<std::uint64_t>(words[5])};
 }
 
 }  // namespace

@@ -62,7 +62,7 @@ class NcclGuard {
   static void drain_gpu(int gpu = -1);
 
   static constexpr std::size_t kOriginWords = 12;  // the op's name travels in 96 bytes
-  static constexpr std::size_t kSignatureWords = 5 + kOriginWords;
+  static constexpr std::size_t kSignatureWords = 6 + kOriginWords;  // kind, dtype, count, detail, pairs, call site
 
  private:
   [[noreturn]] void abort_and_fail(const std::string& why);
