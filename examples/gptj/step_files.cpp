@@ -92,7 +92,8 @@ StepFiles open_step(const std::string& folder, ckpt::NonFinitePolicy nonfinite) 
   if (named >= 0 && trainer.step != named)
     nax::fail("checkpoint", "'{}': field 'step' is {}, the folder's name says {}", trainer.path, trainer.step, named);
   check_agree(config, config_path, trainer);
-  StepFiles step{folder, config, std::move(trainer), ckpt::SafetensorsFolder(folder, ckpt::ChecksumPolicy::required, nonfinite)};
+  // verify_step_folder has read every byte against the manifest's checksums.
+  StepFiles step{folder, config, std::move(trainer), ckpt::SafetensorsFolder(folder, ckpt::ChecksumPolicy::verified, nonfinite)};
   const auto reads = model_reads(parameter_specs(config));
   expect_exactly(step.weights.file_of(reads.front().name), reads);
   return step;

@@ -420,7 +420,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path, ChecksumPolicy pol
   for (std::size_t i = 0; i < st->tensors.size(); ++i) st->index[st->tensors[i].name] = i;
 
   auto checksum = st->metadata.find(kChecksumKey);
-  if (checksum == st->metadata.end() && policy == ChecksumPolicy::if_present) {
+  if (policy == ChecksumPolicy::verified || (checksum == st->metadata.end() && policy == ChecksumPolicy::if_present)) {
     state_ = std::move(st);
     return;
   }

@@ -37,8 +37,10 @@ std::string safetensors_dtype(DType dtype);
 std::string safetensors_dtype(const TensorInfo& info);
 
 // Whether a file must carry nax's checksum: nax's own checkpoints must (a missing one is refused);
-// a file nax did not write (a Hugging Face model's) is read without one, every other check kept.
-enum class ChecksumPolicy { required, if_present };
+// a file nax did not write (a Hugging Face model's) is read without one, every other check kept;
+// `verified`: the bytes were just checked against another record (a step folder's manifest,
+// verify_step_folder), so the file is not read a second time for its own checksum.
+enum class ChecksumPolicy { required, if_present, verified };
 
 // Whether read() accepts NaN and infinities in a floating tensor. A model's weights should hold
 // none: with `refuse`, such a tensor is an error naming the file, the tensor and how many it holds.
