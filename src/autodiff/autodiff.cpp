@@ -14,6 +14,13 @@ namespace nax {
 
 namespace autodiff {
 
+bool same_axes(const Shape& a, const Shape& b) {
+  if (a.rank() != b.rank()) return false;
+  for (const auto& axis : b.axes())
+    if (!a.has(axis.name) || a.size(axis.name) != axis.size) return false;
+  return true;
+}
+
 VaryType gradient_vary(const Tensor& like) {
   VaryType vary = like.vary();
   for (const auto& m : like.vary().partial_mesh_axes()) vary.set_varying(m);
@@ -27,9 +34,7 @@ namespace {
 std::pair<Tensor, std::vector<std::string>> align(const Tensor& g_in, const Tensor& like, const std::string& op) {
   if (g_in.shape().rank() != like.shape().rank())
     fail("grad", "backward of {} gave {} for input {}", op, g_in.str(), like.str());
-  for (const auto& axis : like.shape().axes())
-    if (!g_in.shape().has(axis.name) || g_in.shape().size(axis.name) != axis.size)
-      fail("grad", "backward of {} gave {} for input {}", op, g_in.str(), like.str());
+  if (!same_axes(g_in.shape(), like.shape())) fail("grad", "backward of {} gave {} for input {}", op, g_in.str(), like.str());
   Tensor g = detail::permute_to(g_in, like.shape().names());
   if (g.dtype() != like.dtype()) g = cast(g, like.dtype());
   VaryType vary = gradient_vary(like);

@@ -13,16 +13,12 @@ namespace nax {
 
 namespace {
 
-// The cotangent of `output`, checked against it: same axes and sizes, a floating dtype.
-Tensor checked_cotangent(const Tensor& ct, const Tensor& output, std::size_t i) {
-  if (!ct.defined()) return zeros(output.shape(), output.dtype()).with_vary(autodiff::gradient_vary(output));
-  if (ct.rank() != output.rank())
+// A cotangent of `output`: same axes and sizes (any order), a floating dtype; undefined means zero.
+void check_cotangent(const Tensor& ct, const Tensor& output, std::size_t i) {
+  if (!ct.defined()) return;
+  if (!autodiff::same_axes(ct.shape(), output.shape()))
     fail("vjp", "cotangents[{}] = {} does not match output {} (same axes and sizes, any order)", i, ct.str(), output.str());
-  for (const auto& axis : output.shape().axes())
-    if (!ct.shape().has(axis.name) || ct.size(axis.name) != axis.size)
-      fail("vjp", "cotangents[{}] = {} does not match output {} (same axes and sizes, any order)", i, ct.str(), output.str());
   if (!is_floating(ct.dtype())) fail("vjp", "cotangents[{}] = {} is not a floating-point tensor", i, ct.str());
-  return ct;
 }
 
 // What the pullback needs, kept from the forward until it runs.
@@ -39,8 +35,8 @@ std::vector<Tensor> pull_back(Tape& tape, const std::vector<Tensor>& cotangents)
     fail("vjp", "the pullback takes one cotangent per output: {} outputs, {} cotangents", tape.outputs.size(), cotangents.size());
   std::vector<Tensor> recorded, seeds;
   for (std::size_t i = 0; i < tape.outputs.size(); ++i) {
-    const Tensor ct = checked_cotangent(cotangents[i], tape.outputs[i], i);
-    if (tape.outputs[i].requires_grad()) recorded.push_back(tape.outputs[i]), seeds.push_back(ct);
+    check_cotangent(cotangents[i], tape.outputs[i], i);
+    if (cotangents[i].defined() && tape.outputs[i].requires_grad()) recorded.push_back(tape.outputs[i]), seeds.push_back(cotangents[i]);
   }
   tape.used = true;  // a refused call above leaves the pullback to be called again
   std::vector<Tensor> leaves = std::exchange(tape.leaves, {});
@@ -56,7 +52,7 @@ std::vector<Tensor> pull_back(Tape& tape, const std::vector<Tensor>& cotangents)
   NoGrad no_grad;  // backward computations are not recorded
   const auto grads = autodiff::backpropagate(root, zeros(Shape{}), wanted, tape.floor);
   for (const auto& [node, pending] : grads)
-    if (!wanted.count(node) && node->sequence < tape.floor && pending.like.defined())
+    if (!wanted.count(node) && node->sequence < tape.floor)
       fail("vjp", "the function read {}, which needs a gradient, from outside its primals: pass it as a primal (or "
            "stop_gradient it)", pending.like.str());
   return autodiff::gradients_of(grads, leaves);
