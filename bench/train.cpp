@@ -1,7 +1,7 @@
 // Training throughput of the GPT-J example: tokens/s and MFU (PaLM's 6N + 12 L H Q T FLOPs per
-// token) of one config on several meshes of simulated devices, with the machine's sgemm peak
+// token) of one config on several meshes of simulated devices, with the machine's GEMM peak in the run's dtype
 // measured in the same run. Goals on 2 cores: 1x2 and 2x1 reach >= 1.6x the tokens/s of 1x1, and
-// MFU at 1x1 is >= 50% of the measured sgemm rate. With --backend cuda the devices are GPUs
+// MFU at 1x1 is >= 50% of the measured GEMM rate (sgemm, or the bf16 GEMM with --dtype bf16). With --backend cuda the devices are GPUs
 // (virtual ones when the mesh has more devices than GPUs) and MFU is against the GPU's datasheet
 // peak (989 TFLOP/s dense bf16 on H100/H200; goal for 1.3b at seq 2048 in bf16: >= 40%).
 //

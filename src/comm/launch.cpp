@@ -7,37 +7,32 @@
 namespace nax::detail {
 
 void Launch::all_reduce(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
-  if (start_) request_ = c.start_all_reduce(send, recv, count, dtype, op, named(call)), started(call);
+  if (start()) request_ = c.start_all_reduce(send, recv, count, dtype, op, {label_, call.site}), started();
   else c.all_reduce(send, recv, count, dtype, op, call);
 }
 
 void Launch::all_gather(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
-  if (start_) request_ = c.start_all_gather(send, recv, count, dtype, named(call)), started(call);
+  if (start()) request_ = c.start_all_gather(send, recv, count, dtype, {label_, call.site}), started();
   else c.all_gather(send, recv, count, dtype, call);
 }
 
 void Launch::reduce_scatter(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
-  if (start_) request_ = c.start_reduce_scatter(send, recv, count, dtype, op, named(call)), started(call);
+  if (start()) request_ = c.start_reduce_scatter(send, recv, count, dtype, op, {label_, call.site}), started();
   else c.reduce_scatter(send, recv, count, dtype, op, call);
 }
 
 void Launch::permute(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype,
                      const std::vector<std::pair<int, int>>& pairs, const Call& call) {
-  if (start_) request_ = c.start_permute(send, recv, count, dtype, pairs, named(call)), started(call);
+  if (start()) request_ = c.start_permute(send, recv, count, dtype, pairs, {label_, call.site}), started();
   else c.permute(send, recv, count, dtype, pairs, call);
 }
 
-Call Launch::named(const Call& call) const { return label_.empty() ? call : Call{label_, call.site}; }
-
 void Launch::keep(std::initializer_list<Tensor> buffers) {
-  if (start_) kept_.insert(kept_.end(), buffers.begin(), buffers.end());
+  if (start()) kept_.insert(kept_.end(), buffers.begin(), buffers.end());
 }
 
-void Launch::started(const Call& call) {
-  const std::string what = !label_.empty()       ? label_
-                           : call.origin.empty() ? std::string("a started collective")
-                                                 : "the started " + call.origin;
-  for (const auto& t : kept_) t.set_pending(what);
+void Launch::started() {
+  for (const auto& t : kept_) t.set_pending(label_);
 }
 
 void Launch::release() {

@@ -16,17 +16,17 @@ namespace nax::detail {
 
 class Launch {
  public:
-  static Launch blocking() { return Launch(false, {}); }
+  static Launch blocking() { return Launch({}); }
   // `label` names the start form the user called ("start_psum(...) at f.cpp:12:7"): the started
   // call's communicator carries it, so that a mismatch names it rather than the blocking form.
-  static Launch started(std::string label) { return Launch(true, std::move(label)); }
+  static Launch started(std::string label) { return Launch(std::move(label)); }
   Launch(Launch&&) = default;
   Launch& operator=(Launch&&) = default;
   // A started call that is never completed (an error on the way) releases its buffers' marks.
   ~Launch();
 
   // The communicator's calls, made with `call` (the named collective's text and site): a started
-  // one is named by the start form's label instead.
+  // one is named by the start form's label instead, at the same site.
   void all_reduce(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call);
   void all_gather(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, const Call& call);
   void reduce_scatter(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call);
@@ -44,13 +44,11 @@ class Launch {
   Tensor complete();
 
  private:
-  Launch(bool start, std::string label) : start_(start), label_(std::move(label)) {}
-  // The started call's Call: named by the label (the collective named it as its blocking form).
-  Call named(const Call& call) const;
-  void started(const Call& call);  // marks the kept buffers pending under the call's name
-  void release();                       // clears those marks (the buffers stay kept)
-  bool start_;
-  std::string label_;
+  explicit Launch(std::string label) : label_(std::move(label)) {}
+  bool start() const { return !label_.empty(); }
+  void started();  // marks the kept buffers pending under the label
+  void release();  // clears those marks (the buffers stay kept)
+  std::string label_;  // empty for a blocking call
   std::vector<Tensor> kept_;
   std::function<Tensor()> finish_;
   std::unique_ptr<Communicator::Request> request_;  // last: destroyed (so waited for) before the buffers

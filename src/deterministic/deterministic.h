@@ -50,6 +50,10 @@ struct LocalMean {
 void keep_local_mean(const Tensor& mean, const Tensor& sum, std::int64_t count);
 std::optional<LocalMean> local_mean_of(const Tensor& mean);
 
+// The dtype a collective sums `dtype` in: bf16 in f32 on every backend (NCCL and MPI would add
+// bf16 values in bf16), others as they are.
+DType summed_dtype(DType dtype);
+
 // psum over several mesh axes ranks the group in the mesh's order, whatever order the call names
 // them in: blocks cut over several mesh axes are numbered major first in mesh order.
 Names in_mesh_order(const Names& mesh_axes);

@@ -83,9 +83,6 @@ char* evaluate(const SumExpression& e, int node, char* sums, std::int64_t count,
   return left;
 }
 
-// Sums of bf16 run in f32 on every backend (NCCL and MPI would add bf16 values in bf16).
-DType summed_dtype(DType dtype) { return dtype == DType::bf16 ? DType::f32 : dtype; }
-
 // Every leaf of the expression (in its summed dtype, laid out by `arrange`) end to end, and the
 // started all_gather of all ranks' copies of that, rank-major: [ranks, leaves * whole].
 Tensor gather_leaves(Communicator& comm, const Call& call, const SumExpression& expression, DType dtype, std::int64_t whole,
@@ -118,7 +115,12 @@ void sum_block(Tensor& gathered, const SumExpression& expression, int n, std::in
                      static_cast<std::size_t>(block) * es);
 }
 
+// The psum's result in the operand's dtype: rounded from the summed one, a result of its own.
+Tensor narrowed(const Tensor& out, DType dtype) { return out.dtype() == dtype ? out : trace::made(detail::converted(out, dtype)); }
+
 }  // namespace
+
+DType summed_dtype(DType dtype) { return dtype == DType::bf16 ? DType::f32 : dtype; }
 
 Tensor psum(Communicator& comm, const Call& call, const Tensor& x, const Names& mesh_axes, const VaryType& vary, detail::Launch& launch) {
   const SumExpression expression = SumExpression::of(x, mesh_axes);
@@ -127,9 +129,9 @@ Tensor psum(Communicator& comm, const Call& call, const Tensor& x, const Names& 
   return launch.then([gathered, expression, n = comm.size(), whole, shape = x.shape(), vary, narrow = x.dtype()]() mutable {
     Tensor out = Tensor::empty(shape, gathered.dtype(), gathered.device_ptr());
     if (!vary.invariant()) out = out.with_vary(vary);
-    if (trace::Observer* o = trace::observer()) o->made(out);
+    trace::made(out);
     sum_block(gathered, expression, n, whole, 0, whole, out);
-    return detail::converted(out, narrow);
+    return narrowed(out, narrow);
   });
 }
 
@@ -147,7 +149,7 @@ Tensor psum_scatter(Communicator& comm, const Call& call, const Tensor& x, const
   Tensor gathered = gather_leaves(comm, call, expression, out.dtype(), whole, by_rank, launch);
   return launch.then([gathered, out, expression, n, rank = comm.rank(), whole, block, narrow = x.dtype()]() mutable {
     sum_block(gathered, expression, n, whole, static_cast<std::int64_t>(rank) * block, block, out);
-    return detail::converted(out, narrow);
+    return narrowed(out, narrow);
   });
 }
 

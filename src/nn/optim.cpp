@@ -79,7 +79,7 @@ std::string kind_over(const VaryType& v, const std::string& m) {
 // A gradient typed otherwise than its parameter would be applied as if it were: a replicated
 // parameter updated with a per-device (or partial) gradient differs per device while still typed
 // Invariant, and ZeRO's parts would each come from another device's gradient.
-void check_same_vary(const Tensor& p, const Tensor& g, const std::string& name) {
+void check_same_vary(const Tensor& p, const Tensor& g, const std::function<std::string()>& name) {
   const std::string m = first_difference(p.vary(), g.vary());
   if (m.empty()) return;
   const std::string fix = p.vary().kind(m) == Vary::Invariant
@@ -87,7 +87,7 @@ void check_same_vary(const Tensor& p, const Tensor& g, const std::string& name) 
                                             "'{}' returns it summed)", m, m)
                               : "a gradient must be cut and typed as its parameter (grad() returns it so)";
   fail("AdamW::step", "the gradient of {} is {} over mesh axis '{}' but the parameter is {} (gradient {}, parameter {}): applied "
-       "as it is, each device would update its copy differently; {}", name, kind_over(g.vary(), m), m, kind_over(p.vary(), m),
+       "as it is, each device would update its copy differently; {}", name(), kind_over(g.vary(), m), m, kind_over(p.vary(), m),
        g.str(), p.str(), fix);
 }
 
@@ -117,24 +117,20 @@ std::vector<Tensor> AdamW::sharded_step(const std::vector<Tensor>& params, const
 }
 
 std::vector<Tensor> AdamW::step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr) {
-  std::vector<std::string> names;
-  for (std::size_t i = 0; i < params.size(); ++i) names.push_back(fmt::format("parameter {}", i));
-  return named_step(params, grads, lr, names);
+  return named_step(params, grads, lr, [](std::size_t i) { return fmt::format("parameter {}", i); });
 }
 
 std::vector<Tensor> AdamW::step(const Parameters& params, const std::vector<Tensor>& grads, double lr) {
-  std::vector<std::string> names;
-  for (const auto& spec : params.specs()) names.push_back(fmt::format("parameter '{}'", spec.name));
-  return named_step(params.values(), grads, lr, names);
+  return named_step(params.values(), grads, lr, [&](std::size_t i) { return fmt::format("parameter '{}'", params.specs()[i].name); });
 }
 
 std::vector<Tensor> AdamW::named_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
-                                      const std::vector<std::string>& names) {
+                                      const std::function<std::string(std::size_t)>& name_of) {
   if (params.size() != grads.size()) fail("AdamW::step", "{} parameters but {} gradients", params.size(), grads.size());
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (grads[i].shape() != params[i].shape())
-      fail("AdamW::step", "the gradient of {} is {}, the parameter {}", names[i], grads[i].str(), params[i].str());
-    check_same_vary(params[i], grads[i], names[i]);
+      fail("AdamW::step", "the gradient of {} is {}, the parameter {}", name_of(i), grads[i].str(), params[i].str());
+    check_same_vary(params[i], grads[i], [&] { return name_of(i); });
   }
   if (!config_.shard_state_over.empty()) return sharded_step(params, grads, lr);
   NoGrad no_grad;

@@ -127,9 +127,7 @@ Pending<Tensor> start_psum_scatter(const Tensor& x, const Names& mesh_axes, cons
 
 Pending<Tensor> start_ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs,
                                std::source_location where) {
-  std::vector<std::string> moves;
-  for (auto [src, dst] : pairs) moves.push_back(fmt::format("({}, {})", src, dst));
-  const std::string what = describe(fmt::format("start_ppermute({}, {}, pairs [{}])", x.str(), mesh_axes.str(), fmt::join(moves, " ")), where);
+  const std::string what = describe(fmt::format("start_ppermute({}, {}, pairs [{}])", x.str(), mesh_axes.str(), detail::pairs_text(pairs)), where);
   detail::Launch launch = detail::Launch::started(what);
   Tensor ready = detail::launch_ppermute(x, mesh_axes, pairs, launch, where);
   std::vector<std::pair<int, int>> inverse;

@@ -24,4 +24,7 @@ Names gather_order(const Tensor& x, const Names& mesh_axes, const std::string& a
 // The gradient of a gather's input from the gradient of its result's own block.
 Tensor unstack_gradient(const Tensor& g, const Tensor& x, const std::string& axis);
 
+// "(0, 1) (1, 0)": a ppermute's pairs as its messages name them.
+std::string pairs_text(const std::vector<std::pair<int, int>>& pairs);
+
 }  // namespace nax::detail

@@ -110,8 +110,10 @@ Names cut_order(std::string_view op, const Tensor& x, const Names& mesh_axes, co
   return Names(ordered);
 }
 
-// Sums of bf16 run in f32 on every backend (NCCL and MPI would add bf16 values in bf16).
-Tensor summed_form(const Tensor& x) { return x.dtype() == DType::bf16 ? cast(x, DType::f32) : x; }
+Tensor summed_form(const Tensor& x) {
+  const DType summed = deterministic::summed_dtype(x.dtype());
+  return summed == x.dtype() ? x : cast(x, summed);
+}
 
 std::int64_t outer_size(const Shape& s, const std::string& axis) {
   std::int64_t outer = 1;
@@ -422,24 +424,24 @@ Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& 
 // ---------------------------------------------------------------------------------------------
 // ppermute: Varying after; transposes to ppermute with the pairs reversed.
 
-namespace {
-
-std::string pairs_text(const std::vector<std::pair<int, int>>& pairs) {
+std::string detail::pairs_text(const std::vector<std::pair<int, int>>& pairs) {
   std::string text;
   for (auto [src, dst] : pairs) text += fmt::format("{}({}, {})", text.empty() ? "" : " ", src, dst);
   return text;
 }
 
+namespace {
+
 Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, const CallSite& site,
                         detail::Launch& launch) {
-  Context c = enter("ppermute", &x, mesh_axes, site, fmt::format(", pairs [{}]", pairs_text(pairs)));
+  Context c = enter("ppermute", &x, mesh_axes, site, fmt::format(", pairs [{}]", detail::pairs_text(pairs)));
   check_permute_pairs(pairs, c.n, "ppermute", "the group over " + mesh_axes.str(), [&] { return x.str(); });
   // A partial sum's terms may change places, but none may be lost (an unmatched rank gets zeros).
   for (const auto& m : mesh_axes.list())
     if (x.vary().kind(m) == Vary::Partial && static_cast<int>(pairs.size()) != c.n)
       fail("ppermute", "{} is a partial value over mesh axis '{}': pairs [{}] move {} of the {} devices' terms, so psum would "
            "miss the others; permute every rank's term (or as_varying first, to drop terms on purpose)", x.str(), m,
-           pairs_text(pairs), pairs.size(), c.n);
+           detail::pairs_text(pairs), pairs.size(), c.n);
   // A partial value's terms change places: still one term each of a sum over the group.
   VaryType vary = x.vary();
   for (const auto& m : mesh_axes.list())

@@ -13,10 +13,7 @@ Tensor widen(const Tensor& x) { return needs_widening(x) ? cast(x, DType::f32) :
 // nothing and is not subject to the partial-value rules (a bf16 dot's partial sum is bf16).
 Tensor narrow_to(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
-  if (x.requires_grad()) return cast(x, dtype);
-  Tensor out = make_result(x.shape(), dtype, x.vary(), x.device_ptr());
-  kernels_of(out).convert(x.dtype(), x.raw(), dtype, out.raw_mutable(), x.numel());
-  return out;
+  return x.requires_grad() ? cast(x, dtype) : trace::made(converted(x, dtype));
 }
 
 }  // namespace nax::detail

@@ -140,7 +140,8 @@ Tensor dot_forward(const Tensor& a_in, const Tensor& b_in, const Names& contract
       fail("dot", "axis '{}' contracted twice in {}: {}", k, contract.str(), detail::describe({&a_in, &b_in}));
   }
   VaryType vary = detail::merge_vary("dot", {&a_in, &b_in}, contract.list());
-  deterministic::check_partial_result("dot", vary, a_in.dtype(), detail::describe({&a_in, &b_in}));
+  if (a_in.dtype() == DType::bf16 && deterministic::on())  // the message's text only when it may be needed
+    deterministic::check_partial_result("dot", vary, a_in.dtype(), detail::describe({&a_in, &b_in}));
   // bf16 on a device that computes it in f32: widened, unless its GEMM takes bf16 itself (not in
   // deterministic mode, whose tree GEMM sums in f32).
   if (detail::needs_widening(a_in) && (deterministic::on() || !detail::kernels_of(a_in).gemm_computes(DType::bf16)))

@@ -17,8 +17,7 @@ namespace nax::detail {
 Tensor make_result(const Shape& shape, DType dtype, VaryType vary, const std::shared_ptr<Device>& device) {
   Tensor t = Tensor::empty(shape, dtype, device);
   if (!vary.invariant()) t = t.with_vary(std::move(vary));
-  if (trace::Observer* o = trace::observer()) o->made(t);
-  return t;
+  return trace::made(t);
 }
 
 std::string describe(const std::vector<const Tensor*>& operands) {

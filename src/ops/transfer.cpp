@@ -4,21 +4,16 @@
 
 #include <cstring>
 
+#include "nax/kernels/kernels.h"
 #include "ops/op_entry.h"
-#include "ops/vocab_parallel.h"
 
 namespace nax::detail {
 
 Tensor transfer(const Tensor& x, const std::shared_ptr<Device>& device) {
   if (x.device_ptr() == device) return x;
+  if (!x.device().host_accessible()) return transfer(trace::made(x.on_host()), device);
   Tensor out = make_result(x.shape(), x.dtype(), x.vary(), device);
-  const Device& from = x.device();
-  if (from.host_accessible()) device->kernels().copy_from_host(out.raw_mutable(), x.raw(), x.nbytes());
-  else if (device->host_accessible()) {
-    from.kernels().copy_to_host(out.raw_mutable(), x.raw(), x.nbytes());
-    resolve_deferred_id_checks();
-  }
-  else return transfer(transfer(x, Device::host()), device);
+  device->kernels().copy_from_host(out.raw_mutable(), x.raw(), x.nbytes());
   return out;
 }
 
@@ -32,7 +27,7 @@ std::uint64_t mix(std::uint64_t h) {
 }  // namespace
 
 std::uint64_t content_hash64(const Tensor& x) {
-  const Tensor readable = x.device().host_accessible() ? x : transfer(x, Device::host());
+  const Tensor readable = x.on_host();
   const auto* bytes = static_cast<const unsigned char*>(readable.raw());
   const std::size_t n = readable.nbytes();
   constexpr std::uint64_t kMul = 0x9E3779B97F4A7C15ull;

@@ -129,20 +129,15 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
     // summing over the cut axis sums this device's block only: a partial sum.
     bool aligned = false;
     for (const Tensor* t : operands) aligned = aligned || (t->vary().kind(m) == Vary::Varying && t->shape().has(a));
-    if (varying && !aligned) {
-      if (!reduces_cut) result.set_varying(m);
-      else if (reduced_to) result.set_partial(m, *reduced_to);
-      else result.set_varying(m);
-      continue;
-    }
-    for (const Tensor* t : operands)
-      if (!varying && t->vary().kind(m) == Vary::Invariant && t->shape().has(a))
-        fail(op, "axis '{}' is cut over mesh axis '{}' in one operand but whole in another: {} (shard both alike, or all_gather "
-             "first; a value that holds this device's block of '{}', made from per-device values such as axis_index, is no "
-             "whole value: mark it with pvary(x, '{}'))", a, m, describe(operands), a, m);
-    if (!reduces_cut) result.set_split(m, a);
-    else if (reduced_to) result.set_partial(m, *reduced_to);
-    else result.set_varying(m);
+    if (!varying)
+      for (const Tensor* t : operands)
+        if (t->vary().kind(m) == Vary::Invariant && t->shape().has(a))
+          fail(op, "axis '{}' is cut over mesh axis '{}' in one operand but whole in another: {} (shard both alike, or all_gather "
+               "first; a value that holds this device's block of '{}', made from per-device values such as axis_index, is no "
+               "whole value: mark it with pvary(x, '{}'))", a, m, describe(operands), a, m);
+    if (reduces_cut && reduced_to) result.set_partial(m, *reduced_to);
+    else if (reduces_cut || (varying && !aligned)) result.set_varying(m);
+    else result.set_split(m, a);
   }
   return result;
 }

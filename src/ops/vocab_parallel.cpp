@@ -24,7 +24,7 @@ std::string named_index(const Shape& shape, std::int64_t flat) {
 
 void check_ids_on_host(std::string_view op, std::string_view what, const Tensor& ids, std::int64_t total, const std::string& vocab,
                        const std::string& t) {
-  const Tensor readable = ids.device().host_accessible() ? ids : transfer(ids, Device::host());
+  const Tensor readable = ids.on_host();
   const auto* p = readable.data<std::int32_t>();
   for (std::int64_t i = 0; i < ids.numel(); ++i)
     if (p[i] < 0 || p[i] >= total)
@@ -58,7 +58,7 @@ void resolve_deferred_id_checks() {
   if (deferred.checks.empty()) return;
   DeferredIdChecks pending = std::move(deferred);
   deferred = {};
-  if (transfer(pending.bad, Device::host()).item() == 0) return;
+  if (pending.bad.item() == 0) return;
   for (const auto& c : pending.checks) check_ids_on_host(c.op, c.what, c.ids, c.total, c.vocab, c.t);
 }
 

@@ -22,7 +22,7 @@ VocabBlock vocab_block(std::string_view op, const Tensor& t, const std::string& 
 
 // Throws naming `op` unless `ids` is i32 and every id lies in [0, block.total) of `t`'s vocab. On a
 // device the host cannot read, the range check runs there and is reported at this thread's next
-// host read (resolve_deferred_id_checks, called by transfer).
+// host read (resolve_deferred_id_checks, called by Tensor::on_host).
 void check_ids(std::string_view op, std::string_view what, const Tensor& ids, const VocabBlock& block, const Tensor& t,
                const std::string& vocab);
 // Reads the count of bad ids that check_ids left on the device and, if any, throws check_ids's

@@ -64,7 +64,7 @@ namespace nax {
 Runtime Runtime::mpi(const Mesh& mesh, RuntimeOptions options) {
   const auto& mpi = detail::mpi_slot();
   if (!mpi) fail("Runtime::mpi", "mesh {} cannot run one process per device: {}", mesh.str(), detail::mpi_unavailable_reason());
-  return Runtime(mpi->make_runtime(mesh, with_environment(std::move(options))));
+  return Runtime(mpi->make_runtime(mesh, detail::with_environment(std::move(options))));
 }
 
 int process_index() { return detail::mpi_slot() ? detail::mpi_slot()->process_index() : 0; }

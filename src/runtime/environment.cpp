@@ -1,5 +1,6 @@
 // The one place nax reads its environment variables (the table in docs/architecture.md): into
 // the options of each runtime made, where the code left them unset.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -35,15 +36,15 @@ double positive_seconds(const char* name, double otherwise) {
 
 }  // namespace
 
+namespace detail {
+
 RuntimeOptions with_environment(RuntimeOptions options) {
   if (!(options.collective_timeout_s > 0)) options.collective_timeout_s = positive_seconds("NAX_COLLECTIVE_TIMEOUT_S", 300.0);
   if (!options.check_values) options.check_values = switched_on("NAX_CHECK");
   if (!options.sharding_log) options.sharding_log = switched_on("NAX_SHARDING_LOG");
-  if (options.blas_threads <= 0 && !variable("OPENBLAS_NUM_THREADS").empty()) options.blas_threads = -1;  // OpenBLAS's own
+  if (options.blas_threads <= 0) options.blas_threads = std::max(1, std::atoi(std::string(variable("OPENBLAS_NUM_THREADS")).c_str()));
   return options;
 }
-
-namespace detail {
 
 bool launched_by_mpirun() {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"})

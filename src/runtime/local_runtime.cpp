@@ -199,7 +199,7 @@ void LocalState::run(const std::function<void(Shard&)>& fn) {
 }  // namespace
 
 Runtime Runtime::local(const Mesh& mesh, RuntimeOptions options) {
-  options = with_environment(std::move(options));
+  options = detail::with_environment(std::move(options));
   detail::configure_blas_threads(options);
   return Runtime(std::make_unique<LocalState>(mesh, options));
 }

@@ -41,10 +41,7 @@ std::shared_ptr<Device> make_device(int d, Backend backend, int slot, std::strin
   return make_cuda_device(d, slot % cuda_gpu_count());
 }
 
-void configure_blas_threads(const RuntimeOptions& options) {
-  if (options.blas_threads > 0) cpu::set_blas_threads(options.blas_threads);
-  else if (options.blas_threads == 0) cpu::set_blas_threads(1);  // -1: $OPENBLAS_NUM_THREADS decides
-}
+void configure_blas_threads(const RuntimeOptions& options) { cpu::set_blas_threads(options.blas_threads); }
 
 }  // namespace detail
 

@@ -22,6 +22,10 @@ struct Runtime::State {
 
 namespace detail {
 
+// The options with what they leave unset read from the environment (environment.cpp, the one place
+// nax reads it; docs/architecture.md lists the variables): every runtime is made with them.
+RuntimeOptions with_environment(RuntimeOptions options);
+
 // True when a launcher started this process (mpirun / mpiexec of Open MPI, MPICH or any PMIx one).
 bool launched_by_mpirun();
 
@@ -36,7 +40,7 @@ std::shared_ptr<Device> make_device(int d, Backend backend, int slot, std::strin
 // two (the canonical sum trees halve every cut).
 void check_deterministic_mesh(const RuntimeOptions& options, const Mesh& mesh, std::string_view op);
 
-// One BLAS thread per device unless the options say otherwise (-1: $OPENBLAS_NUM_THREADS's).
+// The options' BLAS threads (resolved by with_environment) for the process.
 void configure_blas_threads(const RuntimeOptions& options);
 
 }  // namespace detail

@@ -3,6 +3,7 @@
 // warmup + cosine learning-rate schedule, gradient accumulation.
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -55,7 +56,7 @@ class AdamW {
 
  private:
   std::vector<Tensor> named_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
-                                 const std::vector<std::string>& names);
+                                 const std::function<std::string(std::size_t)>& name_of);  // named only in errors
   std::vector<Tensor> sharded_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr);
 
   AdamWConfig config_;

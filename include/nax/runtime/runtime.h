@@ -38,9 +38,9 @@ struct RuntimeOptions {
   // A collective whose peers have not all arrived after this long raises an error naming it.
   // 0: $NAX_COLLECTIVE_TIMEOUT_S, else 300 s.
   double collective_timeout_s = 0;
-  // OpenBLAS threads for the whole process; 0: $OPENBLAS_NUM_THREADS if set (-1 once resolved),
-  // else 1: a simulated device is one thread, one core's worth of compute, and devices do not
-  // oversubscribe the cores.
+  // BLAS threads for the whole process (OpenBLAS's, and the bf16 GEMM's per device); 0:
+  // $OPENBLAS_NUM_THREADS if set, else 1: a simulated device is one thread, one core's worth of
+  // compute, and devices do not oversubscribe the cores.
   int blas_threads = 0;
   // MPI: before each collective the group agrees on its signature (op, dtype, count, ...), one
   // small all-reduce, so that ranks calling different collectives get an error naming both calls
@@ -66,9 +66,6 @@ struct RuntimeOptions {
   std::optional<bool> sharding_log = std::nullopt;
 };
 
-// The options with what they leave unset read from the environment (the one place nax reads it;
-// docs/architecture.md lists the variables): every runtime is made with them.
-RuntimeOptions with_environment(RuntimeOptions options);
 
 class Runtime {
  public:

@@ -89,6 +89,11 @@ class Observer {
 Observer* set_thread_observer(Observer* observer);
 // The calling thread's observer, or null.
 inline Observer* observer() { return detail::t_observer; }
+// Tells the thread's observer, if any, that an op made `result`; returns it.
+inline const Tensor& made(const Tensor& result) {
+  if (Observer* o = observer()) o->made(result);
+  return result;
+}
 
 // A slice on the calling thread's track, from construction to destruction. `category` is one of
 // "op", "collective", "wait", "phase", "step" (a string literal: it is kept as a view; the

@@ -116,8 +116,8 @@ comm::NcclOps NcclCommunicator::real_ops() {
   return ops;
 }
 
-void NcclCommunicator::begin(CollectiveKind kind, std::size_t bytes, const CollectiveSignature& sig) {
-  record(kind, bytes);
+void NcclCommunicator::begin(std::size_t bytes, const CollectiveSignature& sig) {
+  record(sig.kind, bytes);
   if (!guard_) return;
   guard_->check_usable(sig.str());
   if (!check_collectives_ || size_ == 1) return;
@@ -131,7 +131,7 @@ std::string NcclCommunicator::describe() const { return fmt::format("nccl rank {
 
 void NcclCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
   const ncclDataType_t type = nccl_type(dtype, "all_reduce");
-  begin(CollectiveKind::all_reduce, count * dtype_size(dtype), {CollectiveKind::all_reduce, dtype, count, static_cast<int>(op), 0, &call.origin, call.site});
+  begin(count * dtype_size(dtype), signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)));
   DeviceGuard guard(device_);
   follow_started();
   NAX_NCCL_CHECK(ncclAllReduce(send, recv, count, type, nccl_op(op), comm_, stream_));
@@ -139,7 +139,7 @@ void NcclCommunicator::all_reduce(const void* send, void* recv, std::size_t coun
 
 void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
   const ncclDataType_t type = nccl_type(dtype, "all_gather");
-  begin(CollectiveKind::all_gather, count * dtype_size(dtype), {CollectiveKind::all_gather, dtype, count, 0, 0, &call.origin, call.site});
+  begin(count * dtype_size(dtype), signature_of(call, CollectiveKind::all_gather, dtype, count));
   DeviceGuard guard(device_);
   follow_started();
   NAX_NCCL_CHECK(ncclAllGather(send, recv, count, type, comm_, stream_));
@@ -147,8 +147,7 @@ void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t coun
 
 void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
   const ncclDataType_t type = nccl_type(dtype, "reduce_scatter");
-  begin(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size_) * dtype_size(dtype),
-        {CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op), 0, &call.origin, call.site});
+  begin(count * static_cast<std::size_t>(size_) * dtype_size(dtype), signature_of(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)));
   DeviceGuard guard(device_);
   follow_started();
   NAX_NCCL_CHECK(ncclReduceScatter(send, recv, count, type, nccl_op(op), comm_, stream_));
@@ -156,8 +155,7 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
 
 void NcclCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
   const ncclDataType_t type = nccl_type(dtype, "all_to_all");
-  begin(CollectiveKind::all_to_all, count * static_cast<std::size_t>(size_) * dtype_size(dtype),
-        {CollectiveKind::all_to_all, dtype, count, 0, 0, &call.origin, call.site});
+  begin(count * static_cast<std::size_t>(size_) * dtype_size(dtype), signature_of(call, CollectiveKind::all_to_all, dtype, count));
   DeviceGuard guard(device_);
   follow_started();
   NAX_NCCL_CHECK(ncclGroupStart());
@@ -173,7 +171,7 @@ void NcclCommunicator::permute(const void* send, void* recv, std::size_t count, 
                                const std::vector<std::pair<int, int>>& pairs, const Call& call) {
   check_permute_pairs(pairs, size_, "permute", describe());
   const ncclDataType_t type = nccl_type(dtype, "permute");
-  begin(CollectiveKind::permute, count * dtype_size(dtype), {CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs), &call.origin, call.site});
+  begin(count * dtype_size(dtype), signature_of(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)));
   const std::size_t bytes = count * dtype_size(dtype);
   auto to = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.first == rank_; });
   auto from = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.second == rank_; });
@@ -193,15 +191,15 @@ void NcclCommunicator::permute(const void* send, void* recv, std::size_t count, 
 void NcclCommunicator::broadcast(const void* send, void* recv, std::size_t count, DType dtype, int root, const Call& call) {
   if (root < 0 || root >= size_) fail("broadcast", "root {} is out of range for a group of {} ranks", root, size_);
   const ncclDataType_t type = nccl_type(dtype, "broadcast");
-  begin(CollectiveKind::broadcast, count * dtype_size(dtype), {CollectiveKind::broadcast, dtype, count, root, 0, &call.origin, call.site});
+  begin(count * dtype_size(dtype), signature_of(call, CollectiveKind::broadcast, dtype, count, root));
   DeviceGuard guard(device_);
   follow_started();
   NAX_NCCL_CHECK(ncclBroadcast(send, recv, count, type, root, comm_, stream_));
 }
 
 void NcclCommunicator::barrier(const Call& call) {
-  const CollectiveSignature sig{CollectiveKind::barrier, DType::f32, 0, 0, 0, &call.origin, call.site};
-  begin(CollectiveKind::barrier, 0, sig);
+  const CollectiveSignature sig = signature_of(call, CollectiveKind::barrier, DType::f32, 0);
+  begin(0, sig);
   DeviceGuard guard(device_);
   follow_started();
   NAX_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_));

@@ -59,7 +59,7 @@ class NcclCommunicator final : public Communicator {
  private:
   void init_scratch();
   // Records the call and, when guarded, refuses it after an abort and checks its signature.
-  void begin(CollectiveKind kind, std::size_t bytes, const CollectiveSignature& sig);
+  void begin(std::size_t bytes, const CollectiveSignature& sig);
   comm::NcclOps real_ops();
   // Runs `enqueue` (a blocking form) on the side stream and returns the request for it.
   template <typename Enqueue>

@@ -42,7 +42,7 @@ using Key = std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, std
                        std::int64_t, std::int64_t, std::int64_t>;
 
 // A shape's matmul and its memory layouts, made once per thread (making one costs far more than a
-// small GEMM).
+// small GEMM). Bounded: sampling with a KV cache meets a new shape every token.
 struct Made {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul matmul;
@@ -53,6 +53,7 @@ Made& made_for(const GemmShape& g) {
   const Key key{g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch, g.stride_a, g.stride_b, g.stride_c};
   auto it = made.find(key);
   if (it != made.end()) return it->second;
+  if (made.size() >= 256) made.clear();
   const dnnl::matmul::desc desc(operand(g.batch, g.m, g.k, g.lda, g.trans_a, g.stride_a), operand(g.batch, g.k, g.n, g.ldb, g.trans_b, g.stride_b),
                                 operand(g.batch, g.m, g.n, g.ldc, false, g.stride_c));
   dnnl::matmul::primitive_desc pd(desc, engine());
@@ -77,7 +78,6 @@ bool bf16_gemm_available() {
 
 void bf16_gemm(const GemmShape& g, const void* a, const void* b, void* c) {
   if (g.beta != 0) fail("gemm", "bf16 GEMM accumulates into C (beta {}) on no path of nax's ops", g.beta);
-  if (g.tree.on) fail("gemm", "deterministic mode computes bf16 in f32 (the tree GEMM): no bf16 GEMM");
   omp_set_num_threads(blas_threads());  // this thread's GEMMs use the device's share of the cores
   Made& made = made_for(g);
   thread_local dnnl::stream stream(engine());
