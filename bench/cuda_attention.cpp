@@ -91,7 +91,7 @@ int main(int argc, char** argv) try {
 
     auto forward = [&] { nax::cuda::attention_forward(stream, s, in(q), in(k), in(v), out_of(out), lse.get(), scratch.get()); };
     auto backward = [&] {
-      nax::cuda::attention_backward(stream, s, in(q), in(k), in(v), in(out), in(dout), lse.get(), out_of(dq), out_of(dk), out_of(dv),
+      nax::cuda::attention_backward(stream, s, in(q), in(k), in(v), in(out), in(dout), lse.get(), nullptr, out_of(dq), out_of(dk), out_of(dv),
                                     scratch.get());
     };
     forward();  // out and lse for the backward

@@ -107,9 +107,9 @@ class RemoteKernels : public kernels::Kernels {
   }
   void causal_attention_backward(const kernels::AttentionSizes& sizes, const kernels::InMatrices& q, const kernels::InMatrices& k,
                                  const kernels::InMatrices& v, const kernels::InMatrices& out, const kernels::InMatrices& dout,
-                                 const void* lse, const kernels::OutMatrices& dq, const kernels::OutMatrices& dk,
+                                 const void* lse, const void* dlse, const kernels::OutMatrices& dq, const kernels::OutMatrices& dk,
                                  const kernels::OutMatrices& dv, void* scratch) override {
-    cpu().causal_attention_backward(sizes, moved(q), moved(k), moved(v), moved(out), moved(dout), local(lse), moved(dq), moved(dk),
+    cpu().causal_attention_backward(sizes, moved(q), moved(k), moved(v), moved(out), moved(dout), local(lse), local(dlse), moved(dq), moved(dk),
                                     moved(dv), local(scratch));
   }
   void rotary_in_place(const kernels::RotarySizes& sizes, void* data, const std::int64_t* outer_offsets, std::int64_t outer_count) override {
@@ -249,9 +249,9 @@ class Bf16RemoteKernels final : public RemoteKernels {
   }
   void causal_attention_backward(const kernels::AttentionSizes& s, const kernels::InMatrices& q, const kernels::InMatrices& k,
                                  const kernels::InMatrices& v, const kernels::InMatrices& out, const kernels::InMatrices& dout,
-                                 const void* lse, const kernels::OutMatrices& dq, const kernels::OutMatrices& dk,
+                                 const void* lse, const void* dlse, const kernels::OutMatrices& dq, const kernels::OutMatrices& dk,
                                  const kernels::OutMatrices& dv, void* scratch) override {
-    if (s.dtype != DType::bf16) return RemoteKernels::causal_attention_backward(s, q, k, v, out, dout, lse, dq, dk, dv, scratch);
+    if (s.dtype != DType::bf16) return RemoteKernels::causal_attention_backward(s, q, k, v, out, dout, lse, dlse, dq, dk, dv, scratch);
     const kernels::AttentionSizes f = as_f32(s);
     Wide wq(q.data, extent(s, q, s.tq)), wk(k.data, extent(s, k, s.tk)), wv(v.data, extent(s, v, s.tk));
     Wide wo(out.data, extent(s, out, s.tq)), wg(dout.data, extent(s, dout, s.tq));
@@ -259,7 +259,7 @@ class Bf16RemoteKernels final : public RemoteKernels {
     std::vector<float> work(static_cast<std::size_t>(cpu().attention_backward_scratch(f)));
     cpu().causal_attention_backward(f, {wq.data(), q.offsets, q.row_stride}, {wk.data(), k.offsets, k.row_stride},
                                     {wv.data(), v.offsets, v.row_stride}, {wo.data(), out.offsets, out.row_stride},
-                                    {wg.data(), dout.offsets, dout.row_stride}, local(lse), {wdq.data(), dq.offsets, dq.row_stride},
+                                    {wg.data(), dout.offsets, dout.row_stride}, local(lse), local(dlse), {wdq.data(), dq.offsets, dq.row_stride},
                                     {wdk.data(), dk.offsets, dk.row_stride}, {wdv.data(), dv.offsets, dv.row_stride}, work.data());
     wdq.store(), wdk.store(), wdv.store();
   }

@@ -35,40 +35,56 @@ Shape without(const Shape& shape, const std::vector<std::string>& names) {
   return Shape(axes);
 }
 
-// softmax(q k^T / sqrt(D) + causal mask) v with the [Tq x Tk] scores of each batch index
-// materialised, in f64; the values in q's layout.
-std::vector<double> reference_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+// Which keys query i sees in the references: j <= i + query_offset, or all.
+struct Visible {
+  std::int64_t query_offset = 0;
+  bool all = false;
+  bool operator()(std::int64_t i, std::int64_t j) const { return all || j <= i + query_offset; }
+};
+
+struct Reference {
+  std::vector<double> out;  // in q's layout
+  std::vector<double> lse;  // [q's other axes in order, seq]: attention_block's layout
+};
+
+// softmax(q k^T / sqrt(D) + mask) v and each row's log-sum-exp, with the [Tq x Tk] scores of each
+// batch index materialised, in f64. A row that sees no key: out 0, lse -inf.
+Reference reference_block(const Tensor& q, const Tensor& k, const Tensor& v, Visible visible) {
   const auto qv = q.to_vector<double>(), kv = k.to_vector<double>(), vv = v.to_vector<double>();
   const std::int64_t tq = q.size("seq"), tk = k.size("seq"), d = q.size("head_dim");
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  std::vector<double> out(qv.size());
+  Reference r{std::vector<double>(qv.size()), {}};
   for_each_index(without(q.shape(), {"seq", "head_dim"}), [&](Index index) {
-    std::vector<double> scores(static_cast<std::size_t>(tq * tk));
     auto element = [&](const Tensor& t, const std::vector<double>& values, std::int64_t s, std::int64_t h) {
       index["seq"] = s, index["head_dim"] = h;
       return values[static_cast<std::size_t>(offset_of(t.shape(), index))];
     };
-    for (std::int64_t i = 0; i < tq; ++i)
+    for (std::int64_t i = 0; i < tq; ++i) {
+      std::vector<double> row(static_cast<std::size_t>(tk), -INFINITY);
       for (std::int64_t j = 0; j < tk; ++j) {
+        if (!visible(i, j)) continue;
         double s = 0;
         for (std::int64_t h = 0; h < d; ++h) s += element(q, qv, i, h) * element(k, kv, j, h);
-        const bool masked = j > i + tk - tq;
-        scores[static_cast<std::size_t>(i * tk + j)] = s * scale + (masked ? -INFINITY : 0.0);
+        row[static_cast<std::size_t>(j)] = s * scale;
       }
-    for (std::int64_t i = 0; i < tq; ++i) {
-      double* row = scores.data() + i * tk;
-      const double top = *std::max_element(row, row + tk);
+      const double top = tk > 0 ? *std::max_element(row.begin(), row.end()) : -INFINITY;
       double total = 0;
-      for (std::int64_t j = 0; j < tk; ++j) total += row[j] = std::exp(row[j] - top);
+      for (double& x : row) total += x = top == -INFINITY ? 0.0 : std::exp(x - top);
+      r.lse.push_back(top == -INFINITY ? -INFINITY : top + std::log(total));
       for (std::int64_t h = 0; h < d; ++h) {
         double o = 0;
-        for (std::int64_t j = 0; j < tk; ++j) o += row[j] / total * element(v, vv, j, h);
+        for (std::int64_t j = 0; j < tk; ++j) o += total > 0 ? row[static_cast<std::size_t>(j)] / total * element(v, vv, j, h) : 0.0;
         index["seq"] = i, index["head_dim"] = h;
-        out[static_cast<std::size_t>(offset_of(q.shape(), index))] = o;
+        r.out[static_cast<std::size_t>(offset_of(q.shape(), index))] = o;
       }
     }
   });
-  return out;
+  return r;
+}
+
+// causal_attention's: queries at the last positions of the keys.
+std::vector<double> reference_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return reference_block(q, k, v, Visible{k.size("seq") - q.size("seq")}).out;
 }
 
 // The same attention composed of primitive ops (scores materialised), for gradients at sizes
@@ -378,4 +394,248 @@ TEST_CASE("causal_attention and rotary refuse seq or head_dim cut over a mesh ax
     causal_attention(s.shard(x, {{"heads", "mp"}}), s.shard(zeros(Shape{{"batch", 2}, {"seq", 4}, {"heads", 1}, {"head_dim", 4}}), {}),
                      s.shard(x, {{"heads", "mp"}}), "seq", "head_dim");
   }), Contains("causal_attention") && Contains("'heads'") && Contains("whole in another"));
+}
+
+// --- attention_block and combine_attention: the pieces of attention over a sequence in blocks ---
+
+namespace {
+
+void require_block_matches(const AttentionBlock& got, const Reference& want, double tolerance) {
+  REQUIRE(max_rel_error(got.out.to_vector<double>(), want.out) <= tolerance);
+  const auto lse = got.lse.to_vector<double>();
+  REQUIRE(lse.size() == want.lse.size());
+  for (std::size_t i = 0; i < lse.size(); ++i) {
+    INFO("lse " << i << ": " << lse[i] << " want " << want.lse[i]);
+    if (std::isinf(want.lse[i])) REQUIRE(lse[i] == want.lse[i]);
+    else REQUIRE(std::abs(lse[i] - want.lse[i]) <= tolerance * std::max(1.0, std::abs(want.lse[i])));
+  }
+}
+
+// out and lse of `block` as one scalar, so that gradients flow from both.
+Tensor block_loss(const AttentionBlock& block) { return weighted_sum(block.out, 7) + weighted_sum(block.lse, 8); }
+
+std::vector<std::pair<int, int>> ring_pairs(int n) {
+  std::vector<std::pair<int, int>> pairs;
+  for (int i = 0; i < n; ++i) pairs.push_back({i, (i + 1) % n});
+  return pairs;
+}
+
+// Ring attention over `cp`, written per shard: device r holds block r of the queries, keys and
+// values (contiguous blocks of `seq`); the key and value blocks travel around the ring (started
+// ppermutes, overlapping the block in hand), each attended under the mask of where it sits.
+// `skip_masked`: blocks from after the queries are not computed (else attended, all masked).
+Tensor ring_attention(Shard& s, const Tensor& q, const Tensor& k, const Tensor& v, bool skip_masked) {
+  const int n = s.mesh().axis_size("cp"), r = s.coord("cp");
+  const std::int64_t block = q.size("seq");
+  Tensor k_block = k, v_block = v;
+  AttentionBlock total;
+  for (int step = 0; step < n; ++step) {
+    Pending<Tensor> k_next, v_next;
+    if (step + 1 < n) k_next = start_ppermute(k_block, "cp", ring_pairs(n)), v_next = start_ppermute(v_block, "cp", ring_pairs(n));
+    const int source = (r - step + n) % n;
+    if (source <= r || !skip_masked) {
+      const AttentionBlock b = attention_block(q, k_block, v_block, "seq", "head_dim", AttentionMask::causal((r - source) * block));
+      total = step == 0 ? b : combine_attention(total, b);
+    }
+    if (step + 1 < n) k_block = k_next.wait(), v_block = v_next.wait();
+  }
+  return total.out;
+}
+
+}  // namespace
+
+TEST_CASE("attention_block matches the f64 reference under every mask", "[attention][block]") {
+  struct Case {
+    std::int64_t tq, tk;
+    AttentionMask mask;
+    Visible visible;
+  };
+  const std::vector<Case> cases = {
+      {6, 6, AttentionMask::causal(), {0}},              // a block against itself
+      {6, 9, AttentionMask::causal(3), {3}},             // causal_attention's KV-cache layout
+      {6, 4, AttentionMask::causal(6), {6}},             // keys wholly before the queries: all seen
+      {6, 6, AttentionMask::causal(-2), {-2}},           // keys partly after: the first two rows see none
+      {5, 6, AttentionMask::causal(-6), {-6}},           // keys wholly after: out 0, lse -inf
+      {7, 3, AttentionMask::full(), {0, true}},          // more queries than keys, no mask
+      {300, 200, AttentionMask::causal(-40), {-40}},     // several query blocks, rows without keys among them
+      {4, 0, AttentionMask::full(), {0, true}},          // no keys
+  };
+  std::uint64_t seed = 200;
+  for (const auto& c : cases) {
+    INFO("tq " << c.tq << " tk " << c.tk << " offset " << c.mask.query_offset << (c.mask.all_keys ? " full" : ""));
+    for (const auto& layout : {std::vector<std::string>{"batch", "seq", "heads", "head_dim"}, {"heads", "head_dim", "seq", "batch"}}) {
+      auto shape = [&](std::int64_t len) {
+        std::vector<Axis> axes;
+        for (const auto& name : layout)
+          axes.push_back({name, name == "seq" ? len : name == "batch" ? 2 : name == "heads" ? 3 : 4});
+        return Shape(axes);
+      };
+      Tensor q = fixed_input(shape(c.tq), seed++), k = fixed_input(shape(c.tk), seed++), v = fixed_input(shape(c.tk), seed++);
+      const AttentionBlock got = attention_block(q, k, v, "seq", "head_dim", c.mask);
+      REQUIRE(got.out.shape() == q.shape());
+      std::vector<Axis> lse_axes = without(q.shape(), {"seq", "head_dim"}).axes();
+      lse_axes.push_back({"seq", c.tq});
+      REQUIRE(got.lse.shape() == Shape(lse_axes));
+      REQUIRE(got.lse.dtype() == DType::f64);
+      require_block_matches(got, reference_block(q, k, v, c.visible), 1e-12);
+    }
+  }
+}
+
+TEST_CASE("attention_block in bf16: f32 lse, bf16 out, against the f64 reference", "[attention][block]") {
+  const Shape qs{{"batch", 2}, {"seq", 40}, {"heads", 2}, {"head_dim", 16}}, ks{{"batch", 2}, {"seq", 24}, {"heads", 2}, {"head_dim", 16}};
+  Tensor q = fixed_input(qs, 301, DType::bf16), k = fixed_input(ks, 302, DType::bf16), v = fixed_input(ks, 303, DType::bf16);
+  const AttentionBlock got = attention_block(q, k, v, "seq", "head_dim", AttentionMask::causal(-8));
+  REQUIRE(got.out.dtype() == DType::bf16);
+  REQUIRE(got.lse.dtype() == DType::f32);
+  require_block_matches(got, reference_block(q, k, v, Visible{-8}), 2e-2);
+}
+
+TEST_CASE("attention_block gradients from out and lse against finite differences", "[attention][block]") {
+  const Shape qs{{"batch", 2}, {"seq", 4}, {"heads", 2}, {"head_dim", 3}}, ks{{"heads", 2}, {"seq", 3}, {"head_dim", 3}, {"batch", 2}};
+  for (const AttentionMask mask : {AttentionMask::causal(), AttentionMask::causal(1), AttentionMask::full()}) {
+    INFO("offset " << mask.query_offset << (mask.all_keys ? " full" : ""));
+    auto loss = [mask](const std::vector<Tensor>& p) { return block_loss(attention_block(p[0], p[1], p[2], "seq", "head_dim", mask)); };
+    check_gradients(loss, {random_input(qs, "q"), random_input(ks, "k"), random_input(ks, "v")}, kGradTolerance);
+  }
+  SECTION("only lse used: out's node still runs, with lse's gradient") {
+    auto loss = [](const std::vector<Tensor>& p) { return weighted_sum(attention_block(p[0], p[1], p[2], "seq", "head_dim").lse); };
+    check_gradients(loss, {random_input(qs, "q"), random_input(ks, "k"), random_input(ks, "v")}, kGradTolerance);
+  }
+}
+
+TEST_CASE("attention_block: rows that see no key have zero gradients, never NaN", "[attention][block]") {
+  const Shape shape{{"seq", 6}, {"heads", 2}, {"head_dim", 4}};
+  const std::vector<Tensor> inputs = {random_input(shape, "q"), random_input(shape, "k"), random_input(shape, "v")};
+  // The first three rows see no key; out of them is 0, and the loss reads only out (lse is -inf there).
+  const auto grads = value_and_grad([](auto& p) { return weighted_sum(attention_block(p[0], p[1], p[2], "seq", "head_dim",
+                                                                                      AttentionMask::causal(-3)).out); },
+                                    inputs).second;
+  const auto dq = grads[0].to_vector<double>();
+  for (double x : dq) REQUIRE(std::isfinite(x));
+  for (std::int64_t i = 0; i < 3 * 2 * 4; ++i) REQUIRE(dq[static_cast<std::size_t>(i)] == 0.0);
+  // dk and dv: only the keys the last three rows see (0..2) take gradients.
+  const auto dv = grads[2].to_vector<double>();
+  for (std::int64_t i = 3 * 2 * 4; i < 6 * 2 * 4; ++i) REQUIRE(dv[static_cast<std::size_t>(i)] == 0.0);
+}
+
+TEST_CASE("combine_attention of two key blocks equals attention over both, values and gradients", "[attention][block]") {
+  // Queries at positions 8..15 of a causal sequence, keys 0..15 in two blocks: 0..9 and 10..15.
+  const Shape qs{{"batch", 2}, {"seq", 8}, {"heads", 2}, {"head_dim", 4}};
+  const std::vector<Tensor> inputs = {random_input(qs, "q"), random_input(Shape{{"batch", 2}, {"seq", 16}, {"heads", 2}, {"head_dim", 4}}, "k"),
+                                      random_input(Shape{{"batch", 2}, {"seq", 16}, {"heads", 2}, {"head_dim", 4}}, "v")};
+  auto whole = [](const std::vector<Tensor>& p) { return attention_block(p[0], p[1], p[2], "seq", "head_dim", AttentionMask::causal(8)); };
+  // The queries' first position `at`; the keys cut at `cut`.
+  auto blocks = [](const std::vector<Tensor>& p, std::int64_t at, std::int64_t cut) {
+    const std::int64_t end = p[1].size("seq");
+    auto part = [&](std::int64_t begin, std::int64_t stop) {
+      return attention_block(p[0], slice(p[1], "seq", begin, stop), slice(p[2], "seq", begin, stop), "seq", "head_dim",
+                             AttentionMask::causal(at - begin));
+    };
+    return combine_attention(part(0, cut), part(cut, end));
+  };
+  auto in_blocks = [&](const std::vector<Tensor>& p) { return blocks(p, 8, 10); };
+  const AttentionBlock a = whole(inputs), b = in_blocks(inputs);
+  REQUIRE(max_rel_error(b.out.to_vector<double>(), a.out.to_vector<double>()) <= 1e-12);
+  REQUIRE(max_rel_error(b.lse.to_vector<double>(), a.lse.to_vector<double>()) <= 1e-12);
+  require_block_matches(b, reference_block(inputs[0], inputs[1], inputs[2], Visible{8}), 1e-12);
+  const auto g_whole = value_and_grad([&](auto& p) { return block_loss(whole(p)); }, inputs).second;
+  const auto g_blocks = value_and_grad([&](auto& p) { return block_loss(in_blocks(p)); }, inputs).second;
+  for (std::size_t i = 0; i < inputs.size(); ++i) REQUIRE(max_rel_error(g_blocks[i].to_vector<double>(), g_whole[i].to_vector<double>()) <= 1e-10);
+  // And against finite differences, through the combine.
+  check_gradients([&](const std::vector<Tensor>& p) { return block_loss(blocks(p, 2, 3)); },
+                  {random_input(Shape{{"seq", 3}, {"head_dim", 2}}, "q"), random_input(Shape{{"seq", 5}, {"head_dim", 2}}, "k"),
+                   random_input(Shape{{"seq", 5}, {"head_dim", 2}}, "v")},
+                  kGradTolerance);
+}
+
+TEST_CASE("combine_attention with blocks that see nothing: identity, and no NaN", "[attention][block]") {
+  const Shape shape{{"seq", 4}, {"head_dim", 3}};
+  const std::vector<Tensor> inputs = {random_input(shape, "q"), random_input(shape, "k"), random_input(shape, "v")};
+  auto program = [](const std::vector<Tensor>& p, std::int64_t empty_offset) {
+    const AttentionBlock seen = attention_block(p[0], p[1], p[2], "seq", "head_dim");
+    const AttentionBlock none = attention_block(p[0], p[1], p[2], "seq", "head_dim", AttentionMask::causal(empty_offset));
+    return std::pair{combine_attention(none, seen), combine_attention(none, none)};
+  };
+  const auto [one, neither] = program(inputs, -4);
+  require_block_matches(one, reference_block(inputs[0], inputs[1], inputs[2], Visible{0}), 1e-12);
+  require_block_matches(neither, reference_block(inputs[0], inputs[1], inputs[2], Visible{-4}), 0.0);
+  const auto grads = value_and_grad([&](auto& p) {
+                       const auto [a, b] = program(p, -4);
+                       return weighted_sum(a.out) + weighted_sum(b.out);
+                     }, inputs).second;
+  const auto want = value_and_grad([](auto& p) { return weighted_sum(attention_block(p[0], p[1], p[2], "seq", "head_dim").out); },
+                                   inputs).second;
+  for (std::size_t i = 0; i < inputs.size(); ++i) REQUIRE(max_rel_error(grads[i].to_vector<double>(), want[i].to_vector<double>()) <= 1e-12);
+}
+
+TEST_CASE("ring attention over cp written per shard equals causal attention, values and gradients", "[attention][block][mesh]") {
+  for (const char* mesh : {"cp=2", "cp=4", "dp=2,cp=2"}) {
+    Runtime rt = Runtime::local(Mesh::parse(mesh));
+    AxisRules rules{{"seq", "cp"}};
+    if (rt.mesh().has("dp")) rules.set("batch", {"dp"});
+    const Shape shape{{"batch", 2}, {"seq", 8}, {"heads", 2}, {"head_dim", 3}};
+    const std::vector<Tensor> globals = {random_input(shape, "q"), random_input(shape, "k"), random_input(shape, "v")};
+    const Tensor host = causal_attention(globals[0], globals[1], globals[2], "seq", "head_dim");
+    for (bool skip_masked : {true, false}) {
+      INFO(mesh << (skip_masked ? " skipping masked blocks" : " attending masked blocks"));
+      const auto results = rt.run([&](Shard& s) {
+        const Tensor q = s.shard(globals[0], rules);
+        const Tensor out = ring_attention(s, q, s.shard(globals[1], rules), s.shard(globals[2], rules), skip_masked);
+        NAX_EXPECT(out.vary() == q.vary());  // cut along seq as q is, without a cast
+        return s.gather(out).to_vector<double>();
+      });
+      REQUIRE(max_rel_error(results[0], host.to_vector<double>()) <= 1e-12);
+    }
+    INFO(mesh);
+    auto loss_of = [](bool skip_masked) {
+      return [skip_masked](Shard& s, const std::vector<Tensor>& p) {
+        Tensor out = ring_attention(s, p[0], p[1], p[2], skip_masked);
+        Tensor loss = psum(sum(out * out * out, out.shape().names()), "cp");
+        return s.mesh().has("dp") ? psum(loss, "dp") : loss;
+      };
+    };
+    check_mesh_gradients(rt, loss_of(false), globals, rules, kGradTolerance);
+    // Skipping the masked blocks leaves some devices' received blocks unused: their ppermutes'
+    // transposes would not run there (the gradients of the keys they sent on would be lost), and
+    // the backward says so instead of computing wrong gradients.
+    REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
+      std::vector<Tensor> local;
+      for (const auto& g : globals) local.push_back(s.shard(g, rules));
+      (void)value_and_grad([&](const std::vector<Tensor>& p) { return loss_of(true)(s, p); }, local);
+    }), Contains("in the backward of start_ppermute") && Contains("use it on every device"));
+  }
+}
+
+TEST_CASE("attention_block and combine_attention: clear errors", "[attention][block][errors]") {
+  const Shape shape{{"batch", 2}, {"seq", 3}, {"heads", 2}, {"head_dim", 4}};
+  Tensor q = zeros(shape), k = zeros(shape), v = zeros(shape);
+  REQUIRE_THROWS_WITH(attention_block(q, k, v, "seq", "dim"), Contains("attention_block") && Contains("'dim'"));
+  REQUIRE_THROWS_WITH(attention_block(q, zeros(Shape{{"batch", 2}, {"seq", 4}, {"heads", 2}, {"head_dim", 4}}), v, "seq", "head_dim"),
+                      Contains("attention_block") && Contains("k and v differ in length along 'seq' (4 and 3)"));
+  REQUIRE_THROWS_WITH(attention_block(zeros(Shape{{"seq", 3}, {"head_dim", 0}}), zeros(Shape{{"seq", 3}, {"head_dim", 0}}),
+                                      zeros(Shape{{"seq", 3}, {"head_dim", 0}}), "seq", "head_dim"),
+                      Contains("attention_block") && Contains("size 0"));
+  const AttentionBlock a = attention_block(q, k, v, "seq", "head_dim");
+  const AttentionBlock other = attention_block(zeros(Shape{{"batch", 2}, {"seq", 2}, {"heads", 2}, {"head_dim", 4}}), k, v, "seq", "head_dim");
+  REQUIRE_THROWS_WITH(combine_attention(a, other), Contains("combine_attention") && Contains("differ in axes"));
+  REQUIRE_THROWS_WITH(combine_attention(a, AttentionBlock{a.out, a.out}), Contains("combine_attention") && Contains("differ in axes"));
+  REQUIRE_THROWS_WITH(combine_attention(AttentionBlock{a.out, a.out}, AttentionBlock{a.out, a.out}),
+                      Contains("combine_attention") && Contains("lse must have out's axes but head_dim"));
+  REQUIRE_THROWS_WITH(combine_attention(a, AttentionBlock{}), Contains("combine_attention") && Contains("undefined"));
+  Runtime rt = Runtime::local(Mesh::parse("mp=2"));
+  REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
+    Tensor t = s.shard(zeros(shape), {{"head_dim", "mp"}});
+    attention_block(t, t, t, "seq", "head_dim");
+  }), Contains("attention_block") && Contains("axis 'head_dim' of q is cut over mesh axis 'mp'"));
+  // Scores of two blocks of a cut sequence as a dot: the message names both ways out.
+  REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
+    Tensor q = s.shard(zeros(Shape{{"seq", 4}, {"head_dim", 2}}), {{"seq", "mp"}});
+    dot(q, rename(q, "seq", "kseq"), "head_dim");
+  }), Contains("'seq' and 'kseq', are cut over mesh axis 'mp'") && Contains("as_varying") && Contains("attention_block"));
+  // causal_attention over a cut sequence points at the blockwise ops.
+  REQUIRE_THROWS_WITH(rt.run([&](Shard& s) {
+    Tensor t = s.shard(zeros(Shape{{"seq", 4}, {"head_dim", 2}}), {{"seq", "mp"}});
+    causal_attention(t, t, t, "seq", "head_dim");
+  }), Contains("causal_attention") && Contains("attention_block") && Contains("combine_attention"));
 }

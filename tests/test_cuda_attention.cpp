@@ -18,6 +18,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -73,12 +74,16 @@ struct Case {
   DType dtype;
   std::int64_t batches, tq, tk, head_dim;
   Layout layout = Layout::contiguous;
+  std::optional<std::int64_t> query_offset = {};  // tk - tq unless given: the causal layout
+  bool with_dlse = false;                          // the backward also gets a gradient of lse
+  std::int64_t offset() const { return query_offset.value_or(tk - tq); }
 };
 
 std::string describe(const Case& c) {
   const char* layouts[] = {"contiguous", "interleaved", "odd_stride", "shuffled"};
   return std::string(nax::dtype_name(c.dtype)) + " batches " + std::to_string(c.batches) + " tq " + std::to_string(c.tq) + " tk " +
-         std::to_string(c.tk) + " head_dim " + std::to_string(c.head_dim) + " " + layouts[static_cast<int>(c.layout)];
+         std::to_string(c.tk) + " head_dim " + std::to_string(c.head_dim) + " " + layouts[static_cast<int>(c.layout)] + " query_offset " +
+         std::to_string(c.offset()) + (c.with_dlse ? " with dlse" : "");
 }
 
 struct Placement {
@@ -242,6 +247,7 @@ void run_case(const Case& c) {
   cs.tq = c.tq;
   cs.tk = c.tk;
   cs.head_dim = c.head_dim;
+  cs.query_offset = c.offset();
   cs.scale = scale;
   cs.block_rows = 16;
   std::vector<double> lse_ref(static_cast<std::size_t>(c.batches * c.tq));
@@ -253,7 +259,11 @@ void run_case(const Case& c) {
   for (std::int64_t at : out.where) out.values[static_cast<std::size_t>(at)] = round_to(c.dtype, out.values[static_cast<std::size_t>(at)]);
   std::vector<double> lse_f32(lse_ref.size());
   for (std::size_t i = 0; i < lse_ref.size(); ++i) lse_f32[i] = static_cast<float>(lse_ref[i]);
-  nax::cpu::causal_attention_backward(cs, cpu_in(q), cpu_in(k), cpu_in(v), cpu_in(out), cpu_in(dout), lse_f32.data(), cpu_out(dq),
+  std::vector<double> dlse(c.with_dlse ? lse_ref.size() : 0);
+  std::normal_distribution<double> normal;
+  for (double& x : dlse) x = static_cast<float>(normal(rng));
+  const double* dlse_ref = c.with_dlse ? dlse.data() : nullptr;
+  nax::cpu::causal_attention_backward(cs, cpu_in(q), cpu_in(k), cpu_in(v), cpu_in(out), cpu_in(dout), lse_f32.data(), dlse_ref, cpu_out(dq),
                                       cpu_out(dk), cpu_out(dv), scratch.data());
 
   nax::kernels::AttentionSizes ks;
@@ -262,6 +272,7 @@ void run_case(const Case& c) {
   ks.tq = c.tq;
   ks.tk = c.tk;
   ks.head_dim = c.head_dim;
+  ks.query_offset = c.offset();
   ks.scale = scale;
 
   DeviceBuffer q_d(bytes_of(c, q)), k_d(bytes_of(c, k)), v_d(bytes_of(c, v)), dout_d(bytes_of(c, dout));
@@ -286,13 +297,14 @@ void run_case(const Case& c) {
 
   // Backward, from the reference's out and lse.
   {
-    DeviceBuffer out_d(bytes_of(c, out)), lse_d(lse_f32.size() * sizeof(float));
+    DeviceBuffer out_d(bytes_of(c, out)), lse_d(lse_f32.size() * sizeof(float)), dlse_d(std::max<std::size_t>(dlse.size(), 1) * sizeof(float));
     out_d.upload(encode(c.dtype, out.values));
     lse_d.upload(encode(DType::f32, lse_f32));
+    if (c.with_dlse) dlse_d.upload(encode(DType::f32, dlse));
     DeviceBuffer dq_d(bytes_of(c, dq)), dk_d(bytes_of(c, dk)), dv_d(bytes_of(c, dv));
     DeviceBuffer scratch_d(static_cast<std::size_t>(nax::cuda::attention_backward_scratch(ks)) * element);
     nax::cuda::attention_backward(nullptr, ks, cuda_in(q, q_d), cuda_in(k, k_d), cuda_in(v, v_d), cuda_in(out, out_d),
-                                  cuda_in(dout, dout_d), lse_d.get(), cuda_out(dq, dq_d), cuda_out(dk, dk_d), cuda_out(dv, dv_d),
+                                  cuda_in(dout, dout_d), lse_d.get(), c.with_dlse ? dlse_d.get() : nullptr, cuda_out(dq, dq_d), cuda_out(dk, dk_d), cuda_out(dv, dv_d),
                                   scratch_d.get());
     NAX_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<unsigned char> dq_bytes = dq_d.download(), dk_bytes = dk_d.download(), dv_bytes = dv_d.download();
@@ -318,6 +330,11 @@ std::vector<Case> cases_for(DType dtype) {
       {dtype, 40, 9, 17, 64, Layout::shuffled},          // offsets table, two launch groups
       {dtype, 5, 66, 66, 96, Layout::shuffled},          // offsets table, one group
       {dtype, 2, 0, 5, 64},                              // no queries: dk = dv = 0
+      {dtype, 2, 70, 70, 64, Layout::contiguous, 0, true},          // attention_block's own block, lse with a gradient
+      {dtype, 2, 70, 50, 64, Layout::interleaved, 140, true},       // keys from before the queries: all seen (full mask)
+      {dtype, 3, 64, 64, 128, Layout::contiguous, -20},             // keys partly after the queries: the first rows see none
+      {dtype, 2, 40, 96, 64, Layout::shuffled, -64, true},          // a block of keys wholly after the queries: out 0, lse -inf
+      {dtype, 2, 90, 30, 80, Layout::interleaved, 45},              // more queries than keys (tq > tk)
   };
 }
 
@@ -341,7 +358,7 @@ TEST_CASE("cuda attention: refuses other dtypes and too large head_dim", "[cuda]
   const nax::kernels::InMatrices in{nullptr, offsets, 64};
   const nax::kernels::OutMatrices out{nullptr, offsets, 64};
   REQUIRE_THROWS_WITH(nax::cuda::attention_forward(nullptr, s, in, in, in, out, nullptr, nullptr), Catch::Contains("f64"));
-  REQUIRE_THROWS_WITH(nax::cuda::attention_backward(nullptr, s, in, in, in, in, in, nullptr, out, out, out, nullptr),
+  REQUIRE_THROWS_WITH(nax::cuda::attention_backward(nullptr, s, in, in, in, in, in, nullptr, nullptr, out, out, out, nullptr),
                       Catch::Contains("f64"));
   s.dtype = DType::bf16;
   s.head_dim = 300;

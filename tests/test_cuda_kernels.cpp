@@ -774,6 +774,7 @@ void check_attention(DType d, std::int64_t batches, std::int64_t tq, std::int64_
                      bool deterministic = false) {
   kn::AttentionSizes s;
   s.dtype = d, s.batches = batches, s.tq = tq, s.tk = tk, s.head_dim = head_dim, s.scale = 1.0 / std::sqrt(double(head_dim));
+  s.query_offset = tk - tq;
   if (deterministic) s.tree = nax::SumTree::canonical_for_block_of(1);
   const Operand oq = operand(batches, tq, head_dim + pad), okv = operand(batches, tk, head_dim + pad);
   const auto q = rounded(normal(oq.elements), d), k = rounded(normal(okv.elements), d), v = rounded(normal(okv.elements), d);
@@ -802,12 +803,12 @@ void check_attention(DType d, std::int64_t batches, std::int64_t tq, std::int64_
   const auto lse_d = rounded(hlse.values(), lse_dtype);
   Host hout_d(out_d, d), hlse_d(lse_d, d), hdq(oq.elements, d), hdk(okv.elements, d), hdv(okv.elements, d);
   cpu().causal_attention_backward(s64, in(hq.data(), oq), in(hk.data(), okv), in(hv.data(), okv), in(hout_d.data(), oq),
-                                  in(hdout.data(), oq), hlse_d.data(), out(hdq.data(), oq), out(hdk.data(), okv), out(hdv.data(), okv),
+                                  in(hdout.data(), oq), hlse_d.data(), nullptr, out(hdq.data(), oq), out(hdk.data(), okv), out(hdv.data(), okv),
                                   hscratch.data());
   Device gout_d(out_d, d), glse_d(lse_d, lse_dtype), gdq(oq.elements, d), gdk(okv.elements, d), gdv(okv.elements, d);
   Device gscratch_b(static_cast<std::size_t>(std::max<std::int64_t>(gpu().attention_backward_scratch(s), 1)), d);
   gpu().causal_attention_backward(s, in(gq.get(), oq), in(gk.get(), okv), in(gv.get(), okv), in(gout_d.get(), oq), in(gdout.get(), oq),
-                                  glse_d.get(), out(gdq.get(), oq), out(gdk.get(), okv), out(gdv.get(), okv), gscratch_b.get());
+                                  glse_d.get(), nullptr, out(gdq.get(), oq), out(gdk.get(), okv), out(gdv.get(), okv), gscratch_b.get());
   check_close(rows_of(gdq.values(), oq, tq, head_dim), rows_of(hdq.values(), oq, tq, head_dim), d, what.str() + " dq");
   check_close(rows_of(gdk.values(), okv, tk, head_dim), rows_of(hdk.values(), okv, tk, head_dim), d, what.str() + " dk");
   check_close(rows_of(gdv.values(), okv, tk, head_dim), rows_of(hdv.values(), okv, tk, head_dim), d, what.str() + " dv");
@@ -1251,7 +1252,7 @@ AttentionBits device_attention(DType d, std::int64_t first, std::int64_t heads, 
   Device gdq(q.size(), d), gdk(q.size(), d), gdv(q.size(), d);
   Device bscratch(static_cast<std::size_t>(std::max<std::int64_t>(gpu().attention_backward_scratch(s), 1)), d);
   gpu().causal_attention_backward(s, in(gq.get(), o), in(gk.get(), o), in(gv.get(), o), in(gout.get(), o), in(gdout.get(), o), glse.get(),
-                                  out(gdq.get(), o), out(gdk.get(), o), out(gdv.get(), o), bscratch.get());
+                                  nullptr, out(gdq.get(), o), out(gdk.get(), o), out(gdv.get(), o), bscratch.get());
   // The heads' rows only (the rest of the buffers is the poison).
   auto rows = [&](const Device& g) {
     const Bytes all = g.raw();

@@ -14,13 +14,6 @@ namespace nax {
 
 namespace autodiff {
 
-bool same_axes(const Shape& a, const Shape& b) {
-  if (a.rank() != b.rank()) return false;
-  for (const auto& axis : b.axes())
-    if (!a.has(axis.name) || a.size(axis.name) != axis.size) return false;
-  return true;
-}
-
 VaryType gradient_vary(const Tensor& like) {
   VaryType vary = like.vary();
   for (const auto& m : like.vary().partial_mesh_axes()) vary.set_varying(m);
@@ -34,7 +27,7 @@ namespace {
 std::pair<Tensor, std::vector<std::string>> align(const Tensor& g_in, const Tensor& like, const std::string& op) {
   if (g_in.shape().rank() != like.shape().rank())
     fail("grad", "backward of {} gave {} for input {}", op, g_in.str(), like.str());
-  if (!same_axes(g_in.shape(), like.shape())) fail("grad", "backward of {} gave {} for input {}", op, g_in.str(), like.str());
+  if (!g_in.shape().same_axes(like.shape())) fail("grad", "backward of {} gave {} for input {}", op, g_in.str(), like.str());
   Tensor g = detail::permute_to(g_in, like.shape().names());
   if (g.dtype() != like.dtype()) g = cast(g, like.dtype());
   VaryType vary = gradient_vary(like);
@@ -215,7 +208,7 @@ Grads backpropagate(const Tensor& root, const Tensor& seed, const std::unordered
   Transposing transposing;
   Grads grads;
   const auto order = reverse_topological(root.grad_node(), floor);
-  grads[root.grad_node().get()] = {{{{}, seed}}, root};
+  grads[root.grad_node().get()] = Pending{.sums = {{{}, seed}}, .like = root, .terms = {}};
 
   auto propagate = [&](Node* node, const Tensor& g) {
     std::vector<Tensor> input_grads = node->backward(g);

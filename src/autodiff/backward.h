@@ -27,9 +27,6 @@ struct Pending {
 
 using Grads = std::unordered_map<Node*, Pending>;
 
-// Whether a and b have the same axes and sizes, in any order (a gradient and its value).
-bool same_axes(const Shape& a, const Shape& b);
-
 // The vary type a gradient of `like` takes: like's, except that the gradient of a partial value
 // is Varying: it is the gradient of the whole (psum's transpose broadcasts it), scaled by whatever
 // per-device factors the partial met, not itself a term of a sum waiting for its psum.

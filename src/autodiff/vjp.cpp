@@ -16,7 +16,7 @@ namespace {
 // A cotangent of `output`: same axes and sizes (any order), a floating dtype; undefined means zero.
 void check_cotangent(const Tensor& ct, const Tensor& output, std::size_t i) {
   if (!ct.defined()) return;
-  if (!autodiff::same_axes(ct.shape(), output.shape()))
+  if (!ct.shape().same_axes(output.shape()))
     fail("vjp", "cotangents[{}] = {} does not match output {} (same axes and sizes, any order)", i, ct.str(), output.str());
   if (!is_floating(ct.dtype())) fail("vjp", "cotangents[{}] = {} is not a floating-point tensor", i, ct.str());
 }

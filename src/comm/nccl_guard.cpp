@@ -96,8 +96,7 @@ void NcclGuard::check_signature(const CollectiveSignature& sig) {
   for (std::size_t r = 1; r < ranks; ++r) {
     const CollectiveSignature other = decode(all + r * kSignatureWords, other_origin);
     if (!(other == first))
-      fail("nccl", "collective mismatch in {}: device {} called {} but device {} called {}", label_, devices_[0], first.str(), devices_[r],
-           other.str());
+      fail("nccl", "{}", mismatch_message(label_, devices_[0], first, devices_[r], other));
   }
 }
 

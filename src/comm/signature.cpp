@@ -44,4 +44,18 @@ std::uint64_t hash_pairs(const std::vector<std::pair<int, int>>& pairs) {
   return hash;
 }
 
+std::string mismatch_message(const std::string& group, int device_a, const CollectiveSignature& first, int device_b,
+                             const CollectiveSignature& other) {
+  const std::string hint = backward_hint(first).empty() ? backward_hint(other) : backward_hint(first);
+  return fmt::format("collective mismatch in {}: device {} called {} but device {} called {}{}", group, device_a, first.str(), device_b,
+                     other.str(), hint);
+}
+
+std::string backward_hint(const CollectiveSignature& call) {
+  if (call.origin == nullptr || call.origin->find(" in the backward of ") == std::string::npos) return {};
+  return "; a backward runs a collective's transpose only on the devices where the collective's result took a gradient: a result "
+         "that some devices use and others leave unused (code that depends on the device's coordinate) puts them out of step, so "
+         "use it on every device (attend a fully masked block, add a zero term)";
+}
+
 }  // namespace nax

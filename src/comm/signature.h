@@ -37,6 +37,14 @@ inline CollectiveSignature signature_of(const Call& call, CollectiveKind kind, D
   return CollectiveSignature{kind, dtype, count, detail, pairs_hash, &call.origin, call.site};
 }
 
+// What to look for when a backward's collective finds the group out of step ("" for other calls).
+std::string backward_hint(const CollectiveSignature& call);
+
+// "collective mismatch in <group>: device a called <first> but device b called <other>", with
+// backward_hint.
+std::string mismatch_message(const std::string& group, int device_a, const CollectiveSignature& first, int device_b,
+                             const CollectiveSignature& other);
+
 // A hash of permute pairs, order-sensitive.
 std::uint64_t hash_pairs(const std::vector<std::pair<int, int>>& pairs);
 

@@ -70,4 +70,11 @@ std::string Shape::str() const {
   return fmt::format("[{}]", fmt::join(parts, ", "));
 }
 
+bool Shape::same_axes(const Shape& other) const {
+  if (rank() != other.rank()) return false;
+  for (const auto& axis : other.axes())
+    if (!has(axis.name) || size(axis.name) != axis.size) return false;
+  return true;
+}
+
 }  // namespace nax

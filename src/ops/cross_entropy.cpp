@@ -21,10 +21,7 @@ void check_targets(std::string_view op, const Tensor& logits, const Tensor& targ
   detail::check_floating(op, logits);
   logits.shape().require(vocab, op);
   const Shape expected = detail::shape_without(logits.shape(), vocab);
-  bool same_axes = targets.rank() == expected.rank();
-  for (const auto& a : targets.shape().axes())
-    same_axes = same_axes && expected.has(a.name) && expected.size(a.name) == a.size;
-  if (!same_axes)
+  if (!targets.shape().same_axes(expected))
     fail(op, "targets {} must have exactly the axes of the logits {} other than '{}', i.e. {} in any order", targets.str(),
          logits.str(), vocab, expected.str());
 }

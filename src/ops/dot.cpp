@@ -103,9 +103,8 @@ void run_gemms(const Tensor& a, const Tensor& b, Tensor& out, const std::vector<
   const auto offsets_a = kernels::strided_offsets(sizes.data(), detail::strides_in_order(a.shape(), batch_axes).data(), rank);
   const auto offsets_b = kernels::strided_offsets(sizes.data(), detail::strides_in_order(b.shape(), batch_axes).data(), rank);
   kernels::GemmShape shape{.trans_a = g.a.view.trans, .trans_b = g.b.view.trans, .m = g.m, .n = g.n, .k = g.k,
-                           .lda = g.a.view.ld, .ldb = g.b.view.ld, .ldc = std::max<std::int64_t>(g.n, 1)};
-  shape.stride_c = g.m * g.n;
-  shape.tree = tree;
+                           .lda = g.a.view.ld, .ldb = g.b.view.ld, .ldc = std::max<std::int64_t>(g.n, 1), .stride_c = g.m * g.n,
+                           .tree = tree};
   const auto stride_a = even_stride(offsets_a), stride_b = even_stride(offsets_b);
   const std::size_t es = dtype_size(a.dtype());
   const auto* pa = static_cast<const char*>(a.raw());

@@ -101,7 +101,8 @@ VaryType merge_vary(std::string_view op, const std::vector<const Tensor*>& opera
       if (k != Vary::Split) continue;
       if (splitter != nullptr && splitter->vary().split_axis(m) != t->vary().split_axis(m))
         fail(op, "two tensor axes, '{}' and '{}', are cut over mesh axis '{}' in one result: {} (where one operand's block is "
-             "not this device's, as a block passed around a ring in a collective matmul, forget its cut with as_varying first)",
+             "not this device's, as a block passed around a ring in a collective matmul, forget its cut with as_varying first; "
+             "attention over blocks of a cut sequence is attention_block, which needs no cast)",
              splitter->vary().split_axis(m), t->vary().split_axis(m), m, describe(operands));
       if (splitter != nullptr && splitter->vary().split_mesh_axes(t->vary().split_axis(m)) != t->vary().split_mesh_axes(t->vary().split_axis(m)))
         fail(op, "axis '{}' is cut over mesh axes in different orders ({} vs {}): {}", t->vary().split_axis(m),

@@ -38,6 +38,8 @@ class Shape {
 
   std::string str() const;  // "[batch=4, seq=128]"
   bool operator==(const Shape&) const = default;
+  // The same axes with the same sizes, in any order.
+  bool same_axes(const Shape& other) const;
 
  private:
   std::vector<Axis> axes_;

@@ -70,12 +70,15 @@ struct Matrices {
 using InMatrices = Matrices<const void*>;
 using OutMatrices = Matrices<void*>;
 
-// Sizes of one causal attention call. Query i (of tq) sits at position i + tk - tq and attends
-// keys 0..that position; scores are scaled by `scale`. Query rows are processed `block_rows` at a
-// time so that only a [block_rows x tk] block of scores exists at once (CPU; CUDA tiles keys too).
+// Sizes of one attention call. Query i (of tq) sits at key position i + query_offset and attends
+// the keys up to that position (0..tk-1 clamped: query_offset >= tk - 1 sees every key, a query
+// before key 0 sees none: its output is 0 and its log-sum-exp -inf); scores are scaled by `scale`.
+// Query rows are processed `block_rows` at a time so that only a [block_rows x tk] block of scores
+// exists at once (CPU; CUDA tiles keys too).
 struct AttentionSizes {
   DType dtype = DType::f32;
   std::int64_t batches = 0, tq = 0, tk = 0, head_dim = 0;
+  std::int64_t query_offset = 0;  // tk - tq: the last tq positions of a causal sequence
   double scale = 1.0;
   std::int64_t block_rows = 128;
   SumTree tree;  // deterministic mode: every inner sum (head_dim, keys, query rows) in tree order
@@ -211,14 +214,16 @@ class Kernels {
   // Elements of `sizes.dtype` the caller provides as scratch to the attention kernels.
   virtual std::int64_t attention_forward_scratch(const AttentionSizes& sizes) = 0;
   virtual std::int64_t attention_backward_scratch(const AttentionSizes& sizes) = 0;
-  // out = softmax(q k^T * scale + causal mask) v; lse [batches x tq] (f32 for bf16 inputs, else
-  // the dtype): each row's log-sum-exp, all the backward needs besides q, k, v and out.
+  // out = softmax(q k^T * scale + causal mask at sizes.query_offset) v; lse [batches x tq] (f32
+  // for bf16 inputs, else the dtype): each row's log-sum-exp, all the backward needs besides q, k,
+  // v and out.
   virtual void causal_attention_forward(const AttentionSizes& sizes, const InMatrices& q, const InMatrices& k,
                                         const InMatrices& v, const OutMatrices& out, void* lse, void* scratch) = 0;
-  // dq, dk, dv (overwritten) from dout, the probabilities recomputed from q, k and lse.
+  // dq, dk, dv (overwritten) from dout and dlse (the gradient of lse, lse's layout and dtype; null
+  // when lse has none), the probabilities recomputed from q, k and lse.
   virtual void causal_attention_backward(const AttentionSizes& sizes, const InMatrices& q, const InMatrices& k,
                                          const InMatrices& v, const InMatrices& out, const InMatrices& dout,
-                                         const void* lse, const OutMatrices& dq, const OutMatrices& dk,
+                                         const void* lse, const void* dlse, const OutMatrices& dq, const OutMatrices& dk,
                                          const OutMatrices& dv, void* scratch) = 0;
   virtual void rotary_in_place(const RotarySizes& sizes, void* data, const std::int64_t* outer_offsets,
                                std::int64_t outer_count) = 0;

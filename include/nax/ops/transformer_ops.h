@@ -37,6 +37,47 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // log-sum-exp is kept for the backward pass, and the probabilities are recomputed there.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, const std::string& seq, const std::string& head_dim);
 
+// Which keys each query of attention_block sees.
+struct AttentionMask {
+  // Query i sits at key position i + query_offset and sees the keys at or before it. 0: q and k
+  // are the same positions; in general the position of q's first row minus that of k's (a block
+  // of keys from before the queries' sees more, one from after sees fewer or none).
+  static AttentionMask causal(std::int64_t query_offset = 0) { return {query_offset, false}; }
+  // Every query sees every key.
+  static AttentionMask full() { return {0, true}; }
+
+  std::int64_t query_offset = 0;
+  bool all_keys = false;
+};
+
+// One block of attention and each query's log-sum-exp, the building block of attention over a
+// sequence in pieces (flash attention's blocks, ring attention's steps).
+struct AttentionBlock {
+  Tensor out;  // q's shape, axis order and dtype
+  // q's axes but head_dim (the batch axes in q's order, then seq): log sum_j exp(score_ij) over
+  // the keys query i sees, scores scaled by 1/sqrt(head_dim); -inf (and out 0) where it sees none.
+  // f32 for bf16 operands, else their dtype.
+  Tensor lse;
+};
+
+// Softmax attention of the queries q to the keys k and values v under `mask`, with its log-sum-exp.
+// Axes as causal_attention's, except that k and v may be any length along `seq` (not even that of q)
+// and `seq` may be cut over mesh axes: each device attends its block of queries to the block of
+// keys it holds, which the mask places. The result is cut as q is (keys cut along `seq` are
+// per-device blocks: over those mesh axes the result is Varying unless q's rows are cut too).
+// Gradients flow from both out and lse (the combine step needs the latter). Fused forward and
+// backward, as causal_attention.
+AttentionBlock attention_block(const Tensor& q, const Tensor& k, const Tensor& v, const std::string& seq, const std::string& head_dim,
+                               AttentionMask mask = AttentionMask::causal());
+
+// The attention of the same queries over the keys of both blocks, from the two blocks' results:
+// the step of an online softmax (out weighted by exp(lse_a - lse) and exp(lse_b - lse), lse the
+// log of the sum of exponentials). Ring attention is attention_block over the block a device holds,
+// then, for each block received from its neighbour (ppermute), combine_attention with
+// attention_block over it. Differentiable in all four tensors; a query neither block lets see a key
+// stays out 0, lse -inf. out in a's dtype.
+AttentionBlock combine_attention(const AttentionBlock& a, const AttentionBlock& b);
+
 // GPT-J's rotary position embedding on the first `rotary_dims` of `head_dim`, interleaved form:
 // each pair (x[2i], x[2i+1]) at position p turns by the angle p * base^(-2i / rotary_dims), to
 // (x0 cos - x1 sin, x1 cos + x0 sin); the other dims pass through. Positions are the `seq` index

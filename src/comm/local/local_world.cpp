@@ -20,21 +20,21 @@ std::string LocalGroup::mismatch_message() const {
   const Slot& first = slots_[0];
   for (std::size_t r = 1; r < slots_.size(); ++r)
     if (!(slots_[r].sig == first.sig))
-      return fmt::format("collective mismatch in {}: device {} called {} but device {} called {}", label_, members_[0],
-                         first.sig.str(), members_[r], slots_[r].sig.str());
+      return nax::mismatch_message(label_, members_[0], first.sig, members_[r], slots_[r].sig);
   return {};
 }
 
 void LocalGroup::fail_waiting(std::unique_lock<std::mutex>& lock, int rank, const std::string& why) {
   const std::string mine = slots_[static_cast<std::size_t>(rank)].sig.str();
+  const std::string hint = backward_hint(slots_[static_cast<std::size_t>(rank)].sig);
   std::vector<int> missing_devices;
   for (std::size_t r = 0; r < slots_.size(); ++r)
     if (!slots_[r].arrived) missing_devices.push_back(members_[r]);
   lock.unlock();  // the statuses take other groups' locks, and abort() wakes every group
   std::vector<std::string> missing;
   for (int d : missing_devices) missing.push_back(fmt::format("device {} ({})", d, world_.status(d)));
-  std::string message = fmt::format("{} on device {} in {} {}; not arrived: {}", mine, members_[static_cast<std::size_t>(rank)], label_,
-                                    why, fmt::join(missing, ", "));
+  std::string message = fmt::format("{} on device {} in {} {}; not arrived: {}{}", mine, members_[static_cast<std::size_t>(rank)], label_,
+                                    why, fmt::join(missing, ", "), hint);
   world_.abort(message);
   throw Error(message);
 }

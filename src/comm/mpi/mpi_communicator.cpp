@@ -235,8 +235,7 @@ class MpiCommunicator final : public Communicator {
     for (std::size_t r = 1; r < members_.size(); ++r) {
       const CollectiveSignature other = rank_signature(r, other_origin);
       if (!(other == first))
-        return fmt::format("collective mismatch in {}: device {} called {} but device {} called {}", label_, members_[0], first.str(),
-                           members_[r], other.str());
+        return nax::mismatch_message(label_, members_[0], first, members_[r], other);
     }
     return fmt::format("collective mismatch in {}: the signatures' hashes differ but not the signatures", label_);
   }

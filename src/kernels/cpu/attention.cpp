@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vector_math.h"
@@ -38,13 +39,13 @@ struct Block {
   std::int64_t rows() const { return end - begin; }
 };
 
+// Keys query row `row` sees: those up to its position row + query_offset (none before the first key).
+std::int64_t visible_keys(const AttentionSizes& s, std::int64_t row) { return std::clamp<std::int64_t>(row + s.query_offset + 1, 0, s.tk); }
+
 Block block_at(const AttentionSizes& s, std::int64_t begin) {
   const std::int64_t end = std::min(s.tq, begin + s.block_rows);
-  return {begin, end, std::min(s.tk, end + s.tk - s.tq)};
+  return {begin, end, visible_keys(s, end - 1)};
 }
-
-// Keys query row `row` sees: those up to its position row + tk - tq.
-std::int64_t visible_keys(const AttentionSizes& s, std::int64_t row) { return row + s.tk - s.tq + 1; }
 
 // Deterministic mode (sizes.tree on, the full canonical tree from the op layer): every GEMM sums
 // in that tree, so that no result depends on OpenBLAS's size-dependent paths or threads. The rest
@@ -56,9 +57,13 @@ void gemm_of(const AttentionSizes& s, bool trans_a, bool trans_b, std::int64_t m
 }
 
 // Row of raw scores -> probabilities over the first `visible` entries, zeros after; returns the
-// log-sum-exp of the scaled scores.
+// log-sum-exp of the scaled scores (-inf for a row that sees no key: its probabilities are zeros).
 template <typename T>
 T softmax_row(T* row, std::int64_t visible, std::int64_t width, T scale) {
+  if (visible == 0) {
+    std::fill(row, row + width, T(0));
+    return -std::numeric_limits<T>::infinity();
+  }
   const T shift = lane_max(row, visible) * scale;  // scale > 0: the max of the scaled scores
   for (std::int64_t j = 0; j < visible; ++j) row[j] = exp_of(row[j] * scale - shift);
   const T total = lane_sum<T>(visible, [row](std::int64_t i) { return row[i]; });
@@ -76,9 +81,19 @@ void probabilities_row(T* row, std::int64_t visible, std::int64_t width, T scale
 }
 
 template <typename T>
+void zero_rows(const OutMatrices& m, std::int64_t batch, std::int64_t begin, std::int64_t end, std::int64_t cols) {
+  for (std::int64_t r = begin; r < end; ++r) std::fill_n(matrix<T>(m, batch) + r * m.row_stride, cols, T(0));
+}
+
+template <typename T>
 void forward_block(const AttentionSizes& s, std::int64_t b, const Block& blk, const InMatrices& q, const InMatrices& k,
                    const InMatrices& v, const OutMatrices& out, T* lse, T* scores) {
   const std::int64_t d = s.head_dim, n = blk.keys;
+  if (n == 0) {  // no row of the block sees a key
+    zero_rows<T>(out, b, blk.begin, blk.end, d);
+    std::fill(lse + b * s.tq + blk.begin, lse + b * s.tq + blk.end, -std::numeric_limits<T>::infinity());
+    return;
+  }
   gemm_of<T>(s, false, true, blk.rows(), n, d, matrix<T>(q, b) + blk.begin * q.row_stride, q.row_stride, matrix<T>(k, b), k.row_stride,
              scores, n);
   for (std::int64_t i = blk.begin; i < blk.end; ++i)
@@ -94,26 +109,33 @@ void forward(const AttentionSizes& s, const InMatrices& q, const InMatrices& k, 
     for (std::int64_t begin = 0; begin < s.tq; begin += s.block_rows) forward_block(s, b, block_at(s, begin), q, k, v, out, lse, scratch);
 }
 
+template <typename T>
 struct Gradients {
   const InMatrices& out;
   const InMatrices& dout;
+  const T* dlse;  // the gradient of lse, or null
   const OutMatrices& dq;
   const OutMatrices& dk;
   const OutMatrices& dv;
 };
 
 // The backward of one block of query rows, in the order of the forward's dependencies:
-// p from the saved lse; dv += p^T do; dp = do v^T; ds = p (dp - rowsum(do * out)) * scale;
-// dq = ds k; dk += ds^T q. (The scale is folded into ds once, for both dq and dk.)
+// p from the saved lse; dv += p^T do; dp = do v^T; ds = p (dp - rowsum(do * out) + dlse) * scale
+// (d lse / d score = p); dq = ds k; dk += ds^T q. (The scale is folded into ds once, for both dq
+// and dk.)
 template <typename T>
 void backward_block(const AttentionSizes& s, std::int64_t b, const Block& blk, const InMatrices& q, const InMatrices& k,
-                    const InMatrices& v, const Gradients& g, const T* lse, T* p, T* ds, T* delta) {
+                    const InMatrices& v, const Gradients<T>& g, const T* lse, T* p, T* ds, T* delta) {
   const std::int64_t d = s.head_dim, n = blk.keys, rows = blk.rows();
+  if (n == 0) return zero_rows<T>(g.dq, b, blk.begin, blk.end, d);
   const T scale = static_cast<T>(s.scale);
   const T* q_rows = matrix<T>(q, b) + blk.begin * q.row_stride;
   const T* do_rows = matrix<T>(g.dout, b) + blk.begin * g.dout.row_stride;
   const T* out_rows = matrix<T>(g.out, b) + blk.begin * g.out.row_stride;
-  for (std::int64_t a = 0; a < rows; ++a) delta[a] = dot_of(do_rows + a * g.dout.row_stride, out_rows + a * g.out.row_stride, d);
+  for (std::int64_t a = 0; a < rows; ++a) {
+    delta[a] = dot_of(do_rows + a * g.dout.row_stride, out_rows + a * g.out.row_stride, d);
+    if (g.dlse != nullptr) delta[a] -= g.dlse[b * s.tq + blk.begin + a];
+  }
 
   gemm_of<T>(s, false, true, rows, n, d, q_rows, q.row_stride, matrix<T>(k, b), k.row_stride, p, n);
   for (std::int64_t a = 0; a < rows; ++a)
@@ -132,16 +154,12 @@ void backward_block(const AttentionSizes& s, std::int64_t b, const Block& blk, c
 }
 
 template <typename T>
-void zero_rows(const OutMatrices& m, std::int64_t batches, std::int64_t rows, std::int64_t cols) {
-  for (std::int64_t b = 0; b < batches; ++b)
-    for (std::int64_t r = 0; r < rows; ++r) std::fill_n(matrix<T>(m, b) + r * m.row_stride, cols, T(0));
-}
-
-template <typename T>
-void backward(const AttentionSizes& s, const InMatrices& q, const InMatrices& k, const InMatrices& v, const Gradients& g,
+void backward(const AttentionSizes& s, const InMatrices& q, const InMatrices& k, const InMatrices& v, const Gradients<T>& g,
               const T* lse, T* scratch) {
-  zero_rows<T>(g.dk, s.batches, s.tk, s.head_dim);  // dk and dv accumulate over the blocks
-  zero_rows<T>(g.dv, s.batches, s.tk, s.head_dim);
+  for (std::int64_t b = 0; b < s.batches; ++b) {  // dk and dv accumulate over the blocks
+    zero_rows<T>(g.dk, b, 0, s.tk, s.head_dim);
+    zero_rows<T>(g.dv, b, 0, s.tk, s.head_dim);
+  }
   T* p = scratch;
   T* ds = p + s.block_rows * s.tk;
   T* delta = ds + s.block_rows * s.tk;
@@ -151,7 +169,7 @@ void backward(const AttentionSizes& s, const InMatrices& q, const InMatrices& k,
 }
 
 void check_sizes(const AttentionSizes& s) {
-  if (s.block_rows < 1 || s.tk < s.tq || s.tq < 0 || s.head_dim < 0 || s.batches < 0)
+  if (s.block_rows < 1 || s.tk < 0 || s.tq < 0 || s.head_dim < 0 || s.batches < 0)
     fail("causal_attention kernel", "bad sizes: batches {} tq {} tk {} head_dim {} block_rows {}", s.batches, s.tq, s.tk, s.head_dim,
          s.block_rows);
 }
@@ -199,13 +217,18 @@ void causal_attention_forward(const AttentionSizes& s, const InMatrices& q, cons
 }
 
 void causal_attention_backward(const AttentionSizes& s, const InMatrices& q, const InMatrices& k, const InMatrices& v,
-                               const InMatrices& out, const InMatrices& dout, const void* lse, const OutMatrices& dq,
+                               const InMatrices& out, const InMatrices& dout, const void* lse, const void* dlse, const OutMatrices& dq,
                                const OutMatrices& dk, const OutMatrices& dv, void* scratch) {
   check_sizes(s);
-  const Gradients g{out, dout, dq, dk, dv};
   switch (s.dtype) {
-    case DType::f32: return backward(s, q, k, v, g, static_cast<const float*>(lse), static_cast<float*>(scratch));
-    case DType::f64: return backward(s, q, k, v, g, static_cast<const double*>(lse), static_cast<double*>(scratch));
+    case DType::f32: {
+      const Gradients<float> g{out, dout, static_cast<const float*>(dlse), dq, dk, dv};
+      return backward(s, q, k, v, g, static_cast<const float*>(lse), static_cast<float*>(scratch));
+    }
+    case DType::f64: {
+      const Gradients<double> g{out, dout, static_cast<const double*>(dlse), dq, dk, dv};
+      return backward(s, q, k, v, g, static_cast<const double*>(lse), static_cast<double*>(scratch));
+    }
     default: fail("causal_attention kernel", "unsupported dtype {}", dtype_name(s.dtype));
   }
 }

@@ -97,9 +97,9 @@ class CpuKernels final : public Kernels {
     cpu::causal_attention_forward(sizes, q, k, v, out, lse, scratch);
   }
   void causal_attention_backward(const AttentionSizes& sizes, const InMatrices& q, const InMatrices& k, const InMatrices& v,
-                                 const InMatrices& out, const InMatrices& dout, const void* lse, const OutMatrices& dq,
-                                 const OutMatrices& dk, const OutMatrices& dv, void* scratch) override {
-    cpu::causal_attention_backward(sizes, q, k, v, out, dout, lse, dq, dk, dv, scratch);
+                                 const InMatrices& out, const InMatrices& dout, const void* lse, const void* dlse,
+                                 const OutMatrices& dq, const OutMatrices& dk, const OutMatrices& dv, void* scratch) override {
+    cpu::causal_attention_backward(sizes, q, k, v, out, dout, lse, dlse, dq, dk, dv, scratch);
   }
   void rotary_in_place(const RotarySizes& sizes, void* data, const std::int64_t* outer_offsets, std::int64_t outer_count) override {
     cpu::rotary_in_place(sizes, data, outer_offsets, outer_count);

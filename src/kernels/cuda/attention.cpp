@@ -33,11 +33,11 @@ using kernels::AttentionSizes;
 void check_sizes(const AttentionSizes& s) {
   if (s.dtype != DType::f32 && s.dtype != DType::bf16)
     fail("attention", "the CUDA kernels compute f32 and bf16, not {}", dtype_name(s.dtype));
-  if (s.batches < 0 || s.tq < 0 || s.tk < s.tq || s.head_dim < 0)
-    fail("attention", "bad sizes: batches {} tq {} tk {} head_dim {} (needs tq <= tk)", s.batches, s.tq, s.tk, s.head_dim);
+  if (s.batches < 0 || s.tq < 0 || s.tk < 0 || s.head_dim < 0)
+    fail("attention", "bad sizes: batches {} tq {} tk {} head_dim {}", s.batches, s.tq, s.tk, s.head_dim);
   if (s.head_dim > ad::kMaxHeadDim)
     fail("attention", "head_dim {} is more than the CUDA kernels take ({})", s.head_dim, ad::kMaxHeadDim);
-  if (s.tk > INT_MAX / 2) fail("attention", "{} keys are more than the CUDA kernels take", s.tk);
+  if (s.tk > INT_MAX / 4 || s.tq > INT_MAX / 4) fail("attention", "{} queries and {} keys are more than the CUDA kernels take", s.tq, s.tk);
 }
 
 struct Operand {
@@ -92,6 +92,8 @@ ad::Params base_params(const AttentionSizes& s, const std::vector<Operand>& oper
   ad::Params p;
   p.tq = static_cast<int>(s.tq);
   p.tk = static_cast<int>(s.tk);
+  // Offsets beyond these see every key or none: clamped, the positions stay within int.
+  p.shift = static_cast<int>(std::clamp<std::int64_t>(s.query_offset, -s.tq - 1, s.tk));
   p.head_dim = static_cast<int>(s.head_dim);
   p.scale = static_cast<float>(s.scale);
   p.scale_log2 = static_cast<float>(s.scale * 1.4426950408889634);
@@ -152,6 +154,7 @@ void attention_forward(cudaStream_t stream, const AttentionSizes& s, const kerne
                        const kernels::InMatrices& v, const kernels::OutMatrices& out, void* lse, void* /*scratch*/) {
   check_sizes(s);
   if (s.batches == 0 || s.tq == 0) return;
+  if (s.tk == 0) fail("attention", "no keys: the op layer writes the results of tk = 0");
   const std::vector<Operand> operands{{ad::kQ, q.data, q.offsets, q.row_stride, true},
                                       {ad::kK, k.data, k.offsets, k.row_stride, true},
                                       {ad::kV, v.data, v.offsets, v.row_stride, true},
@@ -170,10 +173,11 @@ void attention_forward(cudaStream_t stream, const AttentionSizes& s, const kerne
 
 void attention_backward(cudaStream_t stream, const AttentionSizes& s, const kernels::InMatrices& q, const kernels::InMatrices& k,
                         const kernels::InMatrices& v, const kernels::InMatrices& out, const kernels::InMatrices& dout,
-                        const void* lse, const kernels::OutMatrices& dq, const kernels::OutMatrices& dk,
+                        const void* lse, const void* dlse, const kernels::OutMatrices& dq, const kernels::OutMatrices& dk,
                         const kernels::OutMatrices& dv, void* scratch) {
   check_sizes(s);
-  if (s.batches == 0 || s.tk == 0) return;  // tq == 0 < tk still writes dk = dv = 0
+  if (s.batches == 0) return;  // tq == 0 < tk still writes dk = dv = 0
+  if (s.tk == 0) fail("attention", "no keys: the op layer writes the results of tk = 0");
   if (scratch == nullptr && s.tq > 0)
     fail("attention", "the backward needs {} elements of scratch, got none", attention_backward_scratch(s));
   const std::vector<Operand> operands{{ad::kQ, q.data, q.offsets, q.row_stride, true},
@@ -194,6 +198,7 @@ void attention_backward(cudaStream_t stream, const AttentionSizes& s, const kern
   p.dk = dk.data;
   p.dv = dv.data;
   p.lse = const_cast<float*>(static_cast<const float*>(lse));  // read only by the backward
+  p.dlse = static_cast<const float*>(dlse);
 
   // Scratch: delta, then dq_accum (see the top of the file).
   const auto address = reinterpret_cast<std::uintptr_t>(scratch);

@@ -2,11 +2,12 @@
 // Fused causal attention on CUDA, flash-attention style (forward and backward): no [tq x tk]
 // matrix in device memory. Semantics as the kernel interface's causal_attention_forward and
 // _backward (include/nax/kernels/kernels.h; the CPU reference is src/kernels/cpu/attention.cpp): query i
-// of tq sits at position i + tk - tq and attends keys 0..that position, scores scaled by
-// sizes.scale; lse[b * tq + i] is row i's log-sum-exp, f32.
+// of tq sits at key position i + sizes.query_offset and attends the keys up to that position,
+// scores scaled by sizes.scale; lse[b * tq + i] is row i's log-sum-exp, f32 (-inf for a row that
+// sees no key, whose output is 0).
 //
 // dtypes: f32 (FMAs, f32 throughout) and bf16 (tensor cores, f32 accumulation and softmax);
-// head_dim up to 256; tq <= tk, any sizes. The offsets arrays are host memory, read before the
+// head_dim up to 256; any tq, tk > 0 (the op layer writes the results of tk = 0 itself). The offsets arrays are host memory, read before the
 // call returns. Work is enqueued on `stream`; the calls return without waiting for it.
 // Algorithm: attention_forward.cuh, attention_backward.cuh, attention_deterministic_dq.cuh (the
 // tile code they share: attention_warp.cuh); tiling: attention.cu; scratch: attention.cpp.
@@ -28,10 +29,11 @@ void attention_forward(cudaStream_t stream, const kernels::AttentionSizes& sizes
                        const kernels::InMatrices& k, const kernels::InMatrices& v, const kernels::OutMatrices& out, void* lse,
                        void* scratch);
 
-// dq, dk, dv (overwritten) from dout, the probabilities recomputed from q, k and lse.
+// dq, dk, dv (overwritten) from dout and dlse (f32, lse's layout; null when lse has no gradient),
+// the probabilities recomputed from q, k and lse.
 void attention_backward(cudaStream_t stream, const kernels::AttentionSizes& sizes, const kernels::InMatrices& q,
                         const kernels::InMatrices& k, const kernels::InMatrices& v, const kernels::InMatrices& out,
-                        const kernels::InMatrices& dout, const void* lse, const kernels::OutMatrices& dq,
+                        const kernels::InMatrices& dout, const void* lse, const void* dlse, const kernels::OutMatrices& dq,
                         const kernels::OutMatrices& dk, const kernels::OutMatrices& dv, void* scratch);
 
 }  // namespace nax::cuda

@@ -22,7 +22,8 @@ namespace nax::cuda::attention_detail {
 // The delta and dq kernels: one warp per row, kRowWarps rows per block.
 constexpr int kRowWarps = 8;
 
-// One warp per row of the launch (batches x tq rows): delta = rowsum(dout * o) in f32, and the
+// One warp per row of the launch (batches x tq rows): delta = rowsum(dout * o) - dlse in f32 (the
+// gradient of lse adds p * dlse to each score's: d lse / d score = p), and the
 // row of dq_accum zeroed for the backward's atomics (which run after this, on the same stream).
 template <typename T, int W>
 NAX_ATT_FN void delta_rows(const Params& p, int block, int tid) {
@@ -37,7 +38,7 @@ NAX_ATT_FN void delta_rows(const Params& p, int block, int tid) {
   for (int d = lane; d < p.head_dim; d += 32) sum += to_float(dout[d]) * to_float(o[d]);
 #pragma unroll
   for (int mask = 16; mask > 0; mask /= 2) sum += shfl_xor(sum, mask);
-  if (lane == 0) p.delta[b * p.tq + i] = sum;
+  if (lane == 0) p.delta[b * p.tq + i] = p.dlse != nullptr ? sum - p.dlse[b * p.tq + i] : sum;
   float* accum = p.dq_accum + (b * p.tq + i) * p.dq_stride;
   for (std::int64_t d = lane; d < p.dq_stride; d += 32) accum[d] = 0.0f;
 }
@@ -84,7 +85,7 @@ NAX_ATT_FN void backward_block(const Params& p, char* smem, int block, int tid) 
   const float* delta = p.delta + b * p.tq;
   float* dq_accum = p.dq_accum + b * p.tq * p.dq_stride;
 
-  const int shift = p.tk - p.tq;
+  const int shift = p.shift;
   const int k0 = kt * BN, keys = imin(BN, p.tk - k0);
   const bool vector = p.vector != 0;
   load_tile<T, BN, D, Shape::kThreads>(sk, LD, k + static_cast<std::int64_t>(k0) * p.stride[kK], p.stride[kK], keys, p.head_dim, vector,
@@ -121,14 +122,15 @@ NAX_ATT_FN void backward_block(const Params& p, char* smem, int block, int tid) 
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) pt[j][0] = pt[j][1] = pt[j][2] = pt[j][3] = 0.0f;
     Mma<T>::template nt<BM / 8, D>(pt, sk + warp * 16 * LD, LD, sq, LD, lane);
-    const bool mask = k0 + BN - 1 > q0 + shift;  // some key of the tile lies past some query
+    const bool mask = k0 + BN - 1 > q0 + shift || k0 + BN > p.tk;  // some key of the tile lies past some query, or past tk
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = 8 * j + 2 * t + (e & 1);
         float pv = exp2f(pt[j][e] * p.scale_log2 - s_lse[col]);
-        if (mask && key0 + 8 * (e / 2) > q0 + col + shift) pv = 0.0f;
+        const int key = key0 + 8 * (e / 2);
+        if (mask && (key > q0 + col + shift || key >= p.tk)) pv = 0.0f;
         pt[j][e] = pv;
       }
     // dV += P^T dO

@@ -53,7 +53,7 @@ NAX_ATT_FN void dq_block(const Params& p, char* smem, int block, int tid) {
   const float* lse = p.lse + b * p.tq;
   const float* delta = p.delta + b * p.tq;
 
-  const int shift = p.tk - p.tq;  // query i sits at position i + shift
+  const int shift = p.shift;  // query i sits at position i + shift
   const int q0 = qt * BM, q_rows = imin(BM, p.tq - q0);
   const int key_end = imin(p.tk, q0 + q_rows + shift);  // keys any row of the tile sees
   const bool vector = p.vector != 0;
@@ -92,7 +92,7 @@ NAX_ATT_FN void dq_block(const Params& p, char* smem, int block, int tid) {
     Mma<T>::template nt<BN / 8, D>(dp, sdo + warp * 16 * LD, LD, sv, LD, lane);
 
     // dS = P (dP - delta) scale, in place of S; keys past a row's position or past tk are masked.
-    const bool mask = k0 + BN - 1 > q0 + shift;
+    const bool mask = k0 + BN - 1 > q0 + shift || k0 + BN > p.tk;
     const float row_lse[2] = {s_lse[warp * 16 + g], s_lse[warp * 16 + g + 8]};
     const float row_delta[2] = {s_delta[warp * 16 + g], s_delta[warp * 16 + g + 8]};
 #pragma unroll

@@ -41,7 +41,7 @@ NAX_ATT_FN void forward_block(const Params& p, char* smem, int block, int tid) {
   const T* v = static_cast<const T*>(p.v) + batch_offset(p, kV, local, b);
   T* out = static_cast<T*>(p.out) + batch_offset(p, kO, local, b);
 
-  const int shift = p.tk - p.tq;  // query i sits at position i + shift
+  const int shift = p.shift;  // query i sits at position i + shift
   const int q0 = qt * BM, q_rows = imin(BM, p.tq - q0);
   const int key_end = imin(p.tk, q0 + q_rows + shift);  // keys any row of the tile sees
   const bool vector = p.vector != 0;
@@ -72,7 +72,7 @@ NAX_ATT_FN void forward_block(const Params& p, char* smem, int block, int tid) {
     Mma<T>::template nt<BN / 8, D>(s, sq + warp * 16 * LD, LD, sk, LD, lane);
 
     // Keys past some row's position (the diagonal tiles) or past tk are masked.
-    const bool mask = k0 + BN - 1 > q0 + shift;
+    const bool mask = k0 + BN - 1 > q0 + shift || k0 + BN > p.tk;
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)

@@ -45,12 +45,14 @@ struct Params {
   void* dv = nullptr;
   std::int64_t stride[kOperands] = {};  // row strides, elements
   float* lse = nullptr;                 // [batches x tq], all batches (indexed by the global batch)
+  const float* dlse = nullptr;          // backward: the gradient of lse, or null
   float* delta = nullptr;               // backward scratch: rowsum(dout * o), [batches x tq]
   float* dq_accum = nullptr;            // backward scratch: dq in f32, [batches x tq x dq_stride]
   std::int64_t dq_stride = 0;
   std::int64_t batch_begin = 0;  // global index of this launch's first batch
   int batches = 0;               // batches in this launch
   int tq = 0, tk = 0, head_dim = 0;
+  int shift = 0;            // query i sits at key position i + shift
   float scale = 1.0f;       // the scores' scale
   float scale_log2 = 1.0f;  // scale * log2(e): the kernels work in base 2
   int vector = 0;           // 1: q, k, v (and dout) rows allow 16-byte loads

@@ -141,10 +141,10 @@ class CudaKernels final : public kernels::Kernels {
   }
   void causal_attention_backward(const kernels::AttentionSizes& sizes, const kernels::InMatrices& q, const kernels::InMatrices& k,
                                  const kernels::InMatrices& v, const kernels::InMatrices& out, const kernels::InMatrices& dout,
-                                 const void* lse, const kernels::OutMatrices& dq, const kernels::OutMatrices& dk,
-                                 const kernels::OutMatrices& dv, void* scratch) override {
+                                 const void* lse, const void* dlse, const kernels::OutMatrices& dq,
+                                 const kernels::OutMatrices& dk, const kernels::OutMatrices& dv, void* scratch) override {
     DeviceGuard guard(gpu_);
-    cuda::attention_backward(stream(), sizes, q, k, v, out, dout, lse, dq, dk, dv, scratch);
+    cuda::attention_backward(stream(), sizes, q, k, v, out, dout, lse, dlse, dq, dk, dv, scratch);
   }
   void rotary_in_place(const kernels::RotarySizes& sizes, void* data, const std::int64_t* outer_offsets,
                        std::int64_t outer_count) override;
