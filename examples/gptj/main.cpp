@@ -184,6 +184,10 @@ void train_help() {
       "                     recompute its forward in backward (less memory, one more forward)\n"
       "  --zero             ZeRO-1: each dp rank keeps and updates 1/dp of the AdamW moments, then\n"
       "                     all-gathers the parameters (same steps; checkpoints as without)\n"
+      "  --sequence-parallel  Megatron-style sequence parallelism: between blocks the activations are\n"
+      "                     cut along seq over mp (LayerNorms and residuals on 1/mp of the positions,\n"
+      "                     reduce-scatter and all-gather instead of the psums); --sharding hand, seq\n"
+      "                     divisible by mp (same steps; checkpoints as without)\n"
       "  --deterministic    bitwise-identical results on every mesh (docs/determinism.md): every\n"
       "                     sum in a canonical order fixed by the global problem; slower\n"
       "  --allow-nonfinite  with --init-from or --resume: load weights holding NaN or infinities\n"
@@ -240,6 +244,7 @@ int run_train(int argc, char** argv) {
                {"--allow-extend-steps", set_true(o.allow_extend_steps)},
                {"--remat", set_true(o.remat)},
                {"--zero", set_true(o.zero)},
+               {"--sequence-parallel", set_true(o.sequence_parallel)},
                {"--deterministic", set_true(o.deterministic)},
                {"--allow-nonfinite", set_true(o.allow_nonfinite)},
                {"--quiet", set_true(o.quiet)}});
@@ -302,6 +307,8 @@ void compare_help() {
       "  --trace FILE       write a timeline of both models' steps (as for gptj train; each step slice\n"
       "                     names its sharding, scripts/trace_breakdown.py puts them side by side)\n"
       "  --deterministic    both models in deterministic mode, as for gptj train\n"
+      "  --sequence-parallel  the hand-coded model with sequence parallelism over mp, as for gptj\n"
+      "                     train (the automatic one without); with --meshes, on both meshes\n"
       "  --quiet            no progress line\n\n"
       "gptj compare --meshes A,B [--deterministic] [flags]: the locator instead. Runs --steps (default 1)\n"
       "training steps of the hand-coded model on meshes A and B (DPxMP, e.g. 1x1,2x2), every op's values\n"
@@ -328,6 +335,7 @@ int run_compare(int argc, char** argv) {
               compare_help,
               {{"--with-jax", set_true(c.with_jax)},
                {"--install-jax", set_true(c.install_jax)},
+               {"--sequence-parallel", set_true(o.sequence_parallel)},
                {"--deterministic", set_true(o.deterministic)},
                {"--quiet", set_true(o.quiet)}});
   if (!meshes.empty()) {
