@@ -263,6 +263,7 @@ int run_train(int argc, char** argv) {
   std::vector<std::string> comm;
   for (const auto& [axes, bytes] : result.bytes_per_step) comm.push_back(fmt::format("{} {:.2f} MB", axes, bytes * 1e-6));
   fmt::print("communication per step and device: {} collectives; {}\n", result.collectives_per_step, fmt::join(comm, ", "));
+  fmt::print("memory: peak {:.1f} MB in use on device 0 (nax's allocator, over the run)\n", static_cast<double>(result.peak_bytes) * 1e-6);
   return 0;
 }
 
