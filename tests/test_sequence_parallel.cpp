@@ -7,6 +7,7 @@
 #include "files.h"
 #include "gptj_helpers.h"
 #include "helpers.h"
+#include "plan.h"
 
 using namespace nax;
 using Catch::Matchers::Contains;
@@ -100,4 +101,7 @@ TEST_CASE("gptj --sequence-parallel: refused with --sharding auto, a seq that mp
   REQUIRE_THROWS_WITH(gptj::train(o, corpus()), Contains("--sequence-parallel needs --sharding hand"));
   o.sharding = "hand", o.deterministic = true;
   REQUIRE_THROWS_WITH(gptj::train(o, corpus()), Contains("--sequence-parallel and --deterministic on mp=4") && Contains("docs/determinism.md"));
+  gptj::PlanOptions p;
+  p.mesh = "dp=1,mp=4", p.seq = 30, p.sequence_parallel = true;
+  REQUIRE_THROWS_WITH(gptj::plan_memory(p), Contains("seq = 30 is not divisible by mp=4"));
 }

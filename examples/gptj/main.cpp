@@ -4,7 +4,7 @@
 //   gptj sample --ckpt DIR --prompt TEXT --tokens N [...]
 //   gptj export --config tiny --mesh dp=1,mp=2 --data FILE... --steps K --out DIR [...]
 //   gptj tokenize --tokenizer tokenizer.json --text TEXT
-//   gptj plan --config 6b --mesh dp=1,mp=8 --batch B --seq 2048 [--remat] [--dtype bf16] [--zero]
+//   gptj plan --config 6b --mesh dp=1,mp=8 --batch B --seq 2048 [--remat] [--dtype bf16] [--zero] [--sequence-parallel]
 //   gptj convert --ckpt DIR --out HF_DIR [--dtype f16] [--max-file-mb N]
 #include <fmt/format.h>
 
@@ -495,9 +495,10 @@ int run_plan(int argc, char** argv) {
                     "  --dtype D          f32 or bf16, as for gptj train                (default f32)\n"
                     "  --remat            activation checkpointing per block, as for gptj train\n"
                     "  --zero             AdamW's moments cut over dp, as for gptj train\n"
+                    "  --sequence-parallel  activations between blocks cut along seq over mp, as for gptj train\n"
                     "  --device-memory M  e.g. 141GB, 80GiB                             (default 141GB, an H200)\n");
               },
-              {{"--remat", set_true(o.remat)}, {"--zero", set_true(o.zero)}});
+              {{"--remat", set_true(o.remat)}, {"--zero", set_true(o.zero)}, {"--sequence-parallel", set_true(o.sequence_parallel)}});
   fmt::print("{}", gptj::format_plan(o, gptj::plan_memory(o)));
   return 0;
 }
