@@ -8,6 +8,7 @@
 #include <nax/nax.h>
 
 #include <cmath>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -87,14 +88,15 @@ inline nax::Tensor mlp(const BlockParams& p, const nax::Tensor& h) {
   return dot(gelu(dot(h, p.mlp_in, "embed") + p.mlp_in_bias), p.mlp_out, "mlp");  // partial over mp
 }
 
-// What the column-parallel projections read: every position, gathered along seq when cut.
-inline nax::Tensor whole_sequence(const nax::Tensor& h, const BlockConfig& c) {
-  return c.sequence_parallel ? nax::all_gather(h, "mp", "seq") : h;
+// What the column-parallel projections read: every position, gathered along seq when cut. The
+// collectives here report the caller's line (a mismatch between devices names it).
+inline nax::Tensor whole_sequence(const nax::Tensor& h, const BlockConfig& c, std::source_location where = std::source_location::current()) {
+  return c.sequence_parallel ? nax::all_gather(h, "mp", "seq", where) : h;
 }
 
 // A row-parallel projection's partial sum over mp, finished: whole, or this device's block of seq.
-inline nax::Tensor sum_over_mp(const nax::Tensor& partial, const BlockConfig& c) {
-  return c.sequence_parallel ? nax::psum_scatter(partial, "mp", "seq") : nax::psum(partial, "mp");
+inline nax::Tensor sum_over_mp(const nax::Tensor& partial, const BlockConfig& c, std::source_location where = std::source_location::current()) {
+  return c.sequence_parallel ? nax::psum_scatter(partial, "mp", "seq", where) : nax::psum(partial, "mp", where);
 }
 
 // ln(x) as the projections read it.
