@@ -37,16 +37,23 @@ struct StepValues {
   bool operator==(const StepValues&) const = default;
 };
 
+// This device's block of a fixed batch of o.batch x o.seq ids and their next-token targets, the same
+// on every mesh.
+inline std::pair<nax::Tensor, nax::Tensor> fixed_batch(nax::Shard& s, const gptj::Config& config, const gptj::TrainOptions& o,
+                                                       const nax::AxisRules& rules) {
+  std::vector<std::int32_t> tokens;
+  for (std::int64_t i = 0; i < o.batch * (o.seq + 1); ++i) tokens.push_back(static_cast<std::int32_t>((i * 7919 + i / 5 + 13) % config.vocab));
+  const nax::Shape shape{{"batch", o.batch}, {"seq", o.seq + 1}};
+  const nax::Tensor all = s.shard(nax::from_vector(shape, tokens, nax::DType::i32), rules);
+  return {nax::slice(all, "seq", 0, o.seq), nax::slice(all, "seq", 1, o.seq + 1)};
+}
+
 inline StepValues learner_steps(nax::Runtime rt, const gptj::TrainOptions& o, int steps) {
   const gptj::Config config = gptj::padded_for(gptj::config_by_name(o.config), rt.mesh());
   return rt.run([&](nax::Shard& s) {
     const nax::AxisRules rules = gptj::axis_rules(s.mesh());
     gptj::Learner learner(s, config, rules, o);
-    std::vector<std::int32_t> tokens;
-    for (std::int64_t i = 0; i < o.batch * (o.seq + 1); ++i) tokens.push_back(static_cast<std::int32_t>((i * 7919 + i / 5 + 13) % config.vocab));
-    const nax::Shape shape{{"batch", o.batch}, {"seq", o.seq + 1}};
-    const nax::Tensor all = s.shard(nax::from_vector(shape, tokens, nax::DType::i32), rules);
-    const nax::Tensor ids = nax::slice(all, "seq", 0, o.seq), targets = nax::slice(all, "seq", 1, o.seq + 1);
+    const auto [ids, targets] = fixed_batch(s, config, o, rules);
     StepValues values;
     for (int step = 0; step < steps; ++step) {
       const auto stats = learner.step(ids, targets, o.lr);

@@ -1,7 +1,9 @@
 // The GPT-J block (parallel residual, one psum) and the Megatron-style block (two psums): on one
 // device, output and parameter gradients against an independent float64 host implementation (plain
 // loops, gradients by central differences); on mp=1, 2, 4 and dp=2,mp=2, the same output and
-// gradients as on one device: 1e-6 relative in f64, 1e-4 in f32.
+// gradients as on one device: 1e-6 relative in f64, 1e-4 in f32. With sequence parallelism (x cut
+// along seq over mp) both blocks give the one-device results too, and the GPT-J block trades its
+// all-reduces for one reduce-scatter and one all-gather each way.
 #include <cmath>
 #include <functional>
 
@@ -156,11 +158,20 @@ void require_matches_host(const Result& got, bool megatron) {
 
 using BlockFn = Tensor (*)(const gptj::BlockParams&, const Tensor&, const gptj::BlockConfig&, gptj::KVCache*);
 
+// The block's parameters, and with sequence parallelism its input and output, cut along seq over mp.
+AxisRules input_rules(const Mesh& mesh, bool sequence_parallel) {
+  AxisRules rules = gptj::block_rules(mesh);
+  if (sequence_parallel) rules.set("seq", {"mp"});
+  return rules;
+}
+
 // Runs the block on `spec` and returns the gathered output and parameter gradients of
 // loss = sum(output * weights).
-Result run_block(const std::string& spec, DType dtype, BlockFn fn) {
+Result run_block(const std::string& spec, DType dtype, BlockFn fn, bool sequence_parallel = false) {
   Runtime rt = Runtime::local(Mesh::parse(spec));
-  const AxisRules rules = gptj::block_rules(rt.mesh());
+  const AxisRules rules = input_rules(rt.mesh(), sequence_parallel);
+  gptj::BlockConfig config = kConfig;
+  config.sequence_parallel = sequence_parallel;
   const auto shapes = gptj::block_parameter_shapes(kConfig);
   return rt.run([&](Shard& s) {
     std::vector<Tensor> params;
@@ -170,10 +181,11 @@ Result run_block(const std::string& spec, DType dtype, BlockFn fn) {
       params.push_back(parameter(is_scale ? p + 1.0 : p));
     }
     Tensor x = s.random_normal(kInput, rules, 6, "x", 1.0, dtype);
-    Tensor y = fn(gptj::BlockParams::from(params), x, kConfig, nullptr);
+    Tensor y = fn(gptj::BlockParams::from(params), x, config, nullptr);
     Tensor w = s.random_normal(kInput, rules, 7, "w", 1.0, dtype);
     Tensor loss = sum(y * w, {"batch", "seq", "embed"});
     if (rt.mesh().has("dp")) loss = psum(loss, "dp");
+    if (sequence_parallel) loss = psum(loss, "mp");  // each device summed its block of seq
     auto grads = grad(loss, params);
     Result r{s.gather(y).to_vector<double>(), {}, {}, s.gather(x).to_vector<double>(), s.gather(w).to_vector<double>()};
     for (const auto& g : grads) r.grads.push_back(s.gather(g).to_vector<double>());
@@ -193,14 +205,16 @@ void require_same(const Result& got, const Result& want, double tol) {
 }  // namespace
 
 // Both block layouts, f64 and f32: the 1x1 mesh against the host reference (f64), every mesh
-// against the 1x1 mesh.
-void require_mesh_independent(BlockFn fn, bool megatron) {
+// against the 1x1 mesh (with sequence parallelism: the meshes whose mp divides seq = 6).
+void require_mesh_independent(BlockFn fn, bool megatron, bool sequence_parallel = false) {
+  const std::vector<std::string> meshes = sequence_parallel ? std::vector<std::string>{"dp=1,mp=1", "dp=1,mp=2", "dp=2,mp=2"}
+                                                            : std::vector<std::string>{"dp=1,mp=2", "dp=1,mp=4", "dp=2,mp=2"};
   for (auto [dtype, tol] : {std::pair{DType::f64, 1e-6}, std::pair{DType::f32, 1e-4}}) {
     Result serial = run_block("dp=1,mp=1", dtype, fn);
     if (dtype == DType::f64) require_matches_host(serial, megatron);
-    for (const std::string spec : {"dp=1,mp=2", "dp=1,mp=4", "dp=2,mp=2"}) {
-      INFO("mesh " << spec << " dtype " << dtype_name(dtype));
-      require_same(run_block(spec, dtype, fn), serial, tol);
+    for (const std::string& spec : meshes) {
+      INFO("mesh " << spec << " dtype " << dtype_name(dtype) << (sequence_parallel ? " sequence parallel" : ""));
+      require_same(run_block(spec, dtype, fn, sequence_parallel), serial, tol);
     }
   }
 }
@@ -213,23 +227,57 @@ TEST_CASE("the Megatron-style block matches a float64 host reference and agrees 
   require_mesh_independent(gptj::megatron_block, true);
 }
 
-TEST_CASE("the GPT-J block all-reduces once forward and once backward", "[grad][block][mesh]") {
-  // mesh-transformer-jax's count: the block's psum, and in the backward one psum of the gradient
-  // of ln(x), which feeds q, k, v and the MLP (the implicit pvary's transpose, summed once).
+TEST_CASE("with sequence parallelism the GPT-J block matches the host reference on every mesh", "[grad][block][mesh]") {
+  require_mesh_independent(gptj::block, false, true);
+}
+
+TEST_CASE("with sequence parallelism the Megatron-style block matches the host reference on every mesh", "[grad][block][mesh]") {
+  require_mesh_independent(gptj::megatron_block, true, true);
+}
+
+// The collectives over mp (alone or with dp) that device 0 calls in one forward and backward of the
+// GPT-J block on dp=1,mp=2 (the dp group of one device sums the weights' gradients, a copy).
+CommStats block_calls_over_mp(bool sequence_parallel) {
   Runtime rt = Runtime::local(Mesh::parse("dp=1,mp=2"));
-  const AxisRules rules = gptj::block_rules(rt.mesh());
-  auto count = [&] {  // over mp (the dp group of one device sums the weights' gradients, a copy)
-    auto by_axes = rt.comm_stats_by_axes(0);
-    return by_axes.count("mp") ? by_axes.at("mp").calls[static_cast<int>(CollectiveKind::all_reduce)] : 0;
+  const AxisRules rules = input_rules(rt.mesh(), sequence_parallel);
+  gptj::BlockConfig config = kConfig;
+  config.sequence_parallel = sequence_parallel;
+  auto over_mp = [&] {
+    CommStats total;
+    for (const auto& [axes, stats] : rt.comm_stats_by_axes(0))
+      if (axes == "mp" || axes == "dp,mp") total += stats;
+    return total;
   };
-  const auto before = count();
+  const CommStats before = over_mp();
   rt.run([&](Shard& s) {
     std::vector<Tensor> params;
     for (const auto& [name, shape] : gptj::block_parameter_shapes(kConfig)) params.push_back(parameter(s.random_normal(shape, rules, 5, name, 0.3)));
     Tensor x = s.random_normal(kInput, rules, 6, "x");
-    Tensor y = gptj::block(gptj::BlockParams::from(params), x, kConfig, nullptr);
+    Tensor y = gptj::block(gptj::BlockParams::from(params), x, config, nullptr);
     grad(sum(y, {"batch", "seq", "embed"}), params, {.allow_varying_loss = true});  // a per-device loss: counts only
   });
-  REQUIRE(count() - before == 2);
+  return over_mp() - before;
 }
 
+std::size_t calls_of(const CommStats& stats, CollectiveKind kind) { return stats.calls[static_cast<std::size_t>(kind)]; }
+
+TEST_CASE("the GPT-J block all-reduces once forward and once backward", "[grad][block][mesh]") {
+  // mesh-transformer-jax's count: the block's psum, and in the backward one psum of the gradient
+  // of ln(x), which feeds q, k, v and the MLP (the implicit pvary's transpose, summed once).
+  const CommStats calls = block_calls_over_mp(false);
+  REQUIRE(calls_of(calls, CollectiveKind::all_reduce) == 2);
+  REQUIRE(total_calls(calls) == 2);
+}
+
+TEST_CASE("with sequence parallelism the GPT-J block reduce-scatters and all-gathers once each way", "[grad][block][mesh]") {
+  // Forward: the all_gather of ln(x) along seq and the psum_scatter of attention + MLP; backward,
+  // their transposes. One all-reduce is left: the gradients of the LayerNorm and of the output
+  // bias, which each device now sums over its block of seq only, summed over dp and mp in one bucket.
+  const CommStats calls = block_calls_over_mp(true);
+  INFO("all_reduce " << calls_of(calls, CollectiveKind::all_reduce) << ", reduce_scatter " << calls_of(calls, CollectiveKind::reduce_scatter)
+                     << ", all_gather " << calls_of(calls, CollectiveKind::all_gather));
+  REQUIRE(calls_of(calls, CollectiveKind::all_gather) == 2);
+  REQUIRE(calls_of(calls, CollectiveKind::reduce_scatter) == 2);
+  REQUIRE(calls_of(calls, CollectiveKind::all_reduce) == 1);
+  REQUIRE(total_calls(calls) == 5);
+}

@@ -1,10 +1,14 @@
 #pragma once
 // One GPT-J block written per shard, as in mesh-transformer-jax: parallel residual
 // x + attn(ln(x)) + mlp(ln(x)), heads and mlp cut over `mp`, one psum per block forward (and, by
-// autodiff, one backward). Also the Megatron-style variant: sequential residual, two psums.
+// autodiff, one backward). Also the Megatron-style variant: sequential residual, two psums. With
+// sequence parallelism (Megatron-LM's) x is cut along seq over mp between blocks: the LayerNorm
+// runs on this device's block of the sequence, an all_gather along seq feeds the projections and
+// a psum_scatter along seq takes the psum's place.
 #include <nax/nax.h>
 
 #include <cmath>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -17,6 +21,9 @@ struct BlockConfig {
   std::int64_t d_ff = 256;
   std::int64_t rotary_dims = 8;
   double layer_norm_eps = 1e-5;
+  // x: [batch, seq|mp, embed] instead of whole on every mp device (a training layout; generation
+  // with a KV cache keeps x whole).
+  bool sequence_parallel = false;
 };
 
 // Global shapes of the block's parameters, with Hugging Face GPT-J's names and layouts (a linear
@@ -81,19 +88,34 @@ inline nax::Tensor mlp(const BlockParams& p, const nax::Tensor& h) {
   return dot(gelu(dot(h, p.mlp_in, "embed") + p.mlp_in_bias), p.mlp_out, "mlp");  // partial over mp
 }
 
-// x: [batch, seq, embed], Invariant over mp.
+// What the column-parallel projections read: every position, gathered along seq when cut. The
+// collectives here report the caller's line (a mismatch between devices names it).
+inline nax::Tensor whole_sequence(const nax::Tensor& h, const BlockConfig& c, std::source_location where = std::source_location::current()) {
+  return c.sequence_parallel ? nax::all_gather(h, "mp", "seq", where) : h;
+}
+
+// A row-parallel projection's partial sum over mp, finished: whole, or this device's block of seq.
+inline nax::Tensor sum_over_mp(const nax::Tensor& partial, const BlockConfig& c, std::source_location where = std::source_location::current()) {
+  return c.sequence_parallel ? nax::psum_scatter(partial, "mp", "seq", where) : nax::psum(partial, "mp", where);
+}
+
+// ln(x) as the projections read it.
+inline nax::Tensor normalized(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c) {
+  return whole_sequence(nax::layer_norm(x, "embed", p.ln_scale, p.ln_bias, c.layer_norm_eps), c);
+}
+
+// x: [batch, seq, embed], Invariant over mp ([batch, seq|mp, embed] with c.sequence_parallel).
+// The bias is added after the sum: once, not once per device.
 inline nax::Tensor block(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c, KVCache* cache = nullptr) {
-  using namespace nax;
-  Tensor h = layer_norm(x, "embed", p.ln_scale, p.ln_bias, c.layer_norm_eps);
-  return x + psum(attention(p, h, c, cache) + mlp(p, h), "mp") + p.mlp_out_bias;
+  const nax::Tensor h = normalized(p, x, c);
+  return x + sum_over_mp(attention(p, h, c, cache) + mlp(p, h), c) + p.mlp_out_bias;
 }
 
 // Megatron-LM's layout: sequential residual, a psum after attention and another after the MLP
 // (the same parameters; the one LayerNorm is applied before each half).
 inline nax::Tensor megatron_block(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c, KVCache* = nullptr) {
-  using namespace nax;
-  Tensor a = x + psum(attention(p, layer_norm(x, "embed", p.ln_scale, p.ln_bias, c.layer_norm_eps), c), "mp");
-  return a + psum(mlp(p, layer_norm(a, "embed", p.ln_scale, p.ln_bias, c.layer_norm_eps)), "mp") + p.mlp_out_bias;
+  const nax::Tensor a = x + sum_over_mp(attention(p, normalized(p, x, c), c), c);
+  return a + sum_over_mp(mlp(p, normalized(p, a, c)), c) + p.mlp_out_bias;
 }
 
 }  // namespace gptj

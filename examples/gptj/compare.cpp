@@ -164,6 +164,7 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   const Mesh mesh = Mesh::parse(o.train.mesh);
   const Config config = padded_for(config_by_name(o.train.config), mesh);
   check_fits(config, mesh, o.train.batch);
+  if (o.train.sequence_parallel) check_sequence_parallel(mesh, o.train.seq, o.train.deterministic);
   if (o.train.steps < 2) fail("compare", "--steps must be at least 2 (the first steps warm up)");
   if (o.with_jax && o.train.dtype != DType::f32)
     fail("compare", "--with-jax runs JAX in f32 and checks its first loss against nax's: use it with --dtype f32, not {}",
@@ -171,6 +172,7 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   if (!o.cost_model.empty()) set_cost_model(CostModel::from_file(o.cost_model));
   TrainOptions hand = o.train, automatic = o.train;
   hand.sharding = "hand", automatic.sharding = "auto";
+  automatic.sequence_parallel = false;  // a layout of the hand-coded model only
   const AxisRules rules = axis_rules(mesh);
   Runtime rt = Runtime::from_env(mesh, runtime_options(o.train.backend, o.train.deterministic));
   Track hand_track, auto_track;
@@ -210,9 +212,10 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
 void print_comparison(const std::vector<CompareRow>& rows, const CompareOptions& o) {
   if (rows.empty()) return;
   const double hand_rate = rows[0].tokens_per_s;
-  fmt::print("\nhand-coded vs automatic sharding: config {}, mesh {}, batch {} x seq {}, {} steps, {} compute (tokens/s: median after {} "
+  fmt::print("\nhand-coded{} vs automatic sharding: config {}, mesh {}, batch {} x seq {}, {} steps, {} compute (tokens/s: median after {} "
              "warm-up steps)\n",
-             o.train.config, o.train.mesh, o.train.batch, o.train.seq, o.train.steps, dtype_name(o.train.dtype), o.timing_skip);
+             o.train.sequence_parallel ? " (--sequence-parallel)" : "", o.train.config, o.train.mesh, o.train.batch, o.train.seq, o.train.steps,
+             dtype_name(o.train.dtype), o.timing_skip);
   fmt::print("{:<8} {:>10} {:>10} {:>34} {:>12} {:>10} {:>11} {:>11}\n", "sharding", "tokens/s", "hand/this", "MB/step/device by axes",
              "collectives", "peak MiB", "first loss", "final loss");
   for (const auto& r : rows) {

@@ -56,6 +56,16 @@ void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch) {
   require_divides("batch", batch, dp, "dp");
 }
 
+void check_sequence_parallel(const nax::Mesh& mesh, std::int64_t seq, bool deterministic) {
+  const std::int64_t mp = mesh.axis_size("mp");
+  if (seq % mp != 0)
+    nax::fail("mesh", "--sequence-parallel cuts the sequence over mp: seq = {} is not divisible by mp={} of mesh {}", seq, mp, mesh.str());
+  if (deterministic && mp > 1)
+    nax::fail("gptj", "--sequence-parallel and --deterministic on mp={}: deterministic mode sums the LayerNorms' and the biases' "
+              "gradients over (batch, seq) in one canonical tree, and a device holding a block of seq in every row of the batch "
+              "holds no block of that tree (docs/determinism.md); drop one of the two flags", mp);
+}
+
 std::int64_t parameter_count(const Config& c) {
   const std::int64_t inner = c.n_heads * c.head_dim;
   const std::int64_t per_layer = 2 * c.d_model + 4 * inner * c.d_model + 2 * c.d_ff * c.d_model + c.d_ff + c.d_model;

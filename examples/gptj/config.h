@@ -44,6 +44,9 @@ inline constexpr int kMaxDevices = 256;
 // divides the model (heads, d_ff and vocab over mp) and the batch (over dp), with one clear
 // message per failure.
 void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch);
+// Sequence parallelism cuts the sequence over mp: checks that mp divides seq, and refuses it in
+// deterministic mode on mp > 1 (docs/determinism.md says why).
+void check_sequence_parallel(const nax::Mesh& mesh, std::int64_t seq, bool deterministic);
 
 // A lower bound of the host memory one training step needs over the whole mesh, in bytes: f32
 // parameters, gradients and AdamW's two moments, plus the activations the backward keeps (each

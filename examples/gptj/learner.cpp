@@ -30,6 +30,7 @@ Learner::Learner(Shard& s, const Config& config, const AxisRules& rules, const T
       global_(config, model_.params(), options.dtype),
       optimizer_({.weight_decay = options.weight_decay, .shard_state_over = options.zero ? "dp" : ""}) {
   model_.set_remat(options.remat);
+  model_.set_sequence_parallel(options.sequence_parallel);
 }
 
 Tensor Learner::loss(const Tensor& ids, const Tensor& targets) const {

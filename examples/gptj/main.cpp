@@ -4,7 +4,7 @@
 //   gptj sample --ckpt DIR --prompt TEXT --tokens N [...]
 //   gptj export --config tiny --mesh dp=1,mp=2 --data FILE... --steps K --out DIR [...]
 //   gptj tokenize --tokenizer tokenizer.json --text TEXT
-//   gptj plan --config 6b --mesh dp=1,mp=8 --batch B --seq 2048 [--remat] [--dtype bf16] [--zero]
+//   gptj plan --config 6b --mesh dp=1,mp=8 --batch B --seq 2048 [--remat] [--dtype bf16] [--zero] [--sequence-parallel]
 //   gptj convert --ckpt DIR --out HF_DIR [--dtype f16] [--max-file-mb N]
 #include <fmt/format.h>
 
@@ -184,6 +184,10 @@ void train_help() {
       "                     recompute its forward in backward (less memory, one more forward)\n"
       "  --zero             ZeRO-1: each dp rank keeps and updates 1/dp of the AdamW moments, then\n"
       "                     all-gathers the parameters (same steps; checkpoints as without)\n"
+      "  --sequence-parallel  Megatron-style sequence parallelism: between blocks the activations are\n"
+      "                     cut along seq over mp (LayerNorms and residuals on 1/mp of the positions,\n"
+      "                     reduce-scatter and all-gather instead of the psums); --sharding hand, seq\n"
+      "                     divisible by mp (same steps; checkpoints as without)\n"
       "  --deterministic    bitwise-identical results on every mesh (docs/determinism.md): every\n"
       "                     sum in a canonical order fixed by the global problem; slower\n"
       "  --allow-nonfinite  with --init-from or --resume: load weights holding NaN or infinities\n"
@@ -240,6 +244,7 @@ int run_train(int argc, char** argv) {
                {"--allow-extend-steps", set_true(o.allow_extend_steps)},
                {"--remat", set_true(o.remat)},
                {"--zero", set_true(o.zero)},
+               {"--sequence-parallel", set_true(o.sequence_parallel)},
                {"--deterministic", set_true(o.deterministic)},
                {"--allow-nonfinite", set_true(o.allow_nonfinite)},
                {"--quiet", set_true(o.quiet)}});
@@ -258,6 +263,7 @@ int run_train(int argc, char** argv) {
   std::vector<std::string> comm;
   for (const auto& [axes, bytes] : result.bytes_per_step) comm.push_back(fmt::format("{} {:.2f} MB", axes, bytes * 1e-6));
   fmt::print("communication per step and device: {} collectives; {}\n", result.collectives_per_step, fmt::join(comm, ", "));
+  fmt::print("memory: peak {:.1f} MB in use on device 0 (nax's allocator, over the run)\n", static_cast<double>(result.peak_bytes) * 1e-6);
   return 0;
 }
 
@@ -302,6 +308,8 @@ void compare_help() {
       "  --trace FILE       write a timeline of both models' steps (as for gptj train; each step slice\n"
       "                     names its sharding, scripts/trace_breakdown.py puts them side by side)\n"
       "  --deterministic    both models in deterministic mode, as for gptj train\n"
+      "  --sequence-parallel  the hand-coded model with sequence parallelism over mp, as for gptj\n"
+      "                     train (the automatic one without); with --meshes, on both meshes\n"
       "  --quiet            no progress line\n\n"
       "gptj compare --meshes A,B [--deterministic] [flags]: the locator instead. Runs --steps (default 1)\n"
       "training steps of the hand-coded model on meshes A and B (DPxMP, e.g. 1x1,2x2), every op's values\n"
@@ -328,6 +336,7 @@ int run_compare(int argc, char** argv) {
               compare_help,
               {{"--with-jax", set_true(c.with_jax)},
                {"--install-jax", set_true(c.install_jax)},
+               {"--sequence-parallel", set_true(o.sequence_parallel)},
                {"--deterministic", set_true(o.deterministic)},
                {"--quiet", set_true(o.quiet)}});
   if (!meshes.empty()) {
@@ -486,9 +495,10 @@ int run_plan(int argc, char** argv) {
                     "  --dtype D          f32 or bf16, as for gptj train                (default f32)\n"
                     "  --remat            activation checkpointing per block, as for gptj train\n"
                     "  --zero             AdamW's moments cut over dp, as for gptj train\n"
+                    "  --sequence-parallel  activations between blocks cut along seq over mp, as for gptj train\n"
                     "  --device-memory M  e.g. 141GB, 80GiB                             (default 141GB, an H200)\n");
               },
-              {{"--remat", set_true(o.remat)}, {"--zero", set_true(o.zero)}});
+              {{"--remat", set_true(o.remat)}, {"--zero", set_true(o.zero)}, {"--sequence-parallel", set_true(o.sequence_parallel)}});
   fmt::print("{}", gptj::format_plan(o, gptj::plan_memory(o)));
   return 0;
 }

@@ -34,6 +34,7 @@ MeshRun run_on(const Mesh& mesh, const CompareOptions& o, const TextData& data) 
   const TrainOptions& t = o.train;
   const Config config = padded_for(config_by_name(t.config), mesh);
   check_fits(config, mesh, t.batch);
+  if (t.sequence_parallel) check_sequence_parallel(mesh, t.seq, t.deterministic);
   const AxisRules rules = axis_rules(mesh);
   Runtime rt = Runtime::local(mesh, runtime_options(t.backend, t.deterministic));  // every device's records in this process
   MeshRun run;
@@ -67,8 +68,9 @@ std::vector<std::string> split_meshes(const std::string& list) {
 
 int compare_meshes(const CompareOptions& o, const TextData& data) {
   const Mesh a = mesh_of(o.meshes.at(0)), b = mesh_of(o.meshes.at(1));
-  fmt::print("compare: config {}, batch {} x seq {}, {} step(s) on meshes {} and {}{}, every op recorded\n", o.train.config, o.train.batch,
-             o.train.seq, o.train.steps, o.meshes[0], o.meshes[1], o.train.deterministic ? " in deterministic mode" : "");
+  fmt::print("compare: config {}, batch {} x seq {}, {} step(s) on meshes {} and {}{}{}, every op recorded\n", o.train.config, o.train.batch,
+             o.train.seq, o.train.steps, o.meshes[0], o.meshes[1], o.train.sequence_parallel ? " with --sequence-parallel" : "",
+             o.train.deterministic ? " in deterministic mode" : "");
   const MeshRun ra = run_on(a, o, data), rb = run_on(b, o, data);
   for (std::size_t i = 0; i < ra.losses.size(); ++i)
     fmt::print("step {}: loss {:.9g} on {}, {:.9g} on {}{}\n", i, ra.losses[i], o.meshes[0], rb.losses[i], o.meshes[1],

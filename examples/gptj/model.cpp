@@ -57,8 +57,7 @@ BlockParams Model::layer(std::int64_t i) const { return in_compute_dtype(stored_
 
 // Under remat the casts to the compute dtype run inside the checkpointed function, so that their
 // bf16 copies are not kept from forward to backward either.
-Tensor Model::block_forward(std::int64_t i, const Tensor& x, KVCache* cache) const {
-  const BlockConfig bc = block_config(config_);
+Tensor Model::block_forward(std::int64_t i, const Tensor& x, const BlockConfig& bc, KVCache* cache) const {
   if (!remat_ || cache != nullptr) return block(layer(i), x, bc, cache);
   return nax::remat([stored = stored_block_params(params_, i), compute = compute_, bc](const Tensor& h) {
     return block(in_compute_dtype(stored, compute), h, bc);
@@ -68,11 +67,13 @@ Tensor Model::block_forward(std::int64_t i, const Tensor& x, KVCache* cache) con
 Tensor Model::logits(const Tensor& ids, std::vector<KVCache>* caches) const {
   if (caches != nullptr && caches->size() != static_cast<std::size_t>(config_.n_layers))
     caches->resize(static_cast<std::size_t>(config_.n_layers));
-  Tensor x = psum(embedding(param("transformer.wte.weight"), ids, "vocab"), "mp");
+  BlockConfig bc = block_config(config_);
+  bc.sequence_parallel = sequence_parallel_ && caches == nullptr && axis_size("mp") > 1;  // mp=1: nothing to cut
+  Tensor x = sum_over_mp(embedding(param("transformer.wte.weight"), ids, "vocab"), bc);
   for (std::int64_t i = 0; i < config_.n_layers; ++i)
-    x = block_forward(i, x, caches != nullptr ? &(*caches)[static_cast<std::size_t>(i)] : nullptr);
+    x = block_forward(i, x, bc, caches != nullptr ? &(*caches)[static_cast<std::size_t>(i)] : nullptr);
   Tensor h = layer_norm(x, "embed", param("transformer.ln_f.weight"), param("transformer.ln_f.bias"), config_.layer_norm_eps);
-  return dot(h, param("lm_head.weight"), "embed") + param("lm_head.bias");
+  return dot(whole_sequence(h, bc), param("lm_head.weight"), "embed") + param("lm_head.bias");
 }
 
 Tensor Model::loss(const Tensor& ids, const Tensor& targets) const {

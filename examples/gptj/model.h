@@ -2,7 +2,8 @@
 // The GPT-J-style model written per shard, mesh-transformer-jax style: a
 // vocab-parallel embedding (masked lookup + psum), parallel-residual blocks with one psum each, a
 // final LayerNorm, a vocab-parallel output head with bias and the vocab-parallel cross-entropy.
-// Logits are never gathered for training.
+// Logits are never gathered for training. With sequence parallelism the psums become psum_scatters
+// along seq and the stream between them is cut along seq over mp (block.h).
 #include <nax/nax.h>
 
 #include "block.h"
@@ -35,19 +36,27 @@ class Model {
   void set_remat(bool on) { remat_ = on; }
   bool remat() const { return remat_; }
 
+  // Sequence parallelism (Megatron-LM's, over mp): the embedding's sum is reduce-scattered along
+  // seq, the blocks and the final LayerNorm run on this device's block of the sequence, and the
+  // head reads it gathered. The same parameters and results; seq must divide by mp. Training
+  // only: generation with a KV cache ignores it.
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+  bool sequence_parallel() const { return sequence_parallel_; }
+
   const Config& config() const { return config_; }
   nax::nn::Parameters& params() { return params_; }
   const nax::nn::Parameters& params() const { return params_; }
 
  private:
   BlockParams layer(std::int64_t i) const;
-  nax::Tensor block_forward(std::int64_t i, const nax::Tensor& x, KVCache* cache) const;
+  nax::Tensor block_forward(std::int64_t i, const nax::Tensor& x, const BlockConfig& bc, KVCache* cache) const;
   nax::Tensor param(const std::string& name) const { return for_compute(params_[name], compute_); }
 
   Config config_;
   nax::nn::Parameters params_;
   nax::DType compute_;
   bool remat_ = false;
+  bool sequence_parallel_ = false;
 };
 
 }  // namespace gptj

@@ -20,6 +20,10 @@ struct DeviceSizes {
   double largest = 0;                                    // the largest parameter's elements
   double tokens = 0;                                    // batch / dp x seq
   double d = 0, attn = 0, ff = 0, heads = 0, vocab = 0;  // per device: d_model, heads x head_dim / mp, d_ff / mp, heads / mp, vocab / mp
+  // Sequence parallelism on mp > 1: what runs between the psums is cut along seq, a device keeping
+  // `cut` = 1 / mp of the positions, and each LayerNorm's output is kept on them and gathered.
+  bool sequence_cut = false;
+  double cut = 1;
   double layers = 0;
   double dp = 1;
 };
@@ -46,29 +50,37 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o) {
   s.heads = static_cast<double>(c.n_heads) / mp;
   s.vocab = static_cast<double>(c.vocab) / mp;
   s.layers = static_cast<double>(c.n_layers);
+  s.sequence_cut = o.sequence_parallel && mp > 1;  // mp=1: the plain model (Model::logits)
+  s.cut = s.sequence_cut ? 1 / mp : 1.0;
   return s;
 }
 
-// What one block's backward reads, saved by its forward (block.h): in the compute dtype its input,
-// the LayerNorm's output, the attention and MLP outputs before and after the bias, the residual
-// sums and the psum (7 x d_model), q, k, v and the attention output (4 x heads x head_dim / mp),
-// the MLP's hidden values before and after the bias and after gelu (3 x d_ff / mp); in f32 the
-// LayerNorm's mean and rstd and the attention's log-sum-exp per head. Under bf16 also the bf16
-// copies of the block's parameters.
+// What one block's backward reads, saved by its forward (block.h): in the compute dtype the
+// LayerNorm's output as the projections read it, the attention and MLP outputs and their sum
+// (4 x d_model); its input, the psum and the residual sum (3 x d_model, cut along seq with
+// sequence parallelism, which also keeps the LayerNorm's output before its all_gather); q, k, v
+// and the attention output (4 x heads x head_dim / mp), the MLP's hidden values before and after
+// the bias and after gelu (3 x d_ff / mp); in f32 the LayerNorm's mean and rstd (of the positions
+// it runs on) and the attention's log-sum-exp per head. Under bf16 also the bf16 copies of the
+// block's parameters.
 double block_saved(const DeviceSizes& s, double e, bool bf16) {
-  return s.tokens * (e * (7 * s.d + 4 * s.attn + 3 * s.ff) + 4 * (2 + s.heads)) + (bf16 ? 2 * s.block_params : 0.0);
+  const double stream = (s.sequence_cut ? 4 : 3) * s.cut * s.d;
+  return s.tokens * (e * (4 * s.d + stream + 4 * s.attn + 3 * s.ff) + 4 * (2 * s.cut + s.heads)) + (bf16 ? 2 * s.block_params : 0.0);
 }
 
 // The gradients alive inside one block's backward besides the parameters': d_ff-wide ones of the
-// MLP and d_model-wide ones of the residual stream.
-double block_transient(const DeviceSizes& s, double e) { return s.tokens * e * (2 * s.ff + 2 * s.d); }
+// MLP and d_model-wide ones, of the residual stream (cut with sequence parallelism) and of the
+// LayerNorm's output.
+double block_transient(const DeviceSizes& s, double e) { return s.tokens * e * (2 * s.ff + s.d + s.cut * s.d); }
 
-// The head: the final LayerNorm's output and statistics, the logits before and after the bias (and
-// their f32 copy under bf16), the cross-entropy's shifted logits and their exponentials (f32); the
-// bf16 copies of the embedding and output matrices.
+// The head: the final LayerNorm's output and statistics (and, with sequence parallelism, that
+// output on this device's positions before its all_gather), the logits before and after the bias
+// (and their f32 copy under bf16), the cross-entropy's shifted logits and their exponentials (f32);
+// the bf16 copies of the embedding and output matrices.
 double head_saved(const DeviceSizes& s, double e, bool bf16) {
   const double logits = s.tokens * s.vocab;
-  return s.tokens * (e * s.d + 8) + e * 2 * logits + (bf16 ? 4 * logits : 0.0) + 4 * 2 * logits + (bf16 ? 2 * s.head_params : 0.0);
+  const double final_norm = e * (s.d + (s.sequence_cut ? s.cut * s.d : 0.0)) + 8 * s.cut;
+  return s.tokens * final_norm + e * 2 * logits + (bf16 ? 4 * logits : 0.0) + 4 * 2 * logits + (bf16 ? 2 * s.head_params : 0.0);
 }
 
 // The loss's gradient with respect to the logits and the shifted logits (f32), alive together at
@@ -81,6 +93,7 @@ MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) 
   if (o.dtype != DType::f32 && o.dtype != DType::bf16) fail("plan", "--dtype expects bf16 or f32, got '{}'", dtype_name(o.dtype));
   if (o.batch < 1) fail("plan", "--batch must be at least 1, got {}", o.batch);
   check_fits(c, mesh, o.batch);
+  if (o.sequence_parallel) check_sequence_parallel(mesh, o.seq, false);
   if (o.seq < 1 || o.seq > c.max_seq) fail("plan", "--seq must be in 1..{} for config {}, got {}", c.max_seq, c.name, o.seq);
   if (!(o.device_memory > 0)) fail("plan", "--device-memory must be positive");
   const DeviceSizes s = sizes_of(c, mesh, o);
@@ -91,7 +104,7 @@ MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) 
   p.gradients = 4 * s.params;
   p.optimizer = 8 * (o.zero ? std::ceil(s.params / s.dp) : s.params);
   const double one_block = block_saved(s, e, bf16);
-  const double kept_per_block = o.remat ? e * s.tokens * s.d : one_block;  // remat keeps each block's input only
+  const double kept_per_block = o.remat ? e * s.tokens * s.cut * s.d : one_block;  // remat keeps each block's input only
   const double recompute = o.remat ? one_block : 0.0;                       // and rebuilds one block at a time
   const double head = head_saved(s, e, bf16);
   p.activations = s.layers * kept_per_block + head + recompute;
@@ -140,8 +153,9 @@ double parse_bytes(const std::string& text) {
 
 std::string format_plan(const PlanOptions& o, const MemoryPlan& p) {
   auto gb = [](double bytes) { return fmt::format("{:10.3f} GB", bytes * 1e-9); };
-  std::string out = fmt::format("memory plan: config {}, mesh {}, batch {} x seq {}, {} compute{}{}; per device:\n", o.config, o.mesh, o.batch,
-                                o.seq, dtype_name(o.dtype), o.remat ? ", --remat" : "", o.zero ? ", --zero" : "");
+  std::string out = fmt::format("memory plan: config {}, mesh {}, batch {} x seq {}, {} compute{}{}{}; per device:\n", o.config, o.mesh,
+                                o.batch, o.seq, dtype_name(o.dtype), o.remat ? ", --remat" : "", o.zero ? ", --zero" : "",
+                                o.sequence_parallel ? ", --sequence-parallel" : "");
   out += fmt::format("  parameters (f32)       {}\n", gb(p.parameters));
   out += fmt::format("  gradients (f32)        {}\n", gb(p.gradients));
   out += fmt::format("  optimizer state        {}   AdamW m and v, f32{}\n", gb(p.optimizer), o.zero ? ", cut over dp" : "");

@@ -2,7 +2,8 @@
 // `gptj plan`: the bytes one device needs to train a config on a mesh, counted from what the
 // trainer keeps (docs/memory.md): f32 parameters (the master weights), their gradients, AdamW's two
 // moments (cut over dp with --zero), the activations the backward reads (only each block's input
-// with --remat, plus one block's recompute at a time), and the peak, the larger of the backward's
+// with --remat, plus one block's recompute at a time; those cut along seq divided by mp with
+// --sequence-parallel), and the peak, the larger of the backward's
 // start and the optimizer step. Checked against measured peaks (tests/test_train_memory.cpp,
 // bench/memory_plan.sh).
 #include <cstdint>
@@ -19,6 +20,7 @@ struct PlanOptions {
   std::int64_t seq = 128;
   bool remat = false;
   bool zero = false;
+  bool sequence_parallel = false;
   nax::DType dtype = nax::DType::f32;  // the compute dtype, as gptj train --dtype
   double device_memory = 141e9;        // bytes (an H200)
 };

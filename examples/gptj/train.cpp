@@ -219,6 +219,9 @@ void check_options(const TrainOptions& o) {
   if (o.sharding != "hand" && o.sharding != "auto") fail("train", "--sharding expects hand or auto, got '{}'", o.sharding);
   if (o.dtype != DType::bf16 && o.dtype != DType::f32) fail("train", "--dtype expects bf16 or f32, got '{}'", dtype_name(o.dtype));
   if (o.remat && o.sharding != "hand") fail("train", "--remat needs --sharding hand (the global view has no checkpointing yet)");
+  if (o.sequence_parallel && o.sharding != "hand")
+    fail("train", "--sequence-parallel needs --sharding hand: it is written per shard (block.h); the global view's propagation "
+         "chooses its own layouts");
   if (o.deterministic && o.dtype == DType::bf16)
     fail("train", "--deterministic needs --dtype f32: bf16 rounds each device's partial sums before their psum, so the bits would "
          "depend on the mesh");
@@ -287,6 +290,7 @@ void plan_run(RunPlan& plan, const TrainOptions& o, const TextData& data) {
   plan.config = config_of_run(o, data, plan.mesh, plan.pretrained);
   const Config& config = plan.config;
   check_fits(config, plan.mesh, o.batch);
+  if (o.sequence_parallel) check_sequence_parallel(plan.mesh, o.seq, o.deterministic);
   check_memory(config, o.batch, o.seq);
   if ((o.batch / plan.mesh.axis_size("dp")) % o.micro_batches != 0)
     fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, o.batch / plan.mesh.axis_size("dp"));

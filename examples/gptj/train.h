@@ -50,6 +50,8 @@ struct TrainOptions {
   bool remat = false;
   // ZeRO-1: AdamW's moments cut over dp (nn::AdamWConfig::shard_state_over).
   bool zero = false;
+  // Megatron-style sequence parallelism over mp (Model::set_sequence_parallel; the hand sharding only).
+  bool sequence_parallel = false;
   // nax::RuntimeOptions::deterministic: the same bits on every mesh (docs/determinism.md).
   bool deterministic = false;
   // Loads (--init-from, --resume) accept weights holding NaN or infinities, which are refused otherwise.
