@@ -317,3 +317,19 @@ TEST_CASE("a tensor a started collective reads cannot be written until its wait,
   });
   for (const auto& s : sums) REQUIRE(s == std::vector<double>{2, 2});
 }
+
+TEST_CASE("a backward whose devices skip different transposes of one line's collectives fails at the first, naming both calls",
+          "[async][grad][errors]") {
+  // Two ppermutes from one line in a loop: device 1 leaves the second result unused, so its backward
+  // starts with the first's transpose where device 0 starts with the second's; same line, same
+  // shapes: only the calls' numbers tell them apart (without them the two would pair up, wrongly).
+  Runtime rt = Runtime::local(Mesh::parse("x=2"));
+  REQUIRE_THROWS_WITH(rt.run([](Shard& s) {
+    const Tensor w = parameter(s.shard(ones(Shape{{"i", 4}}), {}));
+    const std::vector<std::pair<int, int>> swap{{0, 1}, {1, 0}};
+    std::vector<Tensor> moved;
+    for (int k = 0; k < 2; ++k) moved.push_back(start_ppermute(w * static_cast<double>(k + 1), "x", swap).wait());
+    Tensor loss = s.coord("x") == 0 ? sum(moved[0] + moved[1], "i") : sum(moved[0], "i");
+    (void)grad(psum(loss, "x"), {w});
+  }), Contains("in the backward of start_ppermute") && Contains("the group's call 2") && Contains("the group's call 1"));
+}

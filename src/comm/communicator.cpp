@@ -26,7 +26,9 @@ std::string CallSite::str() const { return fmt::format("{}:{}:{}", short_path(fi
 
 std::string CallSite::label(std::string_view call) const {
   if (line == 0) return std::string(call);
-  return backward_of == nullptr ? fmt::format("{} at {}", call, str()) : fmt::format("{} in the backward of {} at {}", call, backward_of, str());
+  if (backward_of == nullptr) return fmt::format("{} at {}", call, str());
+  if (transposes == 0) return fmt::format("{} in the backward of {} at {}", call, backward_of, str());
+  return fmt::format("{} in the backward of {} at {} (the group's call {})", call, backward_of, str(), transposes);
 }
 
 std::uint64_t CallSite::hash() const {
@@ -37,6 +39,7 @@ std::uint64_t CallSite::hash() const {
   h = (h ^ line) * kPrime;
   h = (h ^ column) * kPrime;
   h = (h ^ (backward_of != nullptr ? 1u : 0u)) * kPrime;
+  h = (h ^ transposes) * kPrime;
   return (h ^ arguments) * kPrime;
 }
 

@@ -36,27 +36,10 @@ void report_unwaited(const std::string& what) noexcept {
 
 namespace {
 
-// The start form whose transpose this thread is starting (in a backward pass), for messages.
-thread_local const std::string* t_transposing = nullptr;
-
-class Transposing {
- public:
-  explicit Transposing(const std::string& op) : previous_(std::exchange(t_transposing, &op)) {}
-  ~Transposing() { t_transposing = previous_; }
-  Transposing(const Transposing&) = delete;
-  Transposing& operator=(const Transposing&) = delete;
-
- private:
-  const std::string* previous_;
-};
-
 // "start_psum(f32[i=4] varying{mp}, mp) at tests/t.cpp:12:7" (or "... in the backward of
 // start_all_gather at ..."): the name a start's Pending and its collective's messages carry, with
 // the call site as the blocking collectives print it.
-std::string describe(const std::string& call, const std::source_location& where) {
-  const CallSite site{where.file_name(), where.line(), where.column(), t_transposing != nullptr ? t_transposing->c_str() : nullptr};
-  return site.label(call);
-}
+std::string describe(const std::string& call, const std::source_location& where) { return detail::site_of(where).label(call); }
 
 // A started forward: a Pending over the Launch (or the result at once, when nothing was sent).
 Pending<Tensor> pending_of(std::string what, detail::Launch launch, Tensor ready) {
@@ -75,9 +58,12 @@ Pending<Tensor> then(Pending<Tensor> p, std::function<Tensor(const Tensor&)> f) 
 // The transpose of a started collective, started from the gradient of its result.
 using StartTranspose = std::function<Pending<Tensor>(const Tensor& g)>;
 
-// `forward` (started from x) with its gradient: the start and wait nodes described above.
-Pending<Tensor> with_gradient(const std::string& op, const Tensor& x, Pending<Tensor> forward, StartTranspose transpose) {
+// `forward` (started from x at `where`) with its gradient: the start and wait nodes described
+// above. The transpose runs as the backward of that call (detail::BackwardOf).
+Pending<Tensor> with_gradient(const std::string& op, const Tensor& x, Pending<Tensor> forward, const std::source_location& where,
+                              StartTranspose transpose) {
   if (!autodiff::any_requires_grad({&x})) return forward;
+  const CallSite site = detail::transposing_site(CallSite{where.file_name(), where.line(), where.column(), nullptr});
   auto backward = std::make_shared<std::optional<Pending<Tensor>>>();
   const Tensor token = autodiff::record(op + " (start)", full(Shape{}, 0.0), {x}, [backward](const Tensor&) {
     if (!backward->has_value()) fail("grad", "the transpose of a started collective was never started");
@@ -85,10 +71,10 @@ Pending<Tensor> with_gradient(const std::string& op, const Tensor& x, Pending<Te
   });
   std::string what = forward.what();
   auto started = std::make_shared<Pending<Tensor>>(std::move(forward));
-  return Pending<Tensor>(std::move(what), [started, token, op, backward, transpose = std::move(transpose)] {
+  return Pending<Tensor>(std::move(what), [started, token, op, site, backward, transpose = std::move(transpose)] {
     const Tensor out = started->wait();
-    return autodiff::record(op + " (wait)", out, {token}, [backward, transpose, op](const Tensor& g) {
-      const Transposing scope(op);
+    return autodiff::record(op + " (wait)", out, {token}, [backward, transpose, op, site](const Tensor& g) {
+      const detail::BackwardOf scope(op.c_str(), site);
       backward->emplace(transpose(g));
       return std::vector<Tensor>{full(Shape{}, 0.0)};  // the token's gradient: the transpose carries the real one
     });
@@ -101,7 +87,7 @@ Pending<Tensor> start_psum(const Tensor& x, const Names& mesh_axes, std::source_
   const std::string what = describe(fmt::format("start_psum({}, {})", x.str(), mesh_axes.str()), where);
   detail::Launch launch = detail::Launch::started(what);
   Tensor ready = detail::launch_psum(x, mesh_axes, launch, where);
-  return with_gradient("start_psum", x, pending_of(what, std::move(launch), ready), [mesh_axes, what](const Tensor& g) {
+  return with_gradient("start_psum", x, pending_of(what, std::move(launch), ready), where, [mesh_axes, what](const Tensor& g) {
     return Pending<Tensor>("the transpose of " + what, [t = pvary(g, mesh_axes)] { return t; });  // nothing to send
   });
 }
@@ -111,7 +97,7 @@ Pending<Tensor> start_all_gather(const Tensor& x, const Names& mesh_axes, const 
   detail::Launch launch = detail::Launch::started(what);
   Tensor ready = detail::launch_all_gather(x, mesh_axes, axis, launch, where);
   const Names group = detail::gather_order(x, mesh_axes, axis);
-  return with_gradient("start_all_gather", x, pending_of(what, std::move(launch), ready), [x, group, axis, where](const Tensor& g) {
+  return with_gradient("start_all_gather", x, pending_of(what, std::move(launch), ready), where, [x, group, axis, where](const Tensor& g) {
     return then(start_psum_scatter(g, group, axis, where), [x, axis](const Tensor& s) { return detail::unstack_gradient(s, x, axis); });
   });
 }
@@ -120,7 +106,7 @@ Pending<Tensor> start_psum_scatter(const Tensor& x, const Names& mesh_axes, cons
   const std::string what = describe(fmt::format("start_psum_scatter({}, {}, {})", x.str(), mesh_axes.str(), axis), where);
   detail::Launch launch = detail::Launch::started(what);
   Tensor ready = detail::launch_psum_scatter(x, mesh_axes, axis, launch, where);
-  return with_gradient("start_psum_scatter", x, pending_of(what, std::move(launch), ready), [mesh_axes, axis, where](const Tensor& g) {
+  return with_gradient("start_psum_scatter", x, pending_of(what, std::move(launch), ready), where, [mesh_axes, axis, where](const Tensor& g) {
     return start_all_gather(g, mesh_axes, axis, where);
   });
 }
@@ -132,7 +118,7 @@ Pending<Tensor> start_ppermute(const Tensor& x, const Names& mesh_axes, const st
   Tensor ready = detail::launch_ppermute(x, mesh_axes, pairs, launch, where);
   std::vector<std::pair<int, int>> inverse;
   for (auto [src, dst] : pairs) inverse.push_back({dst, src});
-  return with_gradient("start_ppermute", x, pending_of(what, std::move(launch), ready), [mesh_axes, inverse, where](const Tensor& g) {
+  return with_gradient("start_ppermute", x, pending_of(what, std::move(launch), ready), where, [mesh_axes, inverse, where](const Tensor& g) {
     return start_ppermute(g, mesh_axes, inverse, where);
   });
 }

@@ -11,6 +11,25 @@
 
 namespace nax::detail {
 
+// The site of a collective called at `where`: inside a transpose (BackwardOf), the forward's.
+CallSite site_of(const std::source_location& where);
+// `forward` (the site of the forward call just made) marked with that call's number on its group,
+// for its transpose to carry.
+CallSite transposing_site(CallSite forward);
+
+// While alive, collectives run as the backward of `op` (which outlives the scope) called at `site`.
+class BackwardOf {
+ public:
+  BackwardOf(const char* op, CallSite site);
+  ~BackwardOf();
+  BackwardOf(const BackwardOf&) = delete;
+  BackwardOf& operator=(const BackwardOf&) = delete;
+
+ private:
+  CallSite site_;
+  const CallSite* previous_;
+};
+
 // `where`: the user's call, part of the signature the group compares.
 Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch, std::source_location where);
 Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch, std::source_location where);

@@ -48,33 +48,43 @@ Shard& checked_shard(std::string_view op, const Tensor* x, const Names& mesh_axe
 // The call site of a collective: the user's call, or inside a collective's backward the forward
 // call that it transposes (so that a backward mismatch names the user's line, labelled backward).
 thread_local const CallSite* t_backward_site = nullptr;
+// The group's number (Communicator::count_call) of the last forward call this thread made.
+thread_local std::uint64_t t_last_call = 0;
+
+}  // namespace
+
+namespace detail {
 
 CallSite site_of(const std::source_location& where) {
   return t_backward_site != nullptr ? *t_backward_site : CallSite{where.file_name(), where.line(), where.column(), nullptr};
 }
 
-// While alive, collectives run as the backward of `op` called at `site`.
-class BackwardOf {
- public:
-  BackwardOf(const char* op, CallSite site) : site_(site), previous_(t_backward_site) {
-    site_.backward_of = op;
-    t_backward_site = &site_;
-  }
-  ~BackwardOf() { t_backward_site = previous_; }
-  BackwardOf(const BackwardOf&) = delete;
-  BackwardOf& operator=(const BackwardOf&) = delete;
+CallSite transposing_site(CallSite forward) {
+  forward.transposes = t_last_call;
+  return forward;
+}
 
- private:
-  CallSite site_;
-  const CallSite* previous_;
-};
+BackwardOf::BackwardOf(const char* op, CallSite site) : site_(site), previous_(t_backward_site) {
+  site_.backward_of = op;
+  t_backward_site = &site_;
+}
+
+BackwardOf::~BackwardOf() { t_backward_site = previous_; }
+
+}  // namespace detail
+
+namespace {
+
+using detail::BackwardOf;
+using detail::site_of;
+using detail::transposing_site;
 
 // `out`, with its transpose backward(g) recorded when x needs a gradient, run as the backward of
 // `op` (a literal) called at `site`.
 template <typename Backward>
 Tensor with_transpose(const char* op, const Tensor& x, const Tensor& out, const CallSite& site, Backward backward) {
   if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record(op, out, {x}, [op, site, backward](const Tensor& g) {
+  return autodiff::record(op, out, {x}, [op, site = transposing_site(site), backward](const Tensor& g) {
     BackwardOf scope(op, site);
     return std::vector<Tensor>{backward(g)};
   });
@@ -90,6 +100,7 @@ Context enter(std::string_view op, const Tensor* x, const Names& mesh_axes, cons
                                         : fmt::format("{}({}{})", op, mesh_axes.str(), extra);
   CallSite with_arguments = site;
   with_arguments.arguments = std::hash<std::string>{}(call);
+  if (site.backward_of == nullptr) t_last_call = comm.count_call();
   if (span.active()) span.add_args(fmt::format("\"group_size\": {}", comm.size()));
   return {shard, comm, comm.size(), Call{site.label(call), with_arguments.hash()}, std::move(span)};
 }

@@ -53,6 +53,10 @@ struct CallSite {
   // tensor's shape and axes, the axis gathered or scattered): two ranks at one line that gather
   // along different axes of same-sized tensors disagree.
   std::uint64_t arguments = 0;
+  // In a backward: which of the group's calls the forward was (Communicator::count_call). Devices
+  // whose backwards run the transposes of different calls (one skipped, where a device left a
+  // collective's result unused) then disagree at the first one, even at one line in a loop.
+  std::uint64_t transposes = 0;
 
   std::string str() const;  // "tests/test_x.cpp:12:7"
   // "psum(...) at tests/test_x.cpp:12:7", "psum_scatter(...) in the backward of all_gather at ..."
@@ -76,6 +80,10 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string describe() const = 0;  // backend and group, for error messages
+
+  // The number of the named collective the op layer now calls on this group, counted from 1:
+  // every member makes the same calls in the same order, so the numbers agree across the group.
+  std::uint64_t count_call() { return ++calls_; }
 
   // recv[i] = op over ranks of send[i], `count` elements.
   virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {}) = 0;
@@ -118,6 +126,7 @@ class Communicator {
 
  private:
   CommStats stats_;
+  std::uint64_t calls_ = 0;
 };
 
 }  // namespace nax
