@@ -1,5 +1,6 @@
 // The GPT-J trainer under mpirun -np 4 on dp=2,mp=2: the same losses as the thread runtime on the
-// same mesh, one checkpoint written by process 0 and read back by every process (resume, sample).
+// same mesh (and on mp=2,cp=2, ring attention's, one device's), one checkpoint written by process 0
+// and read back by every process (resume, sample).
 // gptj::train picks its runtime with Runtime::from_env: MPI here; $NAX_RUNTIME=threads gives the
 // reference in process 0.
 #include <cstdlib>
@@ -46,6 +47,14 @@ TEST_CASE("mpi: 5 training steps of tiny on dp=2,mp=2 give the thread runtime's 
   }
   REQUIRE(losses.size() == 5);
   REQUIRE(nax::testing::max_rel_error(losses, train_on_threads(tiny(5))) <= 1e-5);
+}
+
+TEST_CASE("mpi: ring attention over cp (mp=2,cp=2) gives one device's losses", "[mpi][gptj][context_parallel]") {
+  REQUIRE(process_count() == 4);
+  const auto losses = gptj::train(nax::testing::tiny("mp=2,cp=2", 4), corpus()).losses;
+  if (process_index() != 0) return;
+  REQUIRE(losses.size() == 4);
+  REQUIRE(nax::testing::max_rel_error(losses, train_on_threads(nax::testing::tiny("dp=1,mp=1", 4))) <= 1e-5);
 }
 
 TEST_CASE("mpi: process 0 writes the checkpoint and the metrics once; every process resumes from it and samples", "[mpi][gptj]") {

@@ -134,6 +134,23 @@ TEST_CASE("gptj plan's peak is within 10% of the measured peak on config small",
   }
 }
 
+TEST_CASE("gptj plan's peak is within 10% of the measured peak with context parallelism", "[gptj][plan][memory][context_parallel]") {
+  // seq 256: the activations, not the gradients' sum, set the peak; a device holds 1 / cp of them.
+  double previous = 0;
+  for (const std::string mesh : {"cp=2", "cp=4", "mp=2,cp=2"}) {
+    gptj::TrainOptions o = nax::testing::tiny(mesh, 2);
+    o.config = "small", o.batch = 8, o.seq = 256;
+    const double measured = static_cast<double>(gptj::train(o, nax::testing::corpus()).peak_bytes);
+    gptj::PlanOptions p;
+    p.config = o.config, p.mesh = o.mesh, p.batch = o.batch, p.seq = o.seq;
+    const gptj::MemoryPlan plan = gptj::plan_memory(p);
+    INFO("mesh " << mesh << ": planned " << plan.peak << " bytes, measured " << measured);
+    REQUIRE(std::abs(plan.peak - measured) <= 0.1 * measured);
+    if (mesh == "cp=4") REQUIRE(measured < previous);  // more devices on the ring, less on each
+    previous = measured;
+  }
+}
+
 TEST_CASE("gptj plan: remat, sequence parallelism and zero lower the plan; bad sizes are errors naming the flag", "[gptj][plan][errors]") {
   gptj::PlanOptions p;
   p.config = "6b", p.mesh = "dp=1,mp=8", p.batch = 8, p.seq = 2048, p.dtype = DType::bf16;

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "ring_attention.h"
+
 namespace gptj {
 
 struct BlockConfig {
@@ -24,6 +26,9 @@ struct BlockConfig {
   // x: [batch, seq|mp, embed] instead of whole on every mp device (a training layout; generation
   // with a KV cache keeps x whole).
   bool sequence_parallel = false;
+  // x: [batch, seq|cp, embed], the positions of this device's two zigzag chunks (ring_attention.h;
+  // a training layout too).
+  bool context_parallel = false;
 };
 
 // Global shapes of the block's parameters, with Hugging Face GPT-J's names and layouts (a linear
@@ -67,8 +72,24 @@ struct KVCache {
   std::int64_t length() const { return k.defined() ? k.shape().size("seq") : 0; }
 };
 
+// Context parallelism: q and k turned at their chunks' positions, attention around the cp ring.
+// Under remat, as ring attention's backward recomputes (and passes around again) what its forward
+// made: the blocks received and the partial results would otherwise be kept for every step, as
+// many as one device holding the whole sequence's keys and values.
+inline nax::Tensor ring_attention_of(const BlockParams& p, const nax::Tensor& h, const BlockConfig& c) {
+  using namespace nax;
+  return remat([q_proj = p.q, k_proj = p.k, v_proj = p.v, rotary_dims = c.rotary_dims](const Tensor& x) {
+    const Shard& s = *Shard::current();
+    const Chunks mine = zigzag_chunks(s.coord("cp"), s.mesh().axis_size("cp"), x.size("seq"));
+    const auto q = rotary_chunks(dot(x, q_proj, "embed"), mine, rotary_dims);
+    const auto k = rotary_chunks(dot(x, k_proj, "embed"), mine, rotary_dims);
+    return ring_attention(q, concat({k[0], k[1]}, "seq"), dot(x, v_proj, "embed"), mine);
+  }, h);
+}
+
 inline nax::Tensor attention(const BlockParams& p, const nax::Tensor& h, const BlockConfig& c, KVCache* cache = nullptr) {
   using namespace nax;
+  if (c.context_parallel) return dot(ring_attention_of(p, h, c), p.out, {"heads", "head_dim"});  // partial over mp
   const std::int64_t offset = cache != nullptr ? cache->length() : 0;
   Tensor q = rotary(dot(h, p.q, "embed"), "seq", "head_dim", c.rotary_dims, offset);  // [batch, seq, heads|mp, head_dim]
   Tensor k = rotary(dot(h, p.k, "embed"), "seq", "head_dim", c.rotary_dims, offset);

@@ -134,7 +134,7 @@ std::vector<Cluster> declared_clusters() {
 }
 
 Projection project(const CompareRow& row, const Cluster& cluster, const CompareOptions& o) {
-  const Mesh run = Mesh::parse(o.train.mesh);
+  const Mesh run = model_mesh(o.train.mesh);
   const Config config = padded_for(config_by_name(o.train.config), run);
   const int mp = run.has("mp") ? run.axis_size("mp") : 1, dp_run = run.has("dp") ? run.axis_size("dp") : 1;
   const std::map<std::string, int> sizes{{"mp", mp}, {"dp", std::max(1, cluster.devices / mp)}};
@@ -161,10 +161,11 @@ Projection project(const CompareRow& row, const Cluster& cluster, const CompareO
 
 std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   check_options(o.train);
-  const Mesh mesh = Mesh::parse(o.train.mesh);
+  const Mesh mesh = model_mesh(o.train.mesh);
   const Config config = padded_for(config_by_name(o.train.config), mesh);
   check_fits(config, mesh, o.train.batch);
-  if (o.train.sequence_parallel) check_sequence_parallel(mesh, o.train.seq, o.train.deterministic);
+  check_sequence_layout(mesh, o.train.seq, o.train.sequence_parallel, o.train.deterministic);
+  check_no_context_parallel(mesh, "gptj compare (its automatic baseline)");
   if (o.train.steps < 2) fail("compare", "--steps must be at least 2 (the first steps warm up)");
   if (o.with_jax && o.train.dtype != DType::f32)
     fail("compare", "--with-jax runs JAX in f32 and checks its first loss against nax's: use it with --dtype f32, not {}",

@@ -37,10 +37,19 @@ Config padded_for(Config c, const nax::Mesh& mesh) {
   return c;
 }
 
+nax::Mesh model_mesh(const std::string& spec) {
+  const nax::Mesh parsed = nax::Mesh::parse(spec);
+  std::vector<nax::Axis> axes;
+  for (const char* axis : {"dp", "mp"})
+    if (!parsed.has(axis)) axes.push_back({axis, 1});
+  for (const auto& axis : parsed.axes()) axes.push_back(axis);
+  return nax::Mesh(axes);
+}
+
 void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch) {
   for (const auto& axis : mesh.axis_names())
-    if (axis != "dp" && axis != "mp")
-      nax::fail("mesh", "the mesh {} has axis '{}', which the GPT-J model does not use (its axes: dp and mp)", mesh.str(), axis);
+    if (axis != "dp" && axis != "mp" && axis != "cp")
+      nax::fail("mesh", "the mesh {} has axis '{}', which the GPT-J model does not use (its axes: dp, mp and cp)", mesh.str(), axis);
   if (mesh.size() > kMaxDevices)
     nax::fail("mesh", "the mesh {} has {} devices, more than the {} gptj runs (a thread or process each)", mesh.str(), mesh.size(), kMaxDevices);
   for (const char* axis : {"dp", "mp"})
@@ -56,6 +65,27 @@ void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch) {
   require_divides("batch", batch, dp, "dp");
 }
 
+void check_no_context_parallel(const nax::Mesh& mesh, const char* what) {
+  if (context_devices(mesh) > 1)
+    nax::fail("mesh", "{} has no context parallelism: the mesh {} cuts the sequence over cp (use dp and mp)", what, mesh.str());
+}
+
+namespace {
+
+void check_context_parallel(const nax::Mesh& mesh, std::int64_t seq, bool sequence_parallel, bool deterministic) {
+  const std::int64_t cp = context_devices(mesh);
+  if (cp == 1) return;
+  if (seq % (2 * cp) != 0)
+    nax::fail("mesh", "context parallelism cuts the sequence into 2 cp = {} chunks (two per device, zigzag): seq = {} is not "
+              "divisible by {} (mesh {})", 2 * cp, seq, 2 * cp, mesh.str());
+  if (sequence_parallel && mesh.axis_size("mp") > 1)
+    nax::fail("gptj", "--sequence-parallel on a mesh with cp={} (mesh {}): the sequence would be cut over both cp and mp, which the "
+              "model does not do yet; use one of the two", cp, mesh.str());
+  if (deterministic)
+    nax::fail("gptj", "--deterministic on cp={}: ring attention adds each query's keys block by block (an online softmax), so its "
+              "bits depend on the number of blocks (docs/determinism.md); drop --deterministic or the cp axis", cp);
+}
+
 void check_sequence_parallel(const nax::Mesh& mesh, std::int64_t seq, bool deterministic) {
   const std::int64_t mp = mesh.axis_size("mp");
   if (seq % mp != 0)
@@ -64,6 +94,13 @@ void check_sequence_parallel(const nax::Mesh& mesh, std::int64_t seq, bool deter
     nax::fail("gptj", "--sequence-parallel and --deterministic on mp={}: deterministic mode sums the LayerNorms' and the biases' "
               "gradients over (batch, seq) in one canonical tree, and a device holding a block of seq in every row of the batch "
               "holds no block of that tree (docs/determinism.md); drop one of the two flags", mp);
+}
+
+}  // namespace
+
+void check_sequence_layout(const nax::Mesh& mesh, std::int64_t seq, bool sequence_parallel, bool deterministic) {
+  check_context_parallel(mesh, seq, sequence_parallel, deterministic);
+  if (sequence_parallel) check_sequence_parallel(mesh, seq, deterministic);
 }
 
 std::int64_t parameter_count(const Config& c) {

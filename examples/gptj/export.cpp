@@ -27,9 +27,10 @@ void export_run(const ExportOptions& options, const TextData& data) {
   const TrainOptions& o = options.train;
   if (options.out.empty()) fail("export", "no output folder (--out DIR)");
   if (o.steps < 1 || o.batch < 1 || o.seq < 1) fail("export", "--steps, --batch and --seq must be positive");
-  const Mesh mesh = Mesh::parse(o.mesh);
+  const Mesh mesh = model_mesh(o.mesh);
   const Config config = padded_for(config_by_name(o.config), mesh);
   check_fits(config, mesh, o.batch);
+  check_no_context_parallel(mesh, "gptj export");
   if (o.seq > config.max_seq) fail("export", "--seq {} exceeds the config's maximum {}", o.seq, config.max_seq);
 
   NamedTensors batches;
@@ -42,7 +43,7 @@ void export_run(const ExportOptions& options, const TextData& data) {
   }
   const NamedTensors model = initial_parameters(config, mesh, o.seed);
 
-  const nn::AdamWConfig adam{.weight_decay = o.weight_decay};  // as the trainer builds its optimizer
+  const nn::AdamWConfig adam{.weight_decay = o.weight_decay, .shard_state_over = {}};  // as the trainer builds its optimizer
   // The schedule's floor, as a fraction of the peak: its value once past warmup and the total.
   const double final_ratio = nn::warmup_cosine(std::max(o.steps, o.warmup), o.warmup, o.steps, 1.0);
   nlohmann::json info = {

@@ -34,7 +34,7 @@ MeshRun run_on(const Mesh& mesh, const CompareOptions& o, const TextData& data) 
   const TrainOptions& t = o.train;
   const Config config = padded_for(config_by_name(t.config), mesh);
   check_fits(config, mesh, t.batch);
-  if (t.sequence_parallel) check_sequence_parallel(mesh, t.seq, t.deterministic);
+  check_sequence_layout(mesh, t.seq, t.sequence_parallel, t.deterministic);
   const AxisRules rules = axis_rules(mesh);
   Runtime rt = Runtime::local(mesh, runtime_options(t.backend, t.deterministic));  // every device's records in this process
   MeshRun run;

@@ -30,6 +30,7 @@ std::vector<nn::ParamSpec> parameter_specs(const Config& c) {
 AxisRules axis_rules(const Mesh& mesh) {
   AxisRules rules{{"vocab", "mp"}, {"heads", "mp"}, {"mlp", "mp"}};
   if (mesh.has("dp")) rules.set("batch", {"dp"});
+  if (context_devices(mesh) > 1) rules.set("seq", {"cp"});  // in zigzag order (ring_attention.h)
   return rules;
 }
 
@@ -69,6 +70,7 @@ Tensor Model::logits(const Tensor& ids, std::vector<KVCache>* caches) const {
     caches->resize(static_cast<std::size_t>(config_.n_layers));
   BlockConfig bc = block_config(config_);
   bc.sequence_parallel = sequence_parallel_ && caches == nullptr && axis_size("mp") > 1;  // mp=1: nothing to cut
+  bc.context_parallel = caches == nullptr && context_devices(Shard::current()->mesh()) > 1;
   Tensor x = sum_over_mp(embedding(param("transformer.wte.weight"), ids, "vocab"), bc);
   for (std::int64_t i = 0; i < config_.n_layers; ++i)
     x = block_forward(i, x, bc, caches != nullptr ? &(*caches)[static_cast<std::size_t>(i)] : nullptr);
@@ -78,7 +80,8 @@ Tensor Model::logits(const Tensor& ids, std::vector<KVCache>* caches) const {
 
 Tensor Model::loss(const Tensor& ids, const Tensor& targets) const {
   Tensor local = cross_entropy(loss_precision(logits(ids)), targets, "vocab", {"mp"});
-  return local.vary().kind("dp") == Vary::Invariant ? local : pmean(local, "dp");
+  const auto cut = local.vary().unreduced_mesh_axes();  // the batch over dp, the sequence over cp
+  return cut.empty() ? local : pmean(local, cut);
 }
 
 }  // namespace gptj

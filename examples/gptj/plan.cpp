@@ -26,12 +26,16 @@ struct DeviceSizes {
   double cut = 1;
   double layers = 0;
   double dp = 1;
+  // Context parallelism: a device holds 1 / cp of the positions, and each block's attention is
+  // the ring, checkpointed (block.h): it keeps its output only, and rebuilds the rest in the backward.
+  double cp = 1;
 };
 
 DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o) {
   const double mp = mesh.has("mp") ? mesh.axis_size("mp") : 1;
   DeviceSizes s;
   s.dp = mesh.has("dp") ? mesh.axis_size("dp") : 1;
+  s.cp = context_devices(mesh);
   const AxisRules rules = axis_rules(mesh);  // the model's own sharding: vocab, heads and mlp over mp
   for (const auto& spec : parameter_specs(c)) {
     double n = static_cast<double>(spec.global.numel());
@@ -43,7 +47,7 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o) {
     (spec.name.starts_with("transformer.h.") ? s.block_params : s.head_params) += n;
   }
   s.block_params /= static_cast<double>(c.n_layers);
-  s.tokens = static_cast<double>(o.batch) / s.dp * static_cast<double>(o.seq);
+  s.tokens = static_cast<double>(o.batch) / s.dp * static_cast<double>(o.seq) / s.cp;
   s.d = static_cast<double>(c.d_model);
   s.attn = static_cast<double>(c.n_heads * c.head_dim) / mp;
   s.ff = static_cast<double>(c.d_ff) / mp;
@@ -65,8 +69,14 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o) {
 // block's parameters.
 double block_saved(const DeviceSizes& s, double e, bool bf16) {
   const double stream = (s.sequence_cut ? 4 : 3) * s.cut * s.d;
-  return s.tokens * (e * (4 * s.d + stream + 4 * s.attn + 3 * s.ff) + 4 * (2 * s.cut + s.heads)) + (bf16 ? 2 * s.block_params : 0.0);
+  const double attention = s.cp > 1 ? e * s.attn : e * 4 * s.attn + 4 * s.heads;  // the ring keeps its output only
+  return s.tokens * (e * (4 * s.d + stream + 3 * s.ff) + attention + 4 * 2 * s.cut) + (bf16 ? 2 * s.block_params : 0.0);
 }
+
+// The ring's recompute in one block's backward (ring_attention.h): q, k and v with their chunks
+// and turned copies, the blocks received and their chunks, each pair's output and the combines'
+// products and sums, about 8 cp + 6 values of heads x head_dim / mp per position.
+double ring_transient(const DeviceSizes& s, double e) { return s.cp > 1 ? s.tokens * e * (8 * s.cp + 6) * s.attn : 0.0; }
 
 // The gradients alive inside one block's backward besides the parameters': d_ff-wide ones of the
 // MLP and d_model-wide ones, of the residual stream (cut with sequence parallelism) and of the
@@ -93,7 +103,7 @@ MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) 
   if (o.dtype != DType::f32 && o.dtype != DType::bf16) fail("plan", "--dtype expects bf16 or f32, got '{}'", dtype_name(o.dtype));
   if (o.batch < 1) fail("plan", "--batch must be at least 1, got {}", o.batch);
   check_fits(c, mesh, o.batch);
-  if (o.sequence_parallel) check_sequence_parallel(mesh, o.seq, false);
+  check_sequence_layout(mesh, o.seq, o.sequence_parallel, false);
   if (o.seq < 1 || o.seq > c.max_seq) fail("plan", "--seq must be in 1..{} for config {}, got {}", c.max_seq, c.name, o.seq);
   if (!(o.device_memory > 0)) fail("plan", "--device-memory must be positive");
   const DeviceSizes s = sizes_of(c, mesh, o);
@@ -115,9 +125,10 @@ MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) 
   // bucket (autodiff.cpp): the partial sums, the bucket, its all-reduced copy and the pieces cut
   // from it, four copies of the gradients.
   const double at_head = s.layers * kept_per_block + head + head_transient(s);
-  const double at_last_block = s.layers * kept_per_block + recompute + block_transient(s, e) + 4 * s.head_params;
-  const double at_first_block = kept_per_block + recompute + block_transient(s, e) + p.gradients;
-  const double at_dp_sum = (s.dp > 1 ? 4 : 1) * p.gradients;
+  const double in_block = block_transient(s, e) + ring_transient(s, e);
+  const double at_last_block = s.layers * kept_per_block + recompute + in_block + 4 * s.head_params;
+  const double at_first_block = kept_per_block + recompute + in_block + p.gradients;
+  const double at_dp_sum = (s.dp * s.cp > 1 ? 4 : 1) * p.gradients;  // summed over dp and cp alike
   p.backward_peak = state + std::max({at_head, at_last_block, at_first_block, at_dp_sum});
   // The step: the accumulated gradients and their clipped copy, the old parameters and the new, and
   // while the largest parameter is updated its new moments beside the old (with --zero: every
@@ -130,7 +141,7 @@ MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) 
 }
 
 MemoryPlan plan_memory(const PlanOptions& o) {
-  const Mesh mesh = Mesh::parse(o.mesh);
+  const Mesh mesh = model_mesh(o.mesh);
   return plan_memory(padded_for(config_by_name(o.config), mesh), mesh, o);
 }
 

@@ -58,11 +58,12 @@ struct Loaded {
 
 Loaded load_for_inference(const SampleOptions& o) {
   if (o.ckpt_dir.empty()) fail("sample", "--ckpt DIR is required");
-  const Mesh mesh = Mesh::parse(o.mesh);
+  const Mesh mesh = model_mesh(o.mesh);
   Loaded m{open_model(o.ckpt_dir, nonfinite_policy(o.allow_nonfinite)), {}, mesh, {}, {}};
   check_host_memory("sample", fmt::format("the model in '{}' ({} parameters, f32)", m.files.folder, parameter_count(m.files.config)),
                     4.0 * static_cast<double>(parameter_count(m.files.config)));
-  check_fits(m.files.config, m.mesh, m.mesh.has("dp") ? m.mesh.axis_size("dp") : 1);
+  check_fits(m.files.config, m.mesh, m.mesh.axis_size("dp"));
+  check_no_context_parallel(m.mesh, "generation");
   m.specs = parameter_specs(m.files.config);
   m.rules = axis_rules(m.mesh);
   m.rules.set("batch", {});  // one sequence, the same on every data-parallel replica

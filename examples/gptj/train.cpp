@@ -285,12 +285,13 @@ Config config_of_run(const TrainOptions& o, const TextData& data, const Mesh& me
 }
 
 void plan_run(RunPlan& plan, const TrainOptions& o, const TextData& data) {
-  plan.mesh = Mesh::parse(o.mesh);
+  plan.mesh = model_mesh(o.mesh);
   if (!o.init_from.empty()) plan.pretrained.emplace(open_model(o.init_from, nonfinite_policy(o.allow_nonfinite)));
   plan.config = config_of_run(o, data, plan.mesh, plan.pretrained);
   const Config& config = plan.config;
   check_fits(config, plan.mesh, o.batch);
-  if (o.sequence_parallel) check_sequence_parallel(plan.mesh, o.seq, o.deterministic);
+  check_sequence_layout(plan.mesh, o.seq, o.sequence_parallel, o.deterministic);
+  if (o.sharding == "auto") check_no_context_parallel(plan.mesh, "--sharding auto (the global view)");
   check_memory(config, o.batch, o.seq);
   if ((o.batch / plan.mesh.axis_size("dp")) % o.micro_batches != 0)
     fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, o.batch / plan.mesh.axis_size("dp"));
@@ -378,7 +379,7 @@ class DeviceRun {
     double total = 0;
     for (std::int64_t i = 0; i < o_.eval_batches; ++i) {
       auto [x, y] = data_.batch(TextData::Split::heldout, i, o_.batch, o_.seq, o_.seed);
-      total += learner_.loss(s_.shard(x, rules_), s_.shard(y, rules_)).item();
+      total += learner_.loss(shard_tokens(x), shard_tokens(y)).item();
     }
     return total / static_cast<double>(o_.eval_batches);
   }
@@ -390,7 +391,12 @@ class DeviceRun {
       inputs = micro_major(inputs, plan_.mesh.axis_size("dp"), o_.micro_batches);
       targets = micro_major(targets, plan_.mesh.axis_size("dp"), o_.micro_batches);
     }
-    return {s_.shard(inputs, rules_), s_.shard(targets, rules_)};
+    return {shard_tokens(inputs), shard_tokens(targets)};
+  }
+
+  // This device's block of [batch, seq] tokens: the sequence in the cp devices' order first.
+  Tensor shard_tokens(const Tensor& tokens) {
+    return s_.shard(zigzag_order(tokens, context_devices(plan_.mesh)), rules_);
   }
 
   Learner::StepStats step(std::int64_t step, double lr) {

@@ -1,0 +1,115 @@
+// Context parallelism in the GPT-J example (a cp mesh axis; ring_attention.h, block.h): the
+// sequence in zigzag chunks over cp, ring attention with started ppermutes. On tiny the loss and
+// every parameter's gradient equal one device's (cp=2, cp=4, with dp and mp, with remat), training
+// matches one device on up to 8 devices, a checkpoint saved on a cp mesh resumes on another, and
+// what it does not go with is refused.
+#include <filesystem>
+
+#include "files.h"
+#include "gptj_helpers.h"
+#include "helpers.h"
+#include "plan.h"
+#include "ring_attention.h"
+
+using namespace nax;
+using Catch::Matchers::Contains;
+using nax::testing::corpus;
+using nax::testing::tiny;
+
+namespace {
+
+struct LossAndGrads {
+  double loss = 0;
+  std::vector<std::vector<double>> grads;  // gathered, in the order of parameter_specs
+};
+
+// A fixed batch of next-token pairs, [batch, seq] ids and targets on the host.
+std::pair<Tensor, Tensor> host_batch(const gptj::Config& config, const gptj::TrainOptions& o) {
+  std::vector<std::int32_t> tokens;
+  for (std::int64_t i = 0; i < o.batch * (o.seq + 1); ++i) tokens.push_back(static_cast<std::int32_t>((i * 7919 + i / 5 + 13) % config.vocab));
+  const Tensor all = from_vector(Shape{{"batch", o.batch}, {"seq", o.seq + 1}}, tokens, DType::i32);
+  return {contiguous_copy(slice(all, "seq", 0, o.seq)), contiguous_copy(slice(all, "seq", 1, o.seq + 1))};
+}
+
+// tiny's loss on the fixed batch and the gradient of every parameter, on `mesh`.
+LossAndGrads loss_and_grads(const std::string& mesh, bool remat) {
+  const gptj::TrainOptions o = tiny(mesh, 1);
+  Runtime rt = Runtime::local(gptj::model_mesh(mesh));
+  const gptj::Config config = gptj::padded_for(gptj::config_by_name(o.config), rt.mesh());
+  const auto [ids, targets] = host_batch(config, o);
+  return rt.run([&](Shard& s) {
+    const AxisRules rules = gptj::axis_rules(s.mesh());
+    gptj::Model model(config, nn::Parameters::init(s, gptj::parameter_specs(config), rules, o.seed));
+    model.set_remat(remat);
+    const int cp = gptj::context_devices(s.mesh());
+    const Tensor loss = model.loss(s.shard(gptj::zigzag_order(ids, cp), rules), s.shard(gptj::zigzag_order(targets, cp), rules));
+    LossAndGrads out{loss.item(), {}};
+    for (const auto& g : grad(loss, model.params().values())) out.grads.push_back(s.gather(g).to_vector<double>());
+    return out;
+  })[0];
+}
+
+}  // namespace
+
+TEST_CASE("zigzag_order: device r holds chunks r and 2 cp - 1 - r", "[gptj][context_parallel]") {
+  const Tensor positions = arange(Axis{"seq", 12}, DType::i32);
+  const auto ordered = gptj::zigzag_order(expand_dims(positions, "batch"), 3).to_vector<std::int32_t>();
+  REQUIRE(ordered == std::vector<std::int32_t>{0, 1, 10, 11, 2, 3, 8, 9, 4, 5, 6, 7});
+  REQUIRE(gptj::zigzag_order(positions, 1).same_storage(positions));
+}
+
+TEST_CASE("gptj on a cp mesh: the loss and every parameter's gradient are one device's", "[gptj][context_parallel][mesh]") {
+  const auto specs = gptj::parameter_specs(gptj::config_by_name("tiny"));
+  const LossAndGrads one = loss_and_grads("dp=1,mp=1", false);
+  for (const auto& [mesh, remat] : std::vector<std::pair<std::string, bool>>{
+           {"cp=2", false}, {"cp=4", false}, {"mp=2,cp=2", false}, {"dp=2,cp=2", false}, {"cp=2", true}, {"dp=2,mp=2,cp=2", true}}) {
+    INFO("mesh " << mesh << (remat ? " --remat" : ""));
+    const LossAndGrads cut = loss_and_grads(mesh, remat);
+    nax::testing::require_close({cut.loss}, {one.loss}, 1e-5);
+    REQUIRE(cut.grads.size() == specs.size());
+    for (std::size_t i = 0; i < specs.size(); ++i) nax::testing::check_close_scaled(cut.grads[i], one.grads[i], 1e-5, specs[i].name);
+  }
+}
+
+TEST_CASE("gptj train on cp meshes gives one device's losses, up to 8 devices", "[gptj][context_parallel][mesh]") {
+  const auto reference = gptj::train(tiny("dp=1,mp=1", 4), corpus());
+  for (const std::string mesh : {"cp=2", "mp=2,cp=2", "dp=2,mp=2,cp=2"}) {
+    INFO("mesh " << mesh);
+    const auto result = gptj::train(tiny(mesh, 4), corpus());
+    nax::testing::require_close(result.losses, reference.losses, 1e-5);
+    nax::testing::require_close({result.heldout_loss}, {reference.heldout_loss}, 1e-5);
+    REQUIRE(result.bytes_per_step.count("cp") == 1);  // the ring's ppermutes
+  }
+}
+
+TEST_CASE("gptj: a checkpoint saved on a cp mesh resumes on another mesh", "[gptj][context_parallel][checkpoint]") {
+  const auto straight = gptj::train(tiny("dp=1,mp=2", 6), corpus()).losses;
+  const std::vector<double> tail(straight.begin() + 3, straight.end());
+  const std::string dir = nax::testing::scratch_dir("context_parallel");
+  auto interrupted = tiny("mp=2,cp=2", 6);
+  interrupted.ckpt_dir = dir, interrupted.stop_after = 3;
+  REQUIRE(gptj::train(interrupted, corpus()).losses.size() == 3);
+  auto resumed = tiny("dp=2,mp=1", 6);
+  resumed.ckpt_dir = dir, resumed.resume = true;
+  nax::testing::require_close(gptj::train(resumed, corpus()).losses, tail, 1e-5);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("gptj on a cp mesh: what it does not go with is refused, naming why", "[gptj][context_parallel][errors]") {
+  auto o = tiny("cp=4", 1);
+  o.seq = 12;
+  REQUIRE_THROWS_WITH(gptj::train(o, corpus()), Contains("2 cp = 8 chunks") && Contains("seq = 12 is not divisible by 8"));
+  o.seq = 16, o.deterministic = true;
+  REQUIRE_THROWS_WITH(gptj::train(o, corpus()), Contains("--deterministic on cp=4") && Contains("docs/determinism.md"));
+  o.deterministic = false, o.sharding = "auto";
+  REQUIRE_THROWS_WITH(gptj::train(o, corpus()), Contains("--sharding auto (the global view) has no context parallelism"));
+  auto sp = tiny("mp=2,cp=2", 1);
+  sp.sequence_parallel = true;
+  REQUIRE_THROWS_WITH(gptj::train(sp, corpus()), Contains("--sequence-parallel on a mesh with cp=2"));
+  REQUIRE_THROWS_WITH(gptj::train(tiny("dp=1,mp=1,pp=2", 1), corpus()), Contains("axis 'pp'") && Contains("dp, mp and cp"));
+  REQUIRE_THROWS_WITH(gptj::check_no_context_parallel(gptj::model_mesh("cp=2"), "generation"),
+                      Contains("generation has no context parallelism: the mesh dp=1,mp=1,cp=2 cuts the sequence over cp"));
+  // dp and mp, which the model always names, join a mesh that leaves them out.
+  REQUIRE(gptj::model_mesh("cp=2,mp=2").str() == "dp=1,cp=2,mp=2");
+  REQUIRE(gptj::model_mesh("mp=2,dp=2").str() == "mp=2,dp=2");
+}
