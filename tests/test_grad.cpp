@@ -177,6 +177,32 @@ TEST_CASE("gradients through all_gather, all_gather_invariant and psum_scatter",
   }
 }
 
+TEST_CASE("FSDP: a gathered parameter used on a cut batch gets its gradient reduce-scattered, not all-reduced", "[grad][mesh][collectives]") {
+  for (const char* spec : {"x=2", "x=4", "d=2,x=2"}) {
+    INFO("mesh " << spec);
+    Runtime rt = Runtime::local(Mesh::parse(spec));
+    AxisRules rules{{"e", "x"}, {"b", "x"}};
+    if (rt.mesh().has("d")) rules.set("b", {"d", "x"});
+    const std::vector<Tensor> globals = {random_input(Shape{{"e", 8}, {"f", 3}}, "w"), random_input(Shape{{"b", 8}, {"k", 8}}, "batch")};
+    auto loss = [](Shard& s, const std::vector<Tensor>& p) {
+      const Tensor w = all_gather_invariant(p[0], "x", "e");  // whole on every device
+      const Tensor y = tanh(dot(rename(p[1], "k", "e"), w, "e"));  // this device's rows of the batch
+      return psum(sum(y * y, {"b", "f"}), s.mesh().axis_names());
+    };
+    check_mesh_gradients(rt, loss, globals, rules);
+    const CommStats used = rt.run([&](Shard& s) {  // over x, in one forward and backward
+      const Tensor w = parameter(s.shard(globals[0], rules)), batch = s.shard(globals[1], rules);
+      const auto before = s.comm_stats();
+      const Tensor g = grad(loss(s, {w, batch}), {w})[0];
+      NAX_EXPECT(g.vary() == w.vary());  // cut as the parameter is
+      return s.comm_stats_since(before)["x"];
+    })[0];
+    CHECK(used.calls[static_cast<std::size_t>(CollectiveKind::all_gather)] == 1);
+    CHECK(used.calls[static_cast<std::size_t>(CollectiveKind::reduce_scatter)] == 1);
+    CHECK(used.calls[static_cast<std::size_t>(CollectiveKind::all_reduce)] == (rt.mesh().has("d") ? 0u : 1u));  // the loss's psum
+  }
+}
+
 TEST_CASE("gradients through ppermute and all_to_all", "[grad][mesh][collectives]") {
   for (const auto& spec : meshes_for_grad()) {
     Runtime rt = Runtime::local(Mesh::parse(spec));

@@ -165,7 +165,7 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   const Config config = padded_for(config_by_name(o.train.config), mesh);
   check_fits(config, mesh, o.train.batch);
   check_sequence_layout(mesh, o.train.seq, o.train.sequence_parallel, o.train.deterministic);
-  check_no_context_parallel(mesh, "gptj compare (its automatic baseline)");
+  check_dp_mp_only(mesh, "gptj compare (its automatic baseline)");
   if (o.train.steps < 2) fail("compare", "--steps must be at least 2 (the first steps warm up)");
   if (o.with_jax && o.train.dtype != DType::f32)
     fail("compare", "--with-jax runs JAX in f32 and checks its first loss against nax's: use it with --dtype f32, not {}",

@@ -48,8 +48,8 @@ nax::Mesh model_mesh(const std::string& spec) {
 
 void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch) {
   for (const auto& axis : mesh.axis_names())
-    if (axis != "dp" && axis != "mp" && axis != "cp")
-      nax::fail("mesh", "the mesh {} has axis '{}', which the GPT-J model does not use (its axes: dp, mp and cp)", mesh.str(), axis);
+    if (axis != "dp" && axis != "mp" && axis != "cp" && axis != "fsdp")
+      nax::fail("mesh", "the mesh {} has axis '{}', which the GPT-J model does not use (its axes: dp, mp, cp and fsdp)", mesh.str(), axis);
   if (mesh.size() > kMaxDevices)
     nax::fail("mesh", "the mesh {} has {} devices, more than the {} gptj runs (a thread or process each)", mesh.str(), mesh.size(), kMaxDevices);
   for (const char* axis : {"dp", "mp"})
@@ -63,11 +63,17 @@ void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch) {
   require_divides("d_ff", c.d_ff, mp, "mp");
   require_divides("vocab", c.vocab, mp, "mp");
   require_divides("batch", batch, dp, "dp");
+  const std::int64_t fsdp = fsdp_devices(mesh);
+  require_divides("d_model", c.d_model, fsdp, "fsdp");
+  if (batch % (dp * fsdp) != 0)
+    nax::fail("mesh", "batch = {} is not divisible by dp x fsdp = {} of mesh {} (FSDP is data parallel too)", batch, dp * fsdp, mesh.str());
 }
 
-void check_no_context_parallel(const nax::Mesh& mesh, const char* what) {
+void check_dp_mp_only(const nax::Mesh& mesh, const char* what) {
   if (context_devices(mesh) > 1)
     nax::fail("mesh", "{} has no context parallelism: the mesh {} cuts the sequence over cp (use dp and mp)", what, mesh.str());
+  if (fsdp_devices(mesh) > 1)
+    nax::fail("mesh", "{} has no FSDP: the mesh {} cuts the parameters over fsdp (use dp and mp)", what, mesh.str());
 }
 
 namespace {

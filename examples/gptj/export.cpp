@@ -30,7 +30,7 @@ void export_run(const ExportOptions& options, const TextData& data) {
   const Mesh mesh = model_mesh(o.mesh);
   const Config config = padded_for(config_by_name(o.config), mesh);
   check_fits(config, mesh, o.batch);
-  check_no_context_parallel(mesh, "gptj export");
+  check_dp_mp_only(mesh, "gptj export");
   if (o.seq > config.max_seq) fail("export", "--seq {} exceeds the config's maximum {}", o.seq, config.max_seq);
 
   NamedTensors batches;

@@ -31,6 +31,10 @@ AxisRules axis_rules(const Mesh& mesh) {
   AxisRules rules{{"vocab", "mp"}, {"heads", "mp"}, {"mlp", "mp"}};
   if (mesh.has("dp")) rules.set("batch", {"dp"});
   if (context_devices(mesh) > 1) rules.set("seq", {"cp"});  // in zigzag order (ring_attention.h)
+  if (fsdp_devices(mesh) > 1) {  // FSDP: a data-parallel axis that also cuts every parameter with an embed axis
+    rules.set("batch", mesh.has("dp") ? std::vector<std::string>{"dp", "fsdp"} : std::vector<std::string>{"fsdp"});
+    rules.set("embed", {"fsdp"});
+  }
   return rules;
 }
 
@@ -40,6 +44,15 @@ BlockConfig block_config(const Config& c) {
 
 namespace {
 
+// A parameter as the model uses it: in the compute dtype and, under FSDP, gathered along embed over
+// fsdp (after the cast, so that bf16 travels), the same on every device (Invariant); its gradient,
+// the devices' terms from their blocks of the batch, is reduce-scattered back to this device's
+// block. Under remat the gather runs again in the backward, as FSDP's does.
+Tensor in_use(const Tensor& stored, DType compute) {
+  const Tensor p = for_compute(stored, compute);
+  return p.vary().split_mesh_axes("embed").empty() ? p : all_gather_invariant(p, "fsdp", "embed");
+}
+
 // Block i's parameters as the model holds them (the f32 master weights under bf16 compute).
 std::vector<Tensor> stored_block_params(const nn::Parameters& params, std::int64_t i) {
   const std::size_t first = 1 + static_cast<std::size_t>(i) * 10;
@@ -48,11 +61,13 @@ std::vector<Tensor> stored_block_params(const nn::Parameters& params, std::int64
 
 BlockParams in_compute_dtype(const std::vector<Tensor>& stored, DType compute) {
   std::vector<Tensor> block;
-  for (const auto& p : stored) block.push_back(for_compute(p, compute));
+  for (const auto& p : stored) block.push_back(in_use(p, compute));
   return BlockParams::from(block);
 }
 
 }  // namespace
+
+Tensor Model::param(const std::string& name) const { return in_use(params_[name], compute_); }
 
 BlockParams Model::layer(std::int64_t i) const { return in_compute_dtype(stored_block_params(params_, i), compute_); }
 

@@ -50,7 +50,7 @@ class Model {
  private:
   BlockParams layer(std::int64_t i) const;
   nax::Tensor block_forward(std::int64_t i, const nax::Tensor& x, const BlockConfig& bc, KVCache* cache) const;
-  nax::Tensor param(const std::string& name) const { return for_compute(params_[name], compute_); }
+  nax::Tensor param(const std::string& name) const;
 
   Config config_;
   nax::nn::Parameters params_;

@@ -29,6 +29,9 @@ struct DeviceSizes {
   // Context parallelism: a device holds 1 / cp of the positions, and each block's attention is
   // the ring, checkpointed (block.h): it keeps its output only, and rebuilds the rest in the backward.
   double cp = 1;
+  // FSDP: the parameters (and their gradients and moments) cut over fsdp, the batch too; each
+  // block's parameters whole while it runs, and their gradient whole until its reduce-scatter.
+  double fsdp = 1;
 };
 
 DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o) {
@@ -36,6 +39,7 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o) {
   DeviceSizes s;
   s.dp = mesh.has("dp") ? mesh.axis_size("dp") : 1;
   s.cp = context_devices(mesh);
+  s.fsdp = fsdp_devices(mesh);
   const AxisRules rules = axis_rules(mesh);  // the model's own sharding: vocab, heads and mlp over mp
   for (const auto& spec : parameter_specs(c)) {
     double n = static_cast<double>(spec.global.numel());
@@ -47,7 +51,7 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o) {
     (spec.name.starts_with("transformer.h.") ? s.block_params : s.head_params) += n;
   }
   s.block_params /= static_cast<double>(c.n_layers);
-  s.tokens = static_cast<double>(o.batch) / s.dp * static_cast<double>(o.seq) / s.cp;
+  s.tokens = static_cast<double>(o.batch) / (s.dp * s.fsdp) * static_cast<double>(o.seq) / s.cp;
   s.d = static_cast<double>(c.d_model);
   s.attn = static_cast<double>(c.n_heads * c.head_dim) / mp;
   s.ff = static_cast<double>(c.d_ff) / mp;
@@ -114,9 +118,11 @@ MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) 
   p.gradients = 4 * s.params;
   p.optimizer = 8 * (o.zero ? std::ceil(s.params / s.dp) : s.params);
   const double one_block = block_saved(s, e, bf16);
-  const double kept_per_block = o.remat ? e * s.tokens * s.cut * s.d : one_block;  // remat keeps each block's input only
+  // FSDP keeps each block's gathered parameters for its backward unless remat gathers them again there.
+  const double gathered_kept = s.fsdp > 1 ? e * s.block_params * s.fsdp : 0.0;
+  const double kept_per_block = o.remat ? e * s.tokens * s.cut * s.d : one_block + gathered_kept;  // remat keeps each block's input only
   const double recompute = o.remat ? one_block : 0.0;                       // and rebuilds one block at a time
-  const double head = head_saved(s, e, bf16);
+  const double head = head_saved(s, e, bf16) + (s.fsdp > 1 ? e * s.head_params * s.fsdp : 0.0);  // FSDP: wte and lm_head whole
   p.activations = s.layers * kept_per_block + head + recompute;
   const double state = p.parameters + p.optimizer;
   // The backward's memory falls as it frees activations and rises as gradients arrive: its peak is
@@ -125,7 +131,8 @@ MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) 
   // bucket (autodiff.cpp): the partial sums, the bucket, its all-reduced copy and the pieces cut
   // from it, four copies of the gradients.
   const double at_head = s.layers * kept_per_block + head + head_transient(s);
-  const double in_block = block_transient(s, e) + ring_transient(s, e);
+  const double gathered = s.fsdp > 1 ? 2 * e * s.block_params * s.fsdp : 0.0;  // a block's parameters and their gradient, whole
+  const double in_block = block_transient(s, e) + ring_transient(s, e) + gathered;
   const double at_last_block = s.layers * kept_per_block + recompute + in_block + 4 * s.head_params;
   const double at_first_block = kept_per_block + recompute + in_block + p.gradients;
   const double at_dp_sum = (s.dp * s.cp > 1 ? 4 : 1) * p.gradients;  // summed over dp and cp alike

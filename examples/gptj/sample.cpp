@@ -63,7 +63,7 @@ Loaded load_for_inference(const SampleOptions& o) {
   check_host_memory("sample", fmt::format("the model in '{}' ({} parameters, f32)", m.files.folder, parameter_count(m.files.config)),
                     4.0 * static_cast<double>(parameter_count(m.files.config)));
   check_fits(m.files.config, m.mesh, m.mesh.axis_size("dp"));
-  check_no_context_parallel(m.mesh, "generation");
+  check_dp_mp_only(m.mesh, "generation");
   m.specs = parameter_specs(m.files.config);
   m.rules = axis_rules(m.mesh);
   m.rules.set("batch", {});  // one sequence, the same on every data-parallel replica

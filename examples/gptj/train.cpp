@@ -291,7 +291,7 @@ void plan_run(RunPlan& plan, const TrainOptions& o, const TextData& data) {
   const Config& config = plan.config;
   check_fits(config, plan.mesh, o.batch);
   check_sequence_layout(plan.mesh, o.seq, o.sequence_parallel, o.deterministic);
-  if (o.sharding == "auto") check_no_context_parallel(plan.mesh, "--sharding auto (the global view)");
+  if (o.sharding == "auto") check_dp_mp_only(plan.mesh, "--sharding auto (the global view)");
   check_memory(config, o.batch, o.seq);
   if ((o.batch / plan.mesh.axis_size("dp")) % o.micro_batches != 0)
     fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, o.batch / plan.mesh.axis_size("dp"));

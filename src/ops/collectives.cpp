@@ -355,12 +355,19 @@ Tensor gather(std::string_view op, const Tensor& x, const Names& mesh_axes, cons
   if (!invariant)
     return with_transpose(op.data(), x, out, site,
                           [x, group, axis](const Tensor& g) { return unstack(psum_scatter(g, group, axis), x, axis); });
-  if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record(std::string(op), out, {x}, [x, group, axis](const Tensor& g) {
+  // The result is Invariant, so its gradient is whole once summed: this device's block of it. The
+  // node takes the gradient before that sum (its consumers' per-device terms, FSDP's case: a
+  // gathered parameter used on a cut batch) and reduce-scatters it, half an all-reduce's bytes.
+  Tensor recorded = with_transpose(op.data(), x, out, site, [x, group, axis](const Tensor& g) {
+    bool unsummed = false;
+    for (const auto& m : group.list()) unsummed = unsummed || g.vary().kind(m) != Vary::Invariant;
+    if (unsummed) return unstack(psum_scatter(g, group, axis), x, axis);
     const std::int64_t block = x.shape().has(axis) ? x.shape().size(axis) : 1;
     const auto r = static_cast<std::int64_t>(axis_index(group).item());
-    return std::vector<Tensor>{unstack(slice(g, axis, r * block, (r + 1) * block), x, axis)};
+    return unstack(slice(g, axis, r * block, (r + 1) * block), x, axis);
   });
+  if (recorded.grad_node()) recorded.grad_node()->passes_partial_sums = true;
+  return recorded;
 }
 }  // namespace
 

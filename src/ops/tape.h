@@ -22,9 +22,9 @@ struct Node {
   BackwardFn backward;
   bool leaf = false;
   bool released = false;
-  // The op is the same elementwise linear map on every device (cast): a gradient still to be
-  // summed over mesh axes may pass through it unsummed and be summed at the input instead (where
-  // it joins the other parameters' sums, in the input's dtype).
+  // The op's backward takes a gradient still to be summed over mesh axes: cast passes it through
+  // unsummed, to be summed at the input instead (where it joins the other parameters' sums, in the
+  // input's dtype); all_gather_invariant reduce-scatters it (the sum and its own block at once).
   bool passes_partial_sums = false;
   // Creation order (every node is made after its inputs' nodes): backward runs nodes from the
   // latest made, the reverse of the forward program, so that the backward of what ran between a

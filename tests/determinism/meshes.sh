@@ -18,7 +18,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 corpus="$work/corpus.txt"
 for i in $(seq 1 40); do echo "line $i: the quick brown fox jumps over the lazy dog, $((i * 7919 % 1000)) times."; done > "$corpus"
-meshes=(dp=1,mp=1 dp=1,mp=2 dp=2,mp=1 dp=2,mp=2 dp=1,mp=4 dp=4,mp=1)
+# the meshes, the first one the reference (DETERMINISM_MESHES: others, e.g. with fsdp)
+read -r -a meshes <<< "${DETERMINISM_MESHES:-dp=1,mp=1 dp=1,mp=2 dp=2,mp=1 dp=2,mp=2 dp=1,mp=4 dp=4,mp=1}"
 
 run() {  # name mesh sharding [launcher...]
   local name=$1 mesh=$2 sharding=$3
@@ -53,7 +54,7 @@ for sharding in "${shardings[@]}"; do
     if [ -z "$ref" ]; then ref=$name; else same "$ref" "$name"; fi
   done
 done
-ref="${shardings[0]}-dp_1_mp_1"
+ref="${shardings[0]}-${meshes[0]//[=,]/_}"
 
 # gptj logits and gptj sample --deterministic on the 1x1 run's checkpoint: the same text on any mp.
 for mesh in dp=1,mp=1 dp=1,mp=2 dp=1,mp=4; do

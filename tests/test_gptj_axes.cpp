@@ -1,8 +1,9 @@
-// Context parallelism in the GPT-J example (a cp mesh axis; ring_attention.h, block.h): the
-// sequence in zigzag chunks over cp, ring attention with started ppermutes. On tiny the loss and
-// every parameter's gradient equal one device's (cp=2, cp=4, with dp and mp, with remat), training
-// matches one device on up to 8 devices, a checkpoint saved on a cp mesh resumes on another, and
-// what it does not go with is refused.
+// The GPT-J example on meshes with the cp and fsdp axes. Context parallelism (ring_attention.h,
+// block.h): the sequence in zigzag chunks over cp, ring attention with started ppermutes. FSDP
+// (model.cpp): the batch and every parameter's embed axis cut over fsdp, parameters gathered where
+// used and their gradients reduce-scattered. On tiny the loss and every parameter's gradient equal
+// one device's (with dp and mp, with remat), training matches one device on up to 8 devices, a
+// checkpoint saved on such a mesh resumes on another, and what they do not go with is refused.
 #include <filesystem>
 
 #include "files.h"
@@ -58,11 +59,12 @@ TEST_CASE("zigzag_order: device r holds chunks r and 2 cp - 1 - r", "[gptj][cont
   REQUIRE(gptj::zigzag_order(positions, 1).same_storage(positions));
 }
 
-TEST_CASE("gptj on a cp mesh: the loss and every parameter's gradient are one device's", "[gptj][context_parallel][mesh]") {
+TEST_CASE("gptj on cp and fsdp meshes: the loss and every parameter's gradient are one device's", "[gptj][context_parallel][fsdp][mesh]") {
   const auto specs = gptj::parameter_specs(gptj::config_by_name("tiny"));
   const LossAndGrads one = loss_and_grads("dp=1,mp=1", false);
   for (const auto& [mesh, remat] : std::vector<std::pair<std::string, bool>>{
-           {"cp=2", false}, {"cp=4", false}, {"mp=2,cp=2", false}, {"dp=2,cp=2", false}, {"cp=2", true}, {"dp=2,mp=2,cp=2", true}}) {
+           {"cp=2", false}, {"cp=4", false}, {"mp=2,cp=2", false}, {"dp=2,cp=2", false}, {"cp=2", true}, {"dp=2,mp=2,cp=2", true},
+           {"fsdp=2", false}, {"fsdp=4", false}, {"dp=2,fsdp=2", false}, {"mp=2,fsdp=2", true}, {"fsdp=2,cp=2", false}}) {
     INFO("mesh " << mesh << (remat ? " --remat" : ""));
     const LossAndGrads cut = loss_and_grads(mesh, remat);
     nax::testing::require_close({cut.loss}, {one.loss}, 1e-5);
@@ -71,28 +73,33 @@ TEST_CASE("gptj on a cp mesh: the loss and every parameter's gradient are one de
   }
 }
 
-TEST_CASE("gptj train on cp meshes gives one device's losses, up to 8 devices", "[gptj][context_parallel][mesh]") {
+TEST_CASE("gptj train on cp and fsdp meshes gives one device's losses, up to 8 devices", "[gptj][context_parallel][fsdp][mesh]") {
   const auto reference = gptj::train(tiny("dp=1,mp=1", 4), corpus());
-  for (const std::string mesh : {"cp=2", "mp=2,cp=2", "dp=2,mp=2,cp=2"}) {
+  for (const std::string mesh : {"cp=2", "mp=2,cp=2", "dp=2,mp=2,cp=2", "fsdp=2", "dp=2,mp=2,fsdp=2"}) {
     INFO("mesh " << mesh);
     const auto result = gptj::train(tiny(mesh, 4), corpus());
     nax::testing::require_close(result.losses, reference.losses, 1e-5);
     nax::testing::require_close({result.heldout_loss}, {reference.heldout_loss}, 1e-5);
-    REQUIRE(result.bytes_per_step.count("cp") == 1);  // the ring's ppermutes
+    const std::string axis = mesh.find("cp") != std::string::npos ? "cp" : "fsdp";  // the ring's ppermutes; the gathers
+    REQUIRE(result.bytes_per_step.count(axis) == 1);
   }
 }
 
-TEST_CASE("gptj: a checkpoint saved on a cp mesh resumes on another mesh", "[gptj][context_parallel][checkpoint]") {
+TEST_CASE("gptj: a checkpoint saved on a cp or fsdp mesh resumes on another mesh", "[gptj][context_parallel][fsdp][checkpoint]") {
   const auto straight = gptj::train(tiny("dp=1,mp=2", 6), corpus()).losses;
   const std::vector<double> tail(straight.begin() + 3, straight.end());
-  const std::string dir = nax::testing::scratch_dir("context_parallel");
-  auto interrupted = tiny("mp=2,cp=2", 6);
-  interrupted.ckpt_dir = dir, interrupted.stop_after = 3;
-  REQUIRE(gptj::train(interrupted, corpus()).losses.size() == 3);
-  auto resumed = tiny("dp=2,mp=1", 6);
-  resumed.ckpt_dir = dir, resumed.resume = true;
-  nax::testing::require_close(gptj::train(resumed, corpus()).losses, tail, 1e-5);
-  std::filesystem::remove_all(dir);
+  for (const auto& [saved_on, resumed_on] : std::vector<std::pair<std::string, std::string>>{
+           {"mp=2,cp=2", "dp=2,mp=1"}, {"fsdp=4", "dp=1,mp=2"}, {"dp=2,mp=2", "fsdp=2,mp=2"}}) {
+    INFO("saved on " << saved_on << ", resumed on " << resumed_on);
+    const std::string dir = nax::testing::scratch_dir("gptj_axes");
+    auto interrupted = tiny(saved_on, 6);
+    interrupted.ckpt_dir = dir, interrupted.stop_after = 3;
+    REQUIRE(gptj::train(interrupted, corpus()).losses.size() == 3);
+    auto resumed = tiny(resumed_on, 6);
+    resumed.ckpt_dir = dir, resumed.resume = true;
+    nax::testing::require_close(gptj::train(resumed, corpus()).losses, tail, 1e-5);
+    std::filesystem::remove_all(dir);
+  }
 }
 
 TEST_CASE("gptj on a cp mesh: what it does not go with is refused, naming why", "[gptj][context_parallel][errors]") {
@@ -106,8 +113,12 @@ TEST_CASE("gptj on a cp mesh: what it does not go with is refused, naming why", 
   auto sp = tiny("mp=2,cp=2", 1);
   sp.sequence_parallel = true;
   REQUIRE_THROWS_WITH(gptj::train(sp, corpus()), Contains("--sequence-parallel on a mesh with cp=2"));
-  REQUIRE_THROWS_WITH(gptj::train(tiny("dp=1,mp=1,pp=2", 1), corpus()), Contains("axis 'pp'") && Contains("dp, mp and cp"));
-  REQUIRE_THROWS_WITH(gptj::check_no_context_parallel(gptj::model_mesh("cp=2"), "generation"),
+  REQUIRE_THROWS_WITH(gptj::train(tiny("dp=1,mp=1,pp=2", 1), corpus()), Contains("axis 'pp'") && Contains("dp, mp, cp and fsdp"));
+  auto fsdp = tiny("dp=2,fsdp=4", 1);  // batch 4 over 8 data-parallel devices
+  REQUIRE_THROWS_WITH(gptj::train(fsdp, corpus()), Contains("batch = 4 is not divisible by dp x fsdp = 8"));
+  fsdp = tiny("fsdp=2", 1), fsdp.sharding = "auto";
+  REQUIRE_THROWS_WITH(gptj::train(fsdp, corpus()), Contains("--sharding auto (the global view) has no FSDP"));
+  REQUIRE_THROWS_WITH(gptj::check_dp_mp_only(gptj::model_mesh("cp=2"), "generation"),
                       Contains("generation has no context parallelism: the mesh dp=1,mp=1,cp=2 cuts the sequence over cp"));
   // dp and mp, which the model always names, join a mesh that leaves them out.
   REQUIRE(gptj::model_mesh("cp=2,mp=2").str() == "dp=1,cp=2,mp=2");
