@@ -128,14 +128,14 @@ MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) 
   // The backward's memory falls as it frees activations and rises as gradients arrive: its peak is
   // at the head (everything saved, the logits' gradients), at the last block (the head freed), at
   // the first block (every gradient made) or after it, where the gradients' sum over dp goes as one
-  // bucket (autodiff.cpp): the partial sums, the bucket, its all-reduced copy and the pieces cut
-  // from it, four copies of the gradients.
+  // bucket (autodiff.cpp), which lets each partial sum go once it is in the bucket and the bucket
+  // once it is reduced: at most two copies of the gradients at a time.
   const double at_head = s.layers * kept_per_block + head + head_transient(s);
   const double gathered = s.fsdp > 1 ? 2 * e * s.block_params * s.fsdp : 0.0;  // a block's parameters and their gradient, whole
   const double in_block = block_transient(s, e) + ring_transient(s, e) + gathered;
   const double at_last_block = s.layers * kept_per_block + recompute + in_block + 4 * s.head_params;
   const double at_first_block = kept_per_block + recompute + in_block + p.gradients;
-  const double at_dp_sum = (s.dp * s.cp > 1 ? 4 : 1) * p.gradients;  // summed over dp and cp alike
+  const double at_dp_sum = (s.dp * s.cp > 1 ? 2 : 1) * p.gradients;  // summed over dp and cp alike
   p.backward_peak = state + std::max({at_head, at_last_block, at_first_block, at_dp_sum});
   // The step: the accumulated gradients and their clipped copy, the old parameters and the new, and
   // while the largest parameter is updated its new moments beside the old (with --zero: every

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <map>
+#include <iterator>
 #include <unordered_set>
+#include <utility>
 
 #include "autodiff/backward.h"
 #include "nax/autodiff/autodiff.h"
@@ -69,26 +71,32 @@ VaryType bucket_vary(const std::vector<Tensor>& parts, const std::vector<std::st
 }
 
 // The same tensors, laid end to end in one buffer, psummed together (the bucket), and cut apart.
-std::vector<Tensor> psum_together(const std::vector<Tensor>& parts, const std::vector<std::string>& axes) {
+// It takes the parts (the caller keeps no other reference) and lets each go once it is in the
+// bucket, and the bucket once it is summed: at most two copies of the gradients at a time.
+std::vector<Tensor> psum_together(std::vector<Tensor> parts, const std::vector<std::string>& axes) {
   if (parts.size() == 1) return {psum(parts[0], axes)};
   std::int64_t total = 0;
   for (const auto& t : parts) total += t.numel();
   const VaryType varying = bucket_vary(parts, axes);
   const DType dtype = parts[0].dtype();
-  Tensor flat = Tensor::empty(Shape{{"bucket", total}}, dtype, parts[0].device_ptr());
+  const auto device = parts[0].device_ptr();
+  Tensor flat = Tensor::empty(Shape{{"bucket", total}}, dtype, device);
   auto& kernels = flat.device().kernels();
+  std::vector<Shape> shapes;
   std::size_t offset = 0;
-  for (const auto& t : parts) {
+  for (Tensor& t : parts) {
     kernels.copy_bytes(static_cast<char*>(flat.raw_mutable()) + offset, t.raw(), t.nbytes());
     offset += t.nbytes();
+    shapes.push_back(t.shape());
+    t = Tensor();
   }
-  const Tensor reduced = psum(flat.with_vary(varying), axes);
+  const Tensor reduced = psum(std::exchange(flat, Tensor()).with_vary(varying), axes);
   std::vector<Tensor> out;
   offset = 0;
-  for (const auto& t : parts) {
-    Tensor piece = Tensor::empty(t.shape(), dtype, t.device_ptr());
-    kernels.copy_bytes(piece.raw_mutable(), static_cast<const char*>(reduced.raw()) + offset, t.nbytes());
-    offset += t.nbytes();
+  for (const Shape& shape : shapes) {
+    Tensor piece = Tensor::empty(shape, dtype, device);
+    kernels.copy_bytes(piece.raw_mutable(), static_cast<const char*>(reduced.raw()) + offset, piece.nbytes());
+    offset += piece.nbytes();
     out.push_back(piece);
   }
   return out;
@@ -97,22 +105,25 @@ std::vector<Tensor> psum_together(const std::vector<Tensor>& parts, const std::v
 // Deterministic mode: each value's contributions, those still varying psummed (bucketed as below:
 // a bucket's psum adds each element over the ranks exactly as its own psum would), then added in
 // arrival order, which is the same on every mesh.
-std::vector<Tensor> finish_in_order(const std::vector<const Pending*>& pendings) {
+std::vector<Tensor> finish_in_order(const std::vector<Pending*>& pendings) {
   std::vector<std::vector<Tensor>> parts(pendings.size());
   std::map<std::pair<std::vector<std::string>, DType>, std::vector<std::pair<std::size_t, std::size_t>>> buckets;
   for (std::size_t i = 0; i < pendings.size(); ++i) {
     if (pendings[i] == nullptr) continue;
-    std::vector<std::pair<std::vector<std::string>, Tensor>> all(pendings[i]->sums.begin(), pendings[i]->sums.end());
-    all.insert(all.end(), pendings[i]->terms.begin(), pendings[i]->terms.end());
-    for (const auto& [axes, g] : all) {
-      parts[i].push_back(g);
-      if (!axes.empty()) buckets[{axes, g.dtype()}].push_back({i, parts[i].size() - 1});
+    std::vector<std::pair<std::vector<std::string>, Tensor>> all(std::make_move_iterator(pendings[i]->sums.begin()),
+                                                                  std::make_move_iterator(pendings[i]->sums.end()));
+    all.insert(all.end(), std::make_move_iterator(pendings[i]->terms.begin()), std::make_move_iterator(pendings[i]->terms.end()));
+    pendings[i]->sums.clear(), pendings[i]->terms.clear();
+    for (auto& [axes, g] : all) {
+      const DType dtype = g.dtype();
+      parts[i].push_back(std::move(g));
+      if (!axes.empty()) buckets[{axes, dtype}].push_back({i, parts[i].size() - 1});
     }
   }
   for (const auto& [key, places] : buckets) {
     std::vector<Tensor> summed;
-    for (const auto& [i, j] : places) summed.push_back(parts[i][j]);
-    summed = psum_together(summed, key.first);
+    for (const auto& [i, j] : places) summed.push_back(std::move(parts[i][j]));
+    summed = psum_together(std::move(summed), key.first);
     for (std::size_t p = 0; p < places.size(); ++p) parts[places[p].first][places[p].second] = summed[p];
   }
   std::vector<Tensor> out(pendings.size());
@@ -131,15 +142,16 @@ std::vector<Tensor> finish_in_order(const std::vector<const Pending*>& pendings)
 // all the consumers that vary alike: pvary's transpose is psum. Several values' sums over the same
 // mesh axes (and dtype) go as one all-reduce of the gradients laid end to end, as DDP buckets them:
 // fewer, larger collectives (each element is summed over the same devices in the same order).
-std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings) {
+std::vector<Tensor> finish_bucketed(const std::vector<Pending*>& pendings) {
   if (deterministic::on()) return finish_in_order(pendings);
   std::vector<Tensor> out(pendings.size());
   std::map<std::pair<std::vector<std::string>, DType>, std::vector<std::pair<std::size_t, Tensor>>> buckets;
   for (std::size_t i = 0; i < pendings.size(); ++i) {
     if (pendings[i] == nullptr) continue;
-    for (const auto& [axes, sum] : pendings[i]->sums) {
+    for (auto& [axes, sum] : std::exchange(pendings[i]->sums, {})) {
       if (!axes.empty()) {
-        buckets[{axes, sum.dtype()}].push_back({i, sum});
+        const DType dtype = sum.dtype();
+        buckets[{axes, dtype}].push_back({i, std::move(sum)});
         continue;
       }
       const Tensor whole = sum.with_vary(gradient_vary(pendings[i]->like));
@@ -150,19 +162,22 @@ std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings)
     const Tensor whole = reduced.with_vary(gradient_vary(pendings[i]->like));
     out[i] = out[i].defined() ? add(out[i], whole) : whole;
   };
-  for (const auto& [key, entries] : buckets) {
+  for (auto& [key, entries] : buckets) {
     std::vector<Tensor> parts;
-    for (const auto& [i, sum] : entries) parts.push_back(sum);
-    parts = psum_together(parts, key.first);
+    for (auto& entry : entries) parts.push_back(std::move(entry.second));
+    parts = psum_together(std::move(parts), key.first);
     for (std::size_t e = 0; e < entries.size(); ++e) deliver(entries[e].first, parts[e]);
   }
   return out;
 }
 
-Tensor finish(const Pending& p) { return finish_bucketed({&p})[0]; }
+Tensor finish(const Pending& p) {
+  Pending copy = p;
+  return finish_bucketed({&copy})[0];
+}
 
-std::vector<Tensor> gradients_of(const Grads& grads, const std::vector<Tensor>& params) {
-  std::vector<const Pending*> pendings;
+std::vector<Tensor> gradients_of(Grads grads, const std::vector<Tensor>& params) {
+  std::vector<Pending*> pendings;
   for (const auto& p : params) {
     auto it = grads.find(p.grad_node().get());
     pendings.push_back(it != grads.end() ? &it->second : nullptr);
@@ -269,8 +284,8 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params, 
   NoGrad no_grad;  // backward computations are not recorded
   if (loss.device().index() >= 0 && Shard::current() == nullptr)
     fail("grad", "the loss lives on {}: call grad inside Runtime::run", loss.device().str());
-  const auto grads = autodiff::backpropagate(loss, full(Shape{}, 1.0, loss.dtype()).with_vary(autodiff::gradient_vary(loss)), wanted, 0);
-  return autodiff::gradients_of(grads, params);
+  auto grads = autodiff::backpropagate(loss, full(Shape{}, 1.0, loss.dtype()).with_vary(autodiff::gradient_vary(loss)), wanted, 0);
+  return autodiff::gradients_of(std::move(grads), params);
 }
 
 std::pair<Tensor, std::vector<Tensor>> value_and_grad(const std::function<Tensor(const std::vector<Tensor>&)>& fn,

@@ -36,11 +36,12 @@ VaryType gradient_vary(const Tensor& like);
 void accumulate(Pending& p, const Tensor& g_in, const std::string& op);
 
 // Finished gradients (their psums bucketed: see autodiff.cpp); undefined where a pending is null.
-std::vector<Tensor> finish_bucketed(const std::vector<const Pending*>& pendings);
+// The pendings' contributions are taken (so that each is freed once in its bucket).
+std::vector<Tensor> finish_bucketed(const std::vector<Pending*>& pendings);
 Tensor finish(const Pending& p);
 // The finished gradients of `params` (leaves the walk was asked for) from a walk's pendings,
 // their psums bucketed; zeros for a param the walk did not reach.
-std::vector<Tensor> gradients_of(const Grads& grads, const std::vector<Tensor>& params);
+std::vector<Tensor> gradients_of(Grads grads, const std::vector<Tensor>& params);
 
 // Backpropagates `seed` (d loss / d root) through every node reachable from root and made at or
 // after `floor` (Node::sequence), freeing each; returns the gradients pending at the nodes it

@@ -50,12 +50,12 @@ std::vector<Tensor> pull_back(Tape& tape, const std::vector<Tensor>& cotangents)
     root = autodiff::record("vjp", zeros(Shape{}), recorded, [seeds](const Tensor&) { return seeds; });
   }
   NoGrad no_grad;  // backward computations are not recorded
-  const auto grads = autodiff::backpropagate(root, zeros(Shape{}), wanted, tape.floor);
+  auto grads = autodiff::backpropagate(root, zeros(Shape{}), wanted, tape.floor);
   for (const auto& [node, pending] : grads)
     if (!wanted.count(node) && node->sequence < tape.floor)
       fail("vjp", "the function read {}, which needs a gradient, from outside its primals: pass it as a primal (or "
            "stop_gradient it)", pending.like.str());
-  return autodiff::gradients_of(grads, leaves);
+  return autodiff::gradients_of(std::move(grads), leaves);
 }
 
 }  // namespace
