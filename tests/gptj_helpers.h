@@ -3,6 +3,7 @@
 // fixed batch.
 #include <fmt/format.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,15 +38,44 @@ struct StepValues {
   bool operator==(const StepValues&) const = default;
 };
 
-// This device's block of a fixed batch of o.batch x o.seq ids and their next-token targets, the same
-// on every mesh.
-inline std::pair<nax::Tensor, nax::Tensor> fixed_batch(nax::Shard& s, const gptj::Config& config, const gptj::TrainOptions& o,
-                                                       const nax::AxisRules& rules) {
+// A fixed batch of o.batch x o.seq ids and their next-token targets, on the host.
+inline std::pair<nax::Tensor, nax::Tensor> host_batch(const gptj::Config& config, const gptj::TrainOptions& o) {
   std::vector<std::int32_t> tokens;
   for (std::int64_t i = 0; i < o.batch * (o.seq + 1); ++i) tokens.push_back(static_cast<std::int32_t>((i * 7919 + i / 5 + 13) % config.vocab));
-  const nax::Shape shape{{"batch", o.batch}, {"seq", o.seq + 1}};
-  const nax::Tensor all = s.shard(nax::from_vector(shape, tokens, nax::DType::i32), rules);
-  return {nax::slice(all, "seq", 0, o.seq), nax::slice(all, "seq", 1, o.seq + 1)};
+  const nax::Tensor all = nax::from_vector(nax::Shape{{"batch", o.batch}, {"seq", o.seq + 1}}, tokens, nax::DType::i32);
+  return {nax::contiguous_copy(nax::slice(all, "seq", 0, o.seq)), nax::contiguous_copy(nax::slice(all, "seq", 1, o.seq + 1))};
+}
+
+// This device's block of the fixed batch, the same global batch on every mesh (the sequence in the
+// cp devices' order when the mesh cuts it over cp, as gptj train does).
+inline std::pair<nax::Tensor, nax::Tensor> fixed_batch(nax::Shard& s, const gptj::Config& config, const gptj::TrainOptions& o,
+                                                       const nax::AxisRules& rules) {
+  const auto [ids, targets] = host_batch(config, o);
+  const int cp = gptj::context_devices(s.mesh());
+  return {s.shard(gptj::zigzag_order(ids, cp), rules), s.shard(gptj::zigzag_order(targets, cp), rules)};
+}
+
+struct LossAndGrads {
+  double loss = 0;
+  std::vector<std::vector<double>> grads;  // gathered, in the order of parameter_specs
+};
+
+// tiny's loss on the fixed batch and the gradient of every parameter, on `mesh` (any of gptj's
+// axes), the model set up by `configure` (remat, sequence parallelism).
+inline LossAndGrads loss_and_grads(const std::string& mesh, const std::function<void(gptj::Model&)>& configure) {
+  const gptj::TrainOptions o = tiny(mesh, 1);
+  nax::Runtime rt = nax::Runtime::local(gptj::model_mesh(mesh));
+  const gptj::Config config = gptj::padded_for(gptj::config_by_name(o.config), rt.mesh());
+  return rt.run([&](nax::Shard& s) {
+    const nax::AxisRules rules = gptj::axis_rules(s.mesh());
+    gptj::Model model(config, nax::nn::Parameters::init(s, gptj::parameter_specs(config), rules, o.seed));
+    configure(model);
+    const auto [ids, targets] = fixed_batch(s, config, o, rules);
+    const nax::Tensor loss = model.loss(ids, targets);
+    LossAndGrads out{loss.item(), {}};
+    for (const auto& g : nax::grad(loss, model.params().values())) out.grads.push_back(s.gather(g).to_vector<double>());
+    return out;
+  })[0];
 }
 
 inline StepValues learner_steps(nax::Runtime rt, const gptj::TrainOptions& o, int steps) {

@@ -19,35 +19,8 @@ using nax::testing::tiny;
 
 namespace {
 
-struct LossAndGrads {
-  double loss = 0;
-  std::vector<std::vector<double>> grads;  // gathered, in the order of parameter_specs
-};
-
-// A fixed batch of next-token pairs, [batch, seq] ids and targets on the host.
-std::pair<Tensor, Tensor> host_batch(const gptj::Config& config, const gptj::TrainOptions& o) {
-  std::vector<std::int32_t> tokens;
-  for (std::int64_t i = 0; i < o.batch * (o.seq + 1); ++i) tokens.push_back(static_cast<std::int32_t>((i * 7919 + i / 5 + 13) % config.vocab));
-  const Tensor all = from_vector(Shape{{"batch", o.batch}, {"seq", o.seq + 1}}, tokens, DType::i32);
-  return {contiguous_copy(slice(all, "seq", 0, o.seq)), contiguous_copy(slice(all, "seq", 1, o.seq + 1))};
-}
-
-// tiny's loss on the fixed batch and the gradient of every parameter, on `mesh`.
-LossAndGrads loss_and_grads(const std::string& mesh, bool remat) {
-  const gptj::TrainOptions o = tiny(mesh, 1);
-  Runtime rt = Runtime::local(gptj::model_mesh(mesh));
-  const gptj::Config config = gptj::padded_for(gptj::config_by_name(o.config), rt.mesh());
-  const auto [ids, targets] = host_batch(config, o);
-  return rt.run([&](Shard& s) {
-    const AxisRules rules = gptj::axis_rules(s.mesh());
-    gptj::Model model(config, nn::Parameters::init(s, gptj::parameter_specs(config), rules, o.seed));
-    model.set_remat(remat);
-    const int cp = gptj::context_devices(s.mesh());
-    const Tensor loss = model.loss(s.shard(gptj::zigzag_order(ids, cp), rules), s.shard(gptj::zigzag_order(targets, cp), rules));
-    LossAndGrads out{loss.item(), {}};
-    for (const auto& g : grad(loss, model.params().values())) out.grads.push_back(s.gather(g).to_vector<double>());
-    return out;
-  })[0];
+nax::testing::LossAndGrads loss_and_grads(const std::string& mesh, bool remat) {
+  return nax::testing::loss_and_grads(mesh, [remat](gptj::Model& model) { model.set_remat(remat); });
 }
 
 }  // namespace
@@ -61,12 +34,12 @@ TEST_CASE("zigzag_order: device r holds chunks r and 2 cp - 1 - r", "[gptj][cont
 
 TEST_CASE("gptj on cp and fsdp meshes: the loss and every parameter's gradient are one device's", "[gptj][context_parallel][fsdp][mesh]") {
   const auto specs = gptj::parameter_specs(gptj::config_by_name("tiny"));
-  const LossAndGrads one = loss_and_grads("dp=1,mp=1", false);
+  const auto one = loss_and_grads("dp=1,mp=1", false);
   for (const auto& [mesh, remat] : std::vector<std::pair<std::string, bool>>{
            {"cp=2", false}, {"cp=4", false}, {"mp=2,cp=2", false}, {"dp=2,cp=2", false}, {"cp=2", true}, {"dp=2,mp=2,cp=2", true},
            {"fsdp=2", false}, {"fsdp=4", false}, {"dp=2,fsdp=2", false}, {"mp=2,fsdp=2", true}, {"fsdp=2,cp=2", false}}) {
     INFO("mesh " << mesh << (remat ? " --remat" : ""));
-    const LossAndGrads cut = loss_and_grads(mesh, remat);
+    const auto cut = loss_and_grads(mesh, remat);
     nax::testing::require_close({cut.loss}, {one.loss}, 1e-5);
     REQUIRE(cut.grads.size() == specs.size());
     for (std::size_t i = 0; i < specs.size(); ++i) nax::testing::check_close_scaled(cut.grads[i], one.grads[i], 1e-5, specs[i].name);

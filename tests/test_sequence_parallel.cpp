@@ -16,27 +16,11 @@ using nax::testing::tiny;
 
 namespace {
 
-struct LossAndGrads {
-  double loss = 0;
-  std::vector<std::vector<double>> grads;  // gathered, in the order of parameter_specs
-};
-
-// tiny's loss on a fixed batch and the gradient of every parameter, on `mesh`.
-LossAndGrads loss_and_grads(const std::string& mesh, bool sequence_parallel, bool remat) {
-  const gptj::TrainOptions o = tiny(mesh, 1);
-  Runtime rt = Runtime::local(Mesh::parse(mesh));
-  const gptj::Config config = gptj::padded_for(gptj::config_by_name(o.config), rt.mesh());
-  return rt.run([&](Shard& s) {
-    const AxisRules rules = gptj::axis_rules(s.mesh());
-    gptj::Model model(config, nn::Parameters::init(s, gptj::parameter_specs(config), rules, o.seed));
+nax::testing::LossAndGrads loss_and_grads(const std::string& mesh, bool sequence_parallel, bool remat) {
+  return nax::testing::loss_and_grads(mesh, [=](gptj::Model& model) {
     model.set_remat(remat);
     model.set_sequence_parallel(sequence_parallel);
-    const auto [ids, targets] = nax::testing::fixed_batch(s, config, o, rules);
-    const Tensor loss = model.loss(ids, targets);
-    LossAndGrads out{loss.item(), {}};
-    for (const auto& g : grad(loss, model.params().values())) out.grads.push_back(s.gather(g).to_vector<double>());
-    return out;
-  })[0];
+  });
 }
 
 }  // namespace
@@ -47,7 +31,7 @@ TEST_CASE("gptj --sequence-parallel: the loss and every parameter's gradient are
   for (const std::string mesh : {"dp=1,mp=2", "dp=2,mp=2"}) {
     for (bool remat : {false, true}) {
       INFO("mesh " << mesh << (remat ? " --remat" : ""));
-      const LossAndGrads plain = loss_and_grads(mesh, false, remat), cut = loss_and_grads(mesh, true, remat);
+      const auto plain = loss_and_grads(mesh, false, remat), cut = loss_and_grads(mesh, true, remat);
       nax::testing::require_close({cut.loss}, {plain.loss}, 1e-5);
       REQUIRE(cut.grads.size() == specs.size());
       for (std::size_t i = 0; i < specs.size(); ++i)  // relative to each gradient's scale: its elements lie near zero
