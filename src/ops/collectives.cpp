@@ -256,6 +256,7 @@ namespace {
 
 Tensor pvary_forward(const Tensor& x, const Names& mesh_axes) {
   checked_shard("pvary", &x, mesh_axes);  // no data moves: no communicator
+  t_last_call = 0;  // no call of its own to number: its transpose must not carry whatever this thread called before
   VaryType vary = x.vary();
   for (const auto& m : mesh_axes.list()) {
     if (x.vary().kind(m) != Vary::Invariant)
