@@ -62,11 +62,11 @@ void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch) {
   require_divides("heads", c.n_heads, mp, "mp");
   require_divides("d_ff", c.d_ff, mp, "mp");
   require_divides("vocab", c.vocab, mp, "mp");
-  require_divides("batch", batch, dp, "dp");
-  const std::int64_t fsdp = fsdp_devices(mesh);
-  require_divides("d_model", c.d_model, fsdp, "fsdp");
-  if (batch % (dp * fsdp) != 0)
-    nax::fail("mesh", "batch = {} is not divisible by dp x fsdp = {} of mesh {} (FSDP is data parallel too)", batch, dp * fsdp, mesh.str());
+  require_divides("d_model", c.d_model, fsdp_devices(mesh), "fsdp");
+  if (batch % data_parallel_devices(mesh) != 0)
+    nax::fail("mesh", "batch = {} is not divisible by {} of mesh {}{}", batch,
+              mesh.has("fsdp") ? fmt::format("dp x fsdp = {}", data_parallel_devices(mesh)) : fmt::format("dp={}", dp), mesh.str(),
+              mesh.has("fsdp") ? " (FSDP is data parallel too)" : "");
 }
 
 void check_dp_mp_only(const nax::Mesh& mesh, const char* what) {

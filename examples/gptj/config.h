@@ -47,6 +47,8 @@ nax::Mesh model_mesh(const std::string& spec);
 // sharded data parallelism: the batch and the parameters cut over it).
 inline int context_devices(const nax::Mesh& mesh) { return mesh.has("cp") ? mesh.axis_size("cp") : 1; }
 inline int fsdp_devices(const nax::Mesh& mesh) { return mesh.has("fsdp") ? mesh.axis_size("fsdp") : 1; }
+// The devices the batch is cut over: dp x fsdp.
+inline int data_parallel_devices(const nax::Mesh& mesh) { return (mesh.has("dp") ? mesh.axis_size("dp") : 1) * fsdp_devices(mesh); }
 
 // Checks that the mesh has the model's axes only (dp, mp, cp, fsdp), at most kMaxDevices devices,
 // and divides the model (heads, d_ff and vocab over mp, d_model over fsdp) and the batch (over dp

@@ -51,7 +51,7 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o) {
     (spec.name.starts_with("transformer.h.") ? s.block_params : s.head_params) += n;
   }
   s.block_params /= static_cast<double>(c.n_layers);
-  s.tokens = static_cast<double>(o.batch) / (s.dp * s.fsdp) * static_cast<double>(o.seq) / s.cp;
+  s.tokens = static_cast<double>(o.batch) / data_parallel_devices(mesh) * static_cast<double>(o.seq) / s.cp;
   s.d = static_cast<double>(c.d_model);
   s.attn = static_cast<double>(c.n_heads * c.head_dim) / mp;
   s.ff = static_cast<double>(c.d_ff) / mp;

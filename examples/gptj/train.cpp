@@ -238,7 +238,7 @@ void check_memory(const Config& config, std::int64_t batch, std::int64_t seq) {
 }
 
 // Deterministic mode with micro-batches: the global batch's rows reordered so that micro-batch m of
-// the devices together is the global rows [m B/M, (m+1) B/M), in order, whatever dp is (each device
+// the devices together is the global rows [m B/M, (m+1) B/M), in order, whatever dp (x fsdp) is (each device
 // takes its micro-batches from its own contiguous block): the accumulated gradient is then the
 // same sum of the same micro-batches on every mesh.
 Tensor micro_major(const Tensor& batch, std::int64_t dp, std::int64_t micro) {
@@ -293,8 +293,8 @@ void plan_run(RunPlan& plan, const TrainOptions& o, const TextData& data) {
   check_sequence_layout(plan.mesh, o.seq, o.sequence_parallel, o.deterministic);
   if (o.sharding == "auto") check_dp_mp_only(plan.mesh, "--sharding auto (the global view)");
   check_memory(config, o.batch, o.seq);
-  if ((o.batch / plan.mesh.axis_size("dp")) % o.micro_batches != 0)
-    fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, o.batch / plan.mesh.axis_size("dp"));
+  const std::int64_t per_device = o.batch / data_parallel_devices(plan.mesh);
+  if (per_device % o.micro_batches != 0) fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, per_device);
   if (o.seq > config.max_seq) fail("train", "--seq {} exceeds the config's maximum {}", o.seq, config.max_seq);
   plan.specs = parameter_specs(config);
   if (!o.ckpt_dir.empty() && process_index() == 0) {
@@ -388,8 +388,8 @@ class DeviceRun {
   std::pair<Tensor, Tensor> batch(std::int64_t step) {
     auto [inputs, targets] = data_.batch(TextData::Split::train, step, o_.batch, o_.seq, o_.seed);
     if (o_.deterministic) {
-      inputs = micro_major(inputs, plan_.mesh.axis_size("dp"), o_.micro_batches);
-      targets = micro_major(targets, plan_.mesh.axis_size("dp"), o_.micro_batches);
+      inputs = micro_major(inputs, data_parallel_devices(plan_.mesh), o_.micro_batches);
+      targets = micro_major(targets, data_parallel_devices(plan_.mesh), o_.micro_batches);
     }
     return {shard_tokens(inputs), shard_tokens(targets)};
   }
