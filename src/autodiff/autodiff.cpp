@@ -27,8 +27,6 @@ namespace {
 // A contribution in the value's axis order and dtype, with the value's vary type except over the
 // mesh axes where the value is Invariant and the contribution varies (returned, to psum later).
 std::pair<Tensor, std::vector<std::string>> align(const Tensor& g_in, const Tensor& like, const std::string& op) {
-  if (g_in.shape().rank() != like.shape().rank())
-    fail("grad", "backward of {} gave {} for input {}", op, g_in.str(), like.str());
   if (!g_in.shape().same_axes(like.shape())) fail("grad", "backward of {} gave {} for input {}", op, g_in.str(), like.str());
   Tensor g = detail::permute_to(g_in, like.shape().names());
   if (g.dtype() != like.dtype()) g = cast(g, like.dtype());

@@ -46,7 +46,8 @@ std::uint64_t hash_pairs(const std::vector<std::pair<int, int>>& pairs) {
 
 std::string mismatch_message(const std::string& group, int device_a, const CollectiveSignature& first, int device_b,
                              const CollectiveSignature& other) {
-  const std::string hint = backward_hint(first).empty() ? backward_hint(other) : backward_hint(first);
+  std::string hint = backward_hint(first);
+  if (hint.empty()) hint = backward_hint(other);
   return fmt::format("collective mismatch in {}: device {} called {} but device {} called {}{}", group, device_a, first.str(), device_b,
                      other.str(), hint);
 }

@@ -116,8 +116,7 @@ Pending<Tensor> start_ppermute(const Tensor& x, const Names& mesh_axes, const st
   const std::string what = describe(fmt::format("start_ppermute({}, {}, pairs [{}])", x.str(), mesh_axes.str(), detail::pairs_text(pairs)), where);
   detail::Launch launch = detail::Launch::started(what);
   Tensor ready = detail::launch_ppermute(x, mesh_axes, pairs, launch, where);
-  std::vector<std::pair<int, int>> inverse;
-  for (auto [src, dst] : pairs) inverse.push_back({dst, src});
+  const auto inverse = detail::inverse_pairs(pairs);
   return with_gradient("start_ppermute", x, pending_of(what, std::move(launch), ready), where, [mesh_axes, inverse, where](const Tensor& g) {
     return start_ppermute(g, mesh_axes, inverse, where);
   });

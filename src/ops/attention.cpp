@@ -146,6 +146,9 @@ kernels::AttentionSizes sizes_of(const Tensor& q, const Tensor& k, const Attenti
 // No scores: nothing for the kernels (a query that sees no key has output 0 and lse -inf).
 bool nothing_to_compute(const kernels::AttentionSizes& s) { return s.batches == 0 || s.head_dim == 0 || s.tq == 0 || s.tk == 0; }
 
+// `t` (a fresh result) with every element `value`: the results when there are no scores.
+void fill(Tensor& t, double value) { detail::kernels_of(t).fill(t.dtype(), t.raw_mutable(), t.numel(), value); }
+
 Tensor scratch(const Tensor& like, std::int64_t elements) {
   return Tensor::empty(Shape{{"scratch", elements}}, like.dtype(), like.device_ptr());
 }
@@ -165,8 +168,8 @@ Forward attention_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   const DType lse_dtype = q.dtype() == DType::bf16 ? DType::f32 : q.dtype();
   Tensor lse = detail::make_result(lse_shape(axes, s.tq), lse_dtype, vary, q.device_ptr());
   if (nothing_to_compute(s)) {
-    out = zeros_like(out);
-    lse = full_like(lse, -std::numeric_limits<double>::infinity());
+    fill(out, 0.0);
+    fill(lse, -std::numeric_limits<double>::infinity());
   } else {
     const MatrixList qm = matrices_of(q, axes), km = matrices_of(k, axes), vm = matrices_of(v, axes);
     Tensor work = scratch(q, detail::kernels_of(q).attention_forward_scratch(s));
@@ -193,7 +196,7 @@ std::vector<Tensor> attention_backward(const Tensor& g_in, const Tensor& g_lse, 
   Tensor dk = detail::make_result(k.shape(), k.dtype(), f.vary, k.device_ptr());
   Tensor dv = detail::make_result(v.shape(), v.dtype(), f.vary, v.device_ptr());
   if (nothing_to_compute(s)) {
-    dq = zeros_like(dq), dk = zeros_like(dk), dv = zeros_like(dv);
+    for (Tensor* t : {&dq, &dk, &dv}) fill(*t, 0.0);
   } else {
     const MatrixList qm = matrices_of(q, f.axes), km = matrices_of(k, f.axes), vm = matrices_of(v, f.axes);
     const MatrixList om = matrices_of(out, f.axes), gm = matrices_of(g, f.axes);

@@ -45,5 +45,7 @@ Tensor unstack_gradient(const Tensor& g, const Tensor& x, const std::string& axi
 
 // "(0, 1) (1, 0)": a ppermute's pairs as its messages name them.
 std::string pairs_text(const std::vector<std::pair<int, int>>& pairs);
+// The pairs reversed: a ppermute's transpose sends each block back.
+std::vector<std::pair<int, int>> inverse_pairs(const std::vector<std::pair<int, int>>& pairs);
 
 }  // namespace nax::detail

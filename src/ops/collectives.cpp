@@ -353,21 +353,19 @@ Tensor gather(std::string_view op, const Tensor& x, const Names& mesh_axes, cons
   const Names group = cut_order(op, x, mesh_axes, axis);
   detail::Launch launch = detail::Launch::blocking();
   Tensor out = gather_collective(op, x, group, axis, invariant, site, stack, launch);
-  if (!invariant)
-    return with_transpose(op.data(), x, out, site,
-                          [x, group, axis](const Tensor& g) { return unstack(psum_scatter(g, group, axis), x, axis); });
-  // The result is Invariant, so its gradient is whole once summed: this device's block of it. The
-  // node takes the gradient before that sum (its consumers' per-device terms, FSDP's case: a
-  // gathered parameter used on a cut batch) and reduce-scatters it, half an all-reduce's bytes.
-  Tensor recorded = with_transpose(op.data(), x, out, site, [x, group, axis](const Tensor& g) {
-    bool unsummed = false;
+  // The transpose: the gradient's terms reduce-scattered. An Invariant result's gradient is whole
+  // once summed, so its backward takes it before that sum (its consumers' per-device terms, FSDP's
+  // case: a gathered parameter used on a cut batch) and reduce-scatters it, half an all-reduce's
+  // bytes; summed already, it is this device's block of it.
+  Tensor recorded = with_transpose(op.data(), x, out, site, [x, group, axis, invariant](const Tensor& g) {
+    bool unsummed = !invariant;
     for (const auto& m : group.list()) unsummed = unsummed || g.vary().kind(m) != Vary::Invariant;
     if (unsummed) return unstack(psum_scatter(g, group, axis), x, axis);
     const std::int64_t block = x.shape().has(axis) ? x.shape().size(axis) : 1;
     const auto r = static_cast<std::int64_t>(axis_index(group).item());
     return unstack(slice(g, axis, r * block, (r + 1) * block), x, axis);
   });
-  if (recorded.grad_node()) recorded.grad_node()->passes_partial_sums = true;
+  if (invariant && recorded.grad_node()) recorded.grad_node()->passes_partial_sums = true;
   return recorded;
 }
 }  // namespace
@@ -443,6 +441,12 @@ Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& 
 // ---------------------------------------------------------------------------------------------
 // ppermute: Varying after; transposes to ppermute with the pairs reversed.
 
+std::vector<std::pair<int, int>> detail::inverse_pairs(const std::vector<std::pair<int, int>>& pairs) {
+  std::vector<std::pair<int, int>> inverse;
+  for (auto [src, dst] : pairs) inverse.push_back({dst, src});
+  return inverse;
+}
+
 std::string detail::pairs_text(const std::vector<std::pair<int, int>>& pairs) {
   std::string text;
   for (auto [src, dst] : pairs) text += fmt::format("{}({}, {})", text.empty() ? "" : " ", src, dst);
@@ -477,8 +481,7 @@ Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vect
 Tensor ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, std::source_location where) {
   const CallSite site = site_of(where);
   detail::Launch launch = detail::Launch::blocking();
-  std::vector<std::pair<int, int>> inverse;
-  for (auto [src, dst] : pairs) inverse.push_back({dst, src});
+  const auto inverse = detail::inverse_pairs(pairs);
   return with_transpose("ppermute", x, ppermute_forward(x, mesh_axes, pairs, site, launch), site,
                         [mesh_axes, inverse](const Tensor& g) { return ppermute(g, mesh_axes, inverse); });
 }

@@ -78,7 +78,8 @@ bool bf16_gemm_available() {
 
 void bf16_gemm(const GemmShape& g, const void* a, const void* b, void* c) {
   if (g.beta != 0) fail("gemm", "bf16 GEMM accumulates into C (beta {}) on no path of nax's ops", g.beta);
-  omp_set_num_threads(blas_threads());  // this thread's GEMMs use the device's share of the cores
+  thread_local int threads = 0;  // this thread's GEMMs use the device's share of the cores: set once, and when it changes
+  if (const int wanted = blas_threads(); wanted != threads) omp_set_num_threads(threads = wanted);
   Made& made = made_for(g);
   thread_local dnnl::stream stream(engine());
   made.matmul.execute(stream, {{DNNL_ARG_SRC, memory(made.pd.src_desc(), engine(), const_cast<void*>(a))},
