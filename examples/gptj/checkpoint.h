@@ -11,7 +11,6 @@
 // Every command reads a step folder through one loader, open_step (step_files.h).
 #include <nax/nax.h>
 #include <nax/io/json.h>
-#include <nax/nax.h>
 
 #include <map>
 #include <nlohmann/json.hpp>
