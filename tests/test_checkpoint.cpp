@@ -259,6 +259,54 @@ TEST_CASE("checkpoint: global tensors saved on one mesh load on another, one ten
   fs::remove_all(dir);
 }
 
+TEST_CASE("checkpoint: tensors held by one pipeline stage save from it and load onto it alone", "[unit][checkpoint]") {
+  const std::string dir = scratch("held"), path = dir + "/p.safetensors";
+  const Shape sw{{"heads", 4}, {"embed", 3}}, sb{{"embed", 3}};
+  const Tensor w0 = random_normal(sw, 1, "w0"), w1 = random_normal(sw, 1, "w1"), b = random_normal(sb, 1, "b");
+  // w0 on stage 0, w1 on stage 1 (each cut over mp there), b on every device.
+  const std::vector<ShardedRead> reads{{"w0", sw, {}, {"pp", 0}}, {"b", sb}, {"w1", sw, {}, {"pp", 1}}};
+  const AxisRules rules{{"heads", "mp"}};
+  Runtime::local(Mesh::parse("pp=2,mp=2")).run([&](Shard& s) {
+    const int stage = s.coord("pp");
+    auto held = [&](const Tensor& g, int by) {
+      if (stage != by) return Tensor();
+      VaryType vary = s.shard(g, rules).vary();
+      vary.set_varying("pp");
+      return s.shard(g, rules).with_vary(vary);
+    };
+    save_sharded(s, path, {{"w0", held(w0, 0), sw, {}, {"pp", 0}}, {"b", s.shard(b, rules), sb}, {"w1", held(w1, 1), sw, {}, {"pp", 1}}});
+  });
+  SafetensorsReader file(path);
+  REQUIRE(testing::same_values(file.read("w0", sw), w0));
+  REQUIRE(testing::same_values(file.read("w1", sw), w1));
+  REQUIRE(testing::same_values(file.read("b", sb), b));
+  for (const std::string mesh : {"pp=2,mp=2", "mp=2,pp=2", "pp=2,mp=1"}) {
+    Runtime::local(Mesh::parse(mesh)).run([&](Shard& s) {
+      const int stage = s.coord("pp");
+      const auto blocks = load_sharded(s, file, reads, rules);
+      NAX_EXPECT(blocks[0].defined() == (stage == 0) && blocks[2].defined() == (stage == 1) && blocks[1].defined());
+      const Tensor mine = blocks[stage == 0 ? 0 : 2];
+      NAX_EXPECT(mine.vary().kind("pp") == Vary::Varying);
+      Tensor whole = mine;
+      if (auto over = whole.vary().split_mesh_axes("heads"); !over.empty()) whole = all_gather_invariant(whole, over, "heads");
+      NAX_EXPECT(testing::same_values(whole.with_vary(VaryType{}).on_host(), stage == 0 ? w0 : w1));
+    });
+  }
+  // A holder without its block, a block of another dtype than announced, an axis the mesh lacks.
+  auto save = [&](const std::string& mesh, const std::function<ShardedTensor(Shard&)>& tensor) {
+    Runtime::local(Mesh::parse(mesh)).run([&](Shard& s) { save_sharded(s, dir + "/bad.safetensors", {tensor(s)}); });
+  };
+  REQUIRE_THROWS_WITH(save("pp=2", [&](Shard&) { return ShardedTensor{"w0", Tensor(), sw, {}, {"pp", 0}}; }),
+                      Contains("tensor 'w0' has no block on device 0, which holds it held by pp=0"));
+  REQUIRE_THROWS_WITH(save("pp=2", [&](Shard& s) {
+                        return ShardedTensor{"w0", s.coord("pp") == 0 ? pvary(cast(w0, DType::bf16), "pp") : Tensor(), sw, {}, {"pp", 0}};
+                      }),
+                      Contains("announced as f32 held by pp=0"));
+  REQUIRE_THROWS_WITH(save("mp=2", [&](Shard& s) { return ShardedTensor{"w0", s.shard(w0, rules), sw, {}, {"pp", 0}}; }),
+                      Contains("tensor 'w0' is held by mesh axis 'pp', which mesh mp=2 lacks"));
+  fs::remove_all(dir);
+}
+
 // Mutations of a valid file: raw byte edits (which the checksum must refuse), and header edits
 // resealed with a fresh checksum (which reach the structural checks). Every load either succeeds
 // or raises a nax::Error; a raw edit never loads.

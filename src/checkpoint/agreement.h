@@ -7,6 +7,9 @@
 #include <string_view>
 #include <vector>
 
+#include <functional>
+
+#include "nax/checkpoint/sharded.h"
 #include "nax/runtime/runtime.h"
 
 namespace nax::checkpoint::detail {
@@ -21,5 +24,11 @@ void require_same_on_every_device(Shard& s, std::string_view op, std::string_vie
 // (the dtype, when given, and the stored dims, when they are not the global shape's).
 std::string tensor_entry(std::size_t k, const std::string& name, std::string_view dtype, const Shape& global,
                          const std::vector<std::int64_t>& stored);
+
+// load_sharded over any source (a file, a folder of files): the devices' lists checked alike, then
+// each tensor read from `read` by the devices that hold it and cut by `rules`, one global tensor at
+// a time; an undefined tensor where this device does not hold it.
+std::vector<Tensor> load_blocks(Shard& s, std::string_view source, const std::vector<ShardedRead>& tensors, const AxisRules& rules,
+                                const std::function<Tensor(const ShardedRead&)>& read);
 
 }  // namespace nax::checkpoint::detail

@@ -132,15 +132,7 @@ void expect_tensors(const SafetensorsFolder& folder, const std::vector<ShardedRe
 
 std::vector<Tensor> load_sharded(Shard& s, const SafetensorsFolder& folder, const std::vector<ShardedRead>& tensors, const AxisRules& rules,
                                  DType dtype) {
-  std::vector<std::string> entries;
-  for (std::size_t k = 0; k < tensors.size(); ++k)
-    entries.push_back(detail::tensor_entry(k, tensors[k].name, "", tensors[k].global, tensors[k].stored_dims));
-  detail::require_same_on_every_device(s, "load_sharded", fmt::format("tensors to load from '{}' (names in the same order, global shapes "
-                                       "and stored dims)", folder.dir()), entries);
-  std::vector<Tensor> blocks;
-  blocks.reserve(tensors.size());
-  for (const auto& t : tensors) blocks.push_back(s.shard(folder.read(t.name, t.global, dtype), rules));  // the global copy dies here
-  return blocks;
+  return detail::load_blocks(s, folder.dir(), tensors, rules, [&](const ShardedRead& t) { return folder.read(t.name, t.global, dtype); });
 }
 
 std::string parse_stored_dtype(const std::string& name, const std::string& flag) {

@@ -14,6 +14,15 @@
 
 namespace nax::checkpoint {
 
+// Which devices hold a tensor: those at coordinate `index` of mesh axis `axis` (a pipeline stage's
+// parameters, held by that stage alone, Varying over the axis); empty `axis`: every device.
+struct HeldBy {
+  std::string axis;
+  int index = 0;
+  bool everywhere() const { return axis.empty(); }
+  bool here(const Shard& s) const;  // whether this device holds the tensor
+};
+
 struct ShardedTensor {
   std::string name;
   Tensor block;   // this device's block (Split or Invariant over the mesh axes, not Varying)
@@ -21,6 +30,10 @@ struct ShardedTensor {
   // The dims it is stored with (same element count and row-major order, e.g. heads and
   // head_dim merged); empty: the global shape's sizes.
   std::vector<std::int64_t> stored_dims = {};
+  // Devices that do not hold it pass an undefined block: the holders' block (Split or Invariant
+  // over every mesh axis but held_by.axis) travels to the writer.
+  HeldBy held_by = {};
+  DType dtype = DType::f32;  // a held tensor's dtype, which every device announces
 };
 
 // Collective: writes `path` atomically; only `writer` (a device of the mesh) touches the file, with
@@ -35,6 +48,7 @@ struct ShardedRead {
   std::string name;
   Shape global;  // the global shape to read the stored tensor as
   std::vector<std::int64_t> stored_dims = {};  // as in ShardedTensor
+  HeldBy held_by = {};  // only the holders read it; elsewhere load_sharded returns an undefined tensor
 };
 
 // The entry `t` reads: with t's stored dims, or, where the file records the tensor's axes and
@@ -45,7 +59,8 @@ const TensorInfo& expect_tensor(const SafetensorsReader& file, const ShardedRead
 // Checks each tensor with expect_tensor, and its dtype (before any work on the mesh).
 void expect_tensors(const SafetensorsReader& file, const std::vector<ShardedRead>& tensors, DType dtype);
 
-// This device's blocks of the tensors, cut by `rules` (call expect_tensors first, once). Read by
+// This device's blocks of the tensors, cut by `rules` (call expect_tensors first, once); a tensor
+// held by some devices is read by them alone and made Varying over held_by.axis. Read by
 // axis name where the file records names (permuted when `global` orders them otherwise), else
 // positionally. Collective: every device must pass the same tensors (checked as save_sharded does).
 std::vector<Tensor> load_sharded(Shard& s, const SafetensorsReader& file, const std::vector<ShardedRead>& tensors, const AxisRules& rules);
