@@ -109,6 +109,40 @@ TEST_CASE("global norm sums each gradient's squares over the mesh axes it is cut
   }
 }
 
+TEST_CASE("global norm over pipeline stages: every stage's squares, in one device's order (its bits when deterministic)", "[nn][mesh]") {
+  std::vector<Tensor> globals;
+  for (const auto& spec : kSpecs) globals.push_back(random_normal(spec.global, 7, spec.name, 1.0, DType::f64));
+  for (const bool deterministic : {false, true}) {
+    RuntimeOptions options;
+    options.deterministic = deterministic;
+    const double one = Runtime::local(Mesh::parse("dp=1,mp=1"), options).run([&](Shard& s) {
+      std::vector<Tensor> grads;
+      for (const auto& g : globals) grads.push_back(s.shard(g, rules_for(s.mesh())));
+      return global_norm(grads).item();
+    })[0];
+    for (const std::string spec : {"dp=1,mp=1,pp=2", "dp=1,mp=2,pp=2", "dp=2,mp=1,pp=2", "pp=2,dp=2,mp=2"}) {
+      INFO("mesh " << spec << (deterministic ? ", deterministic" : ""));
+      Runtime rt = Runtime::local(Mesh::parse(spec), options);
+      const auto norms = rt.run([&](Shard& s) {
+        // Stage k holds a run of consecutive gradients (as many or one fewer than the others), Varying over pp.
+        const std::size_t stage = static_cast<std::size_t>(s.coord("pp")), stages = static_cast<std::size_t>(s.mesh().axis_size("pp"));
+        std::vector<Tensor> mine;
+        for (std::size_t i = 0; i < globals.size(); ++i)
+          if (i * stages / globals.size() == stage) mine.push_back(pvary(s.shard(globals[i], rules_for(s.mesh())), "pp"));
+        const Tensor norm = global_norm(mine, "pp");
+        NAX_EXPECT(norm.vary().invariant());
+        return norm.item();
+      });
+      for (double n : norms) {
+        if (deterministic) REQUIRE(n == one);
+        REQUIRE(n == Approx(one).epsilon(1e-12));
+      }
+    }
+  }
+  REQUIRE_THROWS_WITH(Runtime::local(Mesh::parse("dp=2")).run([&](Shard&) { global_norm({}, "pp"); }),
+                      Catch::Matchers::Contains("the stage axis 'pp' is not an axis of the mesh dp=2"));
+}
+
 TEST_CASE("warmup then cosine decay", "[nn]") {
   REQUIRE(warmup_cosine(0, 10, 110, 1.0) == Approx(0.1));
   REQUIRE(warmup_cosine(9, 10, 110, 1.0) == Approx(1.0));

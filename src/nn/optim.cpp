@@ -209,13 +209,17 @@ Tensor sum_of_squares(const Tensor& g) {
 
 }  // namespace
 
-Tensor global_norm(const std::vector<Tensor>& grads) {
-  NoGrad no_grad;
+namespace {
+
+// The sum of the gradients' squares, each finished over the mesh axes it is cut over but
+// `stage_axis` (empty: all of them); one psum per set of axes.
+Tensor total_squares(const std::vector<Tensor>& grads, const std::string& stage_axis = "") {
   std::map<std::vector<std::string>, Tensor> by_axes;
   for (const auto& g : grads) {
     Tensor squares = sum_of_squares(g);
     std::vector<std::string> axes;
-    for (const auto& e : squares.vary().entries()) axes.push_back(e.mesh_axis);
+    for (const auto& e : squares.vary().entries())
+      if (e.mesh_axis != stage_axis) axes.push_back(e.mesh_axis);
     std::sort(axes.begin(), axes.end());
     auto [slot, fresh] = by_axes.try_emplace(axes, squares);
     if (!fresh) slot->second = slot->second + squares;
@@ -225,7 +229,46 @@ Tensor global_norm(const std::vector<Tensor>& grads) {
     Tensor whole = axes.empty() ? squares : psum(squares, axes);
     total = total.defined() ? total + whole : whole;
   }
+  return total;
+}
+
+// Deterministic mode's staged sum: every stage's finished squares (sum_of_squares finishes them)
+// gathered over the stage axis and added in the model's order, as one device adds them.
+double staged_squares_in_order(const std::vector<Tensor>& grads, const std::string& stage_axis) {
+  std::vector<double> mine{static_cast<double>(grads.size())};
+  for (const auto& g : grads) mine.push_back(sum_of_squares(g).item());
+  const double longest = pmax(pvary(scalar(static_cast<double>(mine.size()), DType::f64), stage_axis), stage_axis).item();
+  mine.resize(static_cast<std::size_t>(longest), 0.0);
+  const Tensor local = pvary(from_vector(Shape{{"square", static_cast<std::int64_t>(mine.size())}}, mine), stage_axis);
+  const auto all = all_gather_invariant_stacked(local, stage_axis, "stage").to_vector<double>();
+  double total = 0;
+  bool first = true;
+  for (std::size_t at = 0; at < all.size(); at += mine.size())
+    for (std::size_t k = 1; k <= static_cast<std::size_t>(all[at]); ++k) {
+      total = first ? all[at + k] : total + all[at + k];
+      first = false;
+    }
+  return total;
+}
+
+}  // namespace
+
+Tensor global_norm(const std::vector<Tensor>& grads) {
+  NoGrad no_grad;
+  const Tensor total = total_squares(grads);
   return total.defined() ? sqrt(total) : scalar(0.0, DType::f64);
+}
+
+Tensor global_norm(const std::vector<Tensor>& grads, const std::string& stage_axis) {
+  NoGrad no_grad;
+  const Shard* shard = Shard::current();
+  if (shard == nullptr || !shard->mesh().has(stage_axis))
+    fail("global_norm", "the stage axis '{}' is not an axis of the mesh{}", stage_axis, shard != nullptr ? " " + shard->mesh().str() : "");
+  if (shard->deterministic()) return scalar(std::sqrt(staged_squares_in_order(grads, stage_axis)), DType::f64);
+  Tensor total = total_squares(grads, stage_axis);
+  if (!total.defined()) total = pvary(scalar(0.0, DType::f64), stage_axis);
+  if (total.vary().kind(stage_axis) == Vary::Invariant) total = pvary(total, stage_axis);
+  return sqrt(psum(total, stage_axis));
 }
 
 double clip_by_global_norm(std::vector<Tensor>& grads, double max_norm) {
@@ -239,13 +282,17 @@ double clip_by_global_norm(std::vector<Tensor>& grads, double max_norm) {
 }
 
 Tensor clip_by_global_norm_on_device(std::vector<Tensor>& grads, double max_norm) {
-  NoGrad no_grad;
   const Tensor norm = global_norm(grads);
+  clip_to_norm_on_device(grads, norm, max_norm);
+  return norm;
+}
+
+void clip_to_norm_on_device(std::vector<Tensor>& grads, const Tensor& norm, double max_norm) {
+  NoGrad no_grad;
   // over is 1 or 0, so the scale is max / (norm + 1e-6) or exactly 1, as the host version decides.
   const Tensor over = gt(norm, full_like(norm, max_norm));
   const Tensor scale = over * (max_norm / (norm + 1e-6)) + (1.0 - over);
   for (auto& g : grads) g = mul(g, cast(scale, g.dtype())).with_vary(g.vary());
-  return norm;
 }
 
 double warmup_cosine(std::int64_t step, std::int64_t warmup_steps, std::int64_t total_steps, double peak, double final_ratio) {

@@ -68,6 +68,11 @@ class AdamW {
 // The global L2 norm of `grads`: each gradient's squares are summed over the mesh axes its value
 // is cut over (and nowhere else), then over the gradients. Invariant on every device.
 Tensor global_norm(const std::vector<Tensor>& grads);
+// The global norm of a model cut into stages over mesh axis `stage_axis` (a pipeline): each device
+// passes its own stage's gradients (Varying over the axis), the stages in model order along it.
+// Deterministic mode adds every stage's squares in the model's order, as one device holding all of
+// them adds them, so the norm has one device's bits.
+Tensor global_norm(const std::vector<Tensor>& grads, const std::string& stage_axis);
 
 // Scales grads so that their global norm is at most max_norm; returns the norm before clipping.
 double clip_by_global_norm(std::vector<Tensor>& grads, double max_norm);
@@ -75,6 +80,8 @@ double clip_by_global_norm(std::vector<Tensor>& grads, double max_norm);
 // norm <= max_norm) is computed on the device; the norm comes back as a tensor, to read (a host
 // synchronisation) only when it is logged.
 Tensor clip_by_global_norm_on_device(std::vector<Tensor>& grads, double max_norm);
+// The same scaling by a norm computed before (e.g. global_norm over pipeline stages).
+void clip_to_norm_on_device(std::vector<Tensor>& grads, const Tensor& norm, double max_norm);
 
 // Linear warmup from 0 to peak over warmup_steps, then cosine decay to peak * final_ratio at
 // total_steps (and flat after).
