@@ -68,6 +68,10 @@ VaryType bucket_vary(const std::vector<Tensor>& parts, const std::vector<std::st
   return varying;
 }
 
+// Whether a sum over `axes` has nothing to add: every device alone in its group (e.g. dp=1), so
+// that the contributions are delivered as they are, with no bucket and no copy.
+bool alone_over(const std::vector<std::string>& axes) { return axis_size(Names(axes)) == 1; }
+
 // The same tensors, laid end to end in one buffer, psummed together (the bucket), and cut apart.
 // It takes the parts (the caller keeps no other reference) and lets each go once it is in the
 // bucket, and the bucket once it is summed: at most two copies of the gradients at a time.
@@ -115,7 +119,7 @@ std::vector<Tensor> finish_in_order(const std::vector<Pending*>& pendings) {
     for (auto& [axes, g] : all) {
       const DType dtype = g.dtype();
       parts[i].push_back(std::move(g));
-      if (!axes.empty()) buckets[{axes, dtype}].push_back({i, parts[i].size() - 1});
+      if (!axes.empty() && !alone_over(axes)) buckets[{axes, dtype}].push_back({i, parts[i].size() - 1});
     }
   }
   for (const auto& [key, places] : buckets) {
@@ -147,7 +151,7 @@ std::vector<Tensor> finish_bucketed(const std::vector<Pending*>& pendings) {
   for (std::size_t i = 0; i < pendings.size(); ++i) {
     if (pendings[i] == nullptr) continue;
     for (auto& [axes, sum] : std::exchange(pendings[i]->sums, {})) {
-      if (!axes.empty()) {
+      if (!axes.empty() && !alone_over(axes)) {
         const DType dtype = sum.dtype();
         buckets[{axes, dtype}].push_back({i, std::move(sum)});
         continue;
