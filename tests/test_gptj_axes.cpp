@@ -86,7 +86,7 @@ TEST_CASE("gptj on a cp mesh: what it does not go with is refused, naming why", 
   auto sp = tiny("mp=2,cp=2", 1);
   sp.sequence_parallel = true;
   REQUIRE_THROWS_WITH(gptj::train(sp, corpus()), Contains("--sequence-parallel on a mesh with cp=2"));
-  REQUIRE_THROWS_WITH(gptj::train(tiny("dp=1,mp=1,pp=2", 1), corpus()), Contains("axis 'pp'") && Contains("dp, mp, cp and fsdp"));
+  REQUIRE_THROWS_WITH(gptj::train(tiny("dp=1,mp=1,ep=2", 1), corpus()), Contains("axis 'ep'") && Contains("dp, mp, pp, cp and fsdp"));
   auto fsdp = tiny("dp=2,fsdp=4", 1);  // batch 4 over 8 data-parallel devices
   REQUIRE_THROWS_WITH(gptj::train(fsdp, corpus()), Contains("batch = 4 is not divisible by dp x fsdp = 8"));
   fsdp = tiny("fsdp=2", 1), fsdp.sharding = "auto";

@@ -158,6 +158,40 @@ TEST_CASE("gptj plan's peak is within 10% of the measured peak with context para
   }
 }
 
+TEST_CASE("gptj plan's stage 0 is within 5% of the measured peak of a pipeline's first stage", "[gptj][plan][memory][pipeline]") {
+  // small (6 layers), batch 8 x seq 128: a stage holds its layers' parameters and, under 1F1B, the
+  // activations of pp - stage micro-batches (GPipe: all of them).
+  struct Case {
+    std::string mesh, schedule;
+    std::int64_t micro;
+    bool remat = false;
+  };
+  for (const Case& c : {Case{"pp=2", "1f1b", 4}, Case{"pp=2", "gpipe", 4}, Case{"pp=2", "1f1b", 8}, Case{"pp=3", "1f1b", 4},
+                        Case{"dp=2,pp=2", "1f1b", 2}, Case{"mp=2,pp=2", "1f1b", 4, true}}) {
+    gptj::TrainOptions o = nax::testing::tiny(c.mesh, 2);
+    o.config = "small", o.batch = 8, o.seq = 128, o.micro_batches = c.micro, o.schedule = c.schedule, o.remat = c.remat;
+    const double measured = static_cast<double>(gptj::train(o, nax::testing::corpus()).peak_bytes);  // device 0: stage 0
+    gptj::PlanOptions p;
+    p.config = o.config, p.mesh = o.mesh, p.batch = o.batch, p.seq = o.seq, p.micro_batches = c.micro, p.schedule = c.schedule;
+    p.remat = c.remat;
+    const gptj::MemoryPlan plan = gptj::plan_memory(p);
+    INFO("mesh " << c.mesh << ", " << c.schedule << ", " << c.micro << " micro-batches: planned " << plan.stage_peaks[0] << " bytes, measured "
+                 << measured);
+    REQUIRE(plan.stage_peaks.size() == static_cast<std::size_t>(gptj::pipeline_stages(gptj::model_mesh(c.mesh))));
+    REQUIRE(std::abs(plan.stage_peaks[0] - measured) <= 0.05 * measured);
+    REQUIRE(plan.peak == *std::max_element(plan.stage_peaks.begin(), plan.stage_peaks.end()));
+  }
+  // 1F1B holds fewer micro-batches than GPipe; more stages hold fewer parameters each.
+  gptj::PlanOptions p;
+  p.config = "6b", p.mesh = "mp=8,pp=4", p.batch = 64, p.seq = 2048, p.micro_batches = 16, p.dtype = DType::bf16;
+  const gptj::MemoryPlan four = gptj::plan_memory(p);
+  p.schedule = "gpipe";
+  REQUIRE(gptj::plan_memory(p).peak > 2 * four.peak);
+  p.schedule = "1f1b", p.mesh = "mp=8,pp=8";
+  const gptj::MemoryPlan eight = gptj::plan_memory(p);
+  REQUIRE(eight.parameters < 0.7 * four.parameters);  // the embedding stays whole on stage 0
+}
+
 TEST_CASE("gptj plan: remat, sequence parallelism and zero lower the plan; bad sizes are errors naming the flag", "[gptj][plan][errors]") {
   gptj::PlanOptions p;
   p.config = "6b", p.mesh = "dp=1,mp=8", p.batch = 8, p.seq = 2048, p.dtype = DType::bf16;

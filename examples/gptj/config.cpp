@@ -48,8 +48,8 @@ nax::Mesh model_mesh(const std::string& spec) {
 
 void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch) {
   for (const auto& axis : mesh.axis_names())
-    if (axis != "dp" && axis != "mp" && axis != "cp" && axis != "fsdp")
-      nax::fail("mesh", "the mesh {} has axis '{}', which the GPT-J model does not use (its axes: dp, mp, cp and fsdp)", mesh.str(), axis);
+    if (axis != "dp" && axis != "mp" && axis != "cp" && axis != "fsdp" && axis != "pp")
+      nax::fail("mesh", "the mesh {} has axis '{}', which the GPT-J model does not use (its axes: dp, mp, pp, cp and fsdp)", mesh.str(), axis);
   if (mesh.size() > kMaxDevices)
     nax::fail("mesh", "the mesh {} has {} devices, more than the {} gptj runs (a thread or process each)", mesh.str(), mesh.size(), kMaxDevices);
   for (const char* axis : {"dp", "mp"})
@@ -63,6 +63,9 @@ void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch) {
   require_divides("d_ff", c.d_ff, mp, "mp");
   require_divides("vocab", c.vocab, mp, "mp");
   require_divides("d_model", c.d_model, fsdp_devices(mesh), "fsdp");
+  if (c.n_layers < pipeline_stages(mesh))
+    nax::fail("mesh", "pp={} of mesh {} needs at least one layer per stage; config '{}' has {} layers", pipeline_stages(mesh), mesh.str(),
+              c.name, c.n_layers);
   if (batch % data_parallel_devices(mesh) != 0)
     nax::fail("mesh", "batch = {} is not divisible by {} of mesh {}{}", batch,
               mesh.has("fsdp") ? fmt::format("dp x fsdp = {}", data_parallel_devices(mesh)) : fmt::format("dp={}", dp), mesh.str(),
@@ -74,6 +77,8 @@ void check_dp_mp_only(const nax::Mesh& mesh, const char* what) {
     nax::fail("mesh", "{} has no context parallelism: the mesh {} cuts the sequence over cp (use dp and mp)", what, mesh.str());
   if (fsdp_devices(mesh) > 1)
     nax::fail("mesh", "{} has no FSDP: the mesh {} cuts the parameters over fsdp (use dp and mp)", what, mesh.str());
+  if (pipeline_stages(mesh) > 1)
+    nax::fail("mesh", "{} has no pipeline: the mesh {} cuts the layers into stages over pp (use dp and mp)", what, mesh.str());
 }
 
 namespace {

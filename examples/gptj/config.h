@@ -40,19 +40,21 @@ Config with_vocab_at_least(Config c, std::int64_t vocab, const nax::Mesh& mesh);
 // is a typo (dp=1024,mp=4) rather than a plan; under mpirun, a process each.
 inline constexpr int kMaxDevices = 256;
 
-// The mesh of a --mesh spec: any of the model's axes dp, mp, cp and fsdp, in any order; dp and mp,
+// The mesh of a --mesh spec: any of the model's axes dp, mp, pp, cp and fsdp, in any order; dp and mp,
 // which the model always names, are added with size 1 when the spec leaves them out.
 nax::Mesh model_mesh(const std::string& spec);
 // The size of the mesh's cp axis (context parallelism), 1 without one; and of its fsdp axis (fully
 // sharded data parallelism: the batch and the parameters cut over it).
 inline int context_devices(const nax::Mesh& mesh) { return mesh.has("cp") ? mesh.axis_size("cp") : 1; }
 inline int fsdp_devices(const nax::Mesh& mesh) { return mesh.has("fsdp") ? mesh.axis_size("fsdp") : 1; }
+// The size of the mesh's pp axis: the pipeline's stages, each a run of consecutive layers (pipeline.h).
+inline int pipeline_stages(const nax::Mesh& mesh) { return mesh.has("pp") ? mesh.axis_size("pp") : 1; }
 // The devices the batch is cut over: dp x fsdp.
 inline int data_parallel_devices(const nax::Mesh& mesh) { return (mesh.has("dp") ? mesh.axis_size("dp") : 1) * fsdp_devices(mesh); }
 
-// Checks that the mesh has the model's axes only (dp, mp, cp, fsdp), at most kMaxDevices devices,
-// and divides the model (heads, d_ff and vocab over mp, d_model over fsdp) and the batch (over dp
-// and fsdp), with one clear message per failure.
+// Checks that the mesh has the model's axes only (dp, mp, pp, cp, fsdp), at most kMaxDevices devices,
+// and divides the model (heads, d_ff and vocab over mp, d_model over fsdp, a layer at least per pp
+// stage) and the batch (over dp and fsdp), with one clear message per failure.
 void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch);
 
 // How the sequence of a training run is cut: over mp with sequence parallelism, over cp by context
@@ -60,8 +62,8 @@ void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch);
 // refuses in deterministic mode on mp > 1 (sequence parallelism) or cp > 1 (ring attention):
 // docs/determinism.md says why. The two do not combine yet.
 void check_sequence_layout(const nax::Mesh& mesh, std::int64_t seq, bool sequence_parallel, bool deterministic);
-// gptj commands without context parallelism or FSDP (generation, export, the global view) refuse a
-// cp or fsdp axis, naming `what`.
+// gptj commands without context parallelism, FSDP or pipelines (generation, export, the global
+// view) refuse a cp, fsdp or pp axis, naming `what`.
 void check_dp_mp_only(const nax::Mesh& mesh, const char* what);
 
 // A lower bound of the host memory one training step needs over the whole mesh, in bytes: f32

@@ -22,25 +22,86 @@ DType parse_compute_dtype(const std::string& name) {
   fail("train", "--dtype expects bf16 or f32, got '{}'", name);
 }
 
+namespace {
+
+// This device's parameters: its pipeline stage's (every parameter without pp), initialised as on one
+// device. A stage's parameters differ from the other stages', so they are Varying over pp (their
+// gradients then stay on the stage: no sum over pp).
+nn::Parameters stage_parameters(Shard& s, const Config& config, const Stage& stage, const AxisRules& rules, std::uint64_t seed) {
+  nn::Parameters p = nn::Parameters::init(s, stage_specs(config, stage), rules, seed);
+  if (stage.count == 1) return p;
+  return nn::Parameters::from_values(p.specs(), per_stage(p.values()));
+}
+
+}  // namespace
+
+std::vector<Tensor> per_stage(std::vector<Tensor> values) {
+  for (auto& v : values) {
+    VaryType vary = v.vary();
+    vary.set_varying("pp");
+    v = v.with_vary(vary);
+  }
+  return values;
+}
+
 // The parameters are f32 whatever the compute dtype: they are the master weights the optimizer updates.
 Learner::Learner(Shard& s, const Config& config, const AxisRules& rules, const TrainOptions& options)
     : shard_(s),
       options_(options),
-      model_(config, nn::Parameters::init(s, parameter_specs(config), rules, options.seed), options.dtype),
+      model_(config, stage_parameters(s, config, device_stage(config, s.mesh(), s), rules, options.seed), options.dtype,
+             device_stage(config, s.mesh(), s)),
       global_(config, model_.params(), options.dtype),
-      optimizer_({.weight_decay = options.weight_decay, .shard_state_over = options.zero ? "dp" : ""}) {
+      optimizer_({.weight_decay = options.weight_decay, .shard_state_over = options.zero ? "dp" : ""}),
+      timetable_(timetable(parse_schedule(options.schedule), model_.stage().count, options.micro_batches)) {
   model_.set_remat(options.remat);
   model_.set_sequence_parallel(options.sequence_parallel);
 }
 
+bool Learner::pipelined() const { return model_.stage().count > 1; }
+
+StageProgram Learner::stage_program(const Tensor& ids, const Tensor& targets, std::int64_t micro) const {
+  StageProgram p{.stage = model_.stage()};
+  p.forward = [this, ids, targets, micro](const std::vector<Tensor>& values, const Tensor& input, std::int64_t m) {
+    return model_.stage_forward(values, input, micro_batch(ids, m, micro), micro_batch(targets, m, micro));
+  };
+  p.activation_like = [this, ids, micro] { return activation_zeros(micro_batch(ids, 0, micro)); };
+  return p;
+}
+
+// The stream between blocks for a micro-batch of `ids`: [batch, seq, embed] in the compute dtype,
+// cut as the ids are (batch over dp, seq over cp) and, with sequence parallelism, seq over mp too.
+Tensor Learner::activation_zeros(const Tensor& ids) const {
+  VaryType vary = ids.vary();
+  vary.set_varying("pp");
+  std::int64_t seq = ids.size("seq");
+  if (options_.sequence_parallel && axis_size("mp") > 1) {
+    vary.set_split("mp", "seq");
+    seq /= axis_size("mp");
+  }
+  const Shape shape{{"batch", ids.size("batch")}, {"seq", seq}, {"embed", model_.config().d_model}};
+  return zeros(shape, options_.dtype).with_vary(vary);
+}
+
 Tensor Learner::loss(const Tensor& ids, const Tensor& targets) const {
+  if (pipelined()) {  // forwards only, one micro-batch after another through the stages
+    const PipelineStep r = run_pipeline(timetable(Schedule::gpipe, model_.stage().count, 1), stage_program(ids, targets, 1),
+                                        model_.params().values(), false);
+    return scalar(r.loss_sum, DType::f64);
+  }
   return options_.sharding == "auto" ? global_.loss(ids, targets) : model_.loss(ids, targets);
 }
 
-Learner::StepStats Learner::step(const Tensor& ids, const Tensor& targets, double lr) {
+Learner::Gradients Learner::pipeline_gradients(const Tensor& ids, const Tensor& targets, StepStats& stats) {
+  const trace::Span span("phase", "pipeline");
+  PipelineStep r = run_pipeline(timetable_, stage_program(ids, targets, options_.micro_batches), model_.params().values(), true);
+  stats.pipeline_busy_s = r.busy_s, stats.pipeline_s = r.total_s;
+  return {std::move(r.grads), scalar(r.loss_sum / static_cast<double>(options_.micro_batches), DType::f64)};
+}
+
+Learner::Gradients Learner::gradients(const Tensor& ids, const Tensor& targets, StepStats& stats) {
+  if (pipelined()) return pipeline_gradients(ids, targets, stats);
   const std::int64_t micro = options_.micro_batches;
   nn::GradAccumulator acc;
-  StepStats stats;
   // Phase times need the device's queue drained at each boundary: only when asked for.
   auto phase = [&, t0 = std::chrono::steady_clock::now()](double& seconds) mutable {
     if (!options_.time_phases) return;
@@ -63,12 +124,24 @@ Learner::StepStats Learner::step(const Tensor& ids, const Tensor& targets, doubl
     const Tensor wide = cast(stop_gradient(l), DType::f64);
     loss_sum = loss_sum.defined() ? loss_sum + wide : wide;
   }
+  return {acc.mean(), loss_sum / static_cast<double>(micro)};
+}
+
+Learner::StepStats Learner::step(const Tensor& ids, const Tensor& targets, double lr) {
+  StepStats stats;
+  const auto t0 = std::chrono::steady_clock::now();
+  Gradients g = gradients(ids, targets, stats);
   const trace::Span optimizer_span("phase", "optimizer");
-  auto grads = acc.mean();
-  stats.grad_norm = nn::clip_by_global_norm_on_device(grads, options_.clip);
-  model_.params().assign(optimizer_.step(model_.params(), grads, lr));
-  phase(stats.optimizer_s);
-  stats.loss = loss_sum.item() / static_cast<double>(micro);
+  // With pp each stage holds its own parameters: the norm adds every stage's squares.
+  stats.grad_norm = pipelined() ? nn::global_norm(g.grads, "pp") : nn::global_norm(g.grads);
+  nn::clip_to_norm_on_device(g.grads, stats.grad_norm, options_.clip);
+  model_.params().assign(optimizer_.step(model_.params(), g.grads, lr));
+  if (options_.time_phases) {
+    shard_.synchronize();
+    stats.optimizer_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - stats.forward_s - stats.backward_s -
+                        stats.pipeline_s;
+  }
+  stats.loss = g.loss.item();
   return stats;
 }
 

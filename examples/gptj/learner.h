@@ -26,10 +26,25 @@ class Learner {
     double loss = 0;           // the one host read of a step
     nax::Tensor grad_norm;     // before clipping, on the device: read it only to log it
     double forward_s = 0, backward_s = 0, optimizer_s = 0;  // with TrainOptions::time_phases
+    // With a pp axis: this device's time in its stage's forwards and pullbacks, and in the schedule
+    // (their ratio is what the bubble leaves; ops on a GPU run ahead of the host, so CPU only).
+    double pipeline_busy_s = 0, pipeline_s = 0;
   };
-  // Gradients over options.micro_batches micro-batches of this device's block of the batch, clipped
+  // Gradients over options.micro_batches micro-batches (with a pp axis: through the pipeline's
+  // stages by options.schedule) of this device's block of the batch, clipped
   // by global norm, then an AdamW step at learning rate `lr`.
   StepStats step(const nax::Tensor& ids, const nax::Tensor& targets, double lr);
+
+  // What step() computes before the optimizer: this device's parameters' gradients (with pp, its
+  // stage's), averaged over the micro-batches, and the mean loss (f64, on every device).
+  struct Gradients {
+    std::vector<nax::Tensor> grads;
+    nax::Tensor loss;
+  };
+  Gradients gradients(const nax::Tensor& ids, const nax::Tensor& targets, StepStats& stats);
+
+  // With a pp axis: the pipeline's schedule (its timetable) for a step's micro-batches.
+  const Timetable& schedule() const { return timetable_; }
 
   Model& model() { return model_; }
   const std::string& sharding() const { return options_.sharding; }
@@ -41,6 +56,15 @@ class Learner {
   Model model_;
   GlobalModel global_;
   nax::nn::AdamW optimizer_;
+  Timetable timetable_;
+
+  bool pipelined() const;
+  StageProgram stage_program(const nax::Tensor& ids, const nax::Tensor& targets, std::int64_t micro) const;
+  nax::Tensor activation_zeros(const nax::Tensor& ids) const;
+  Gradients pipeline_gradients(const nax::Tensor& ids, const nax::Tensor& targets, StepStats& stats);
 };
+
+// Values made per pipeline stage: Varying over pp (a stage's parameters, loaded as global tensors).
+std::vector<nax::Tensor> per_stage(std::vector<nax::Tensor> values);
 
 }  // namespace gptj

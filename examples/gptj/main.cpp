@@ -149,10 +149,11 @@ void train_help() {
       "Trains a GPT-J-style model written per shard on a simulated device mesh (threads), or\n"
       "under mpirun -np <devices> on one process per device.\n\n"
       "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
-      "  --mesh SPEC        mesh axes dp, mp, cp and fsdp in any order, e.g. dp=2,mp=2, mp=2,cp=2 or\n"
-      "                     fsdp=4 (an axis left out has size 1), at most 256 devices; cp: context\n"
-      "                     parallelism, ring attention over the sequence in zigzag chunks; fsdp:\n"
-      "                     data parallel with the parameters cut over it too  (default dp=2,mp=2)\n"
+      "  --mesh SPEC        mesh axes dp, mp, pp, cp and fsdp in any order, e.g. dp=2,mp=2,\n"
+      "                     dp=2,pp=2, mp=2,cp=2 or fsdp=4 (an axis left out has size 1), at most 256\n"
+      "                     devices; pp: the layers in pipeline stages; cp: context parallelism,\n"
+      "                     ring attention over the sequence in zigzag chunks; fsdp: data parallel\n"
+      "                     with the parameters cut over it too             (default dp=2,mp=2)\n"
       "  --backend B        cpu: simulated devices (threads); cuda: device d on GPU d % GPUs,\n"
       "                     NCCL when each device has a GPU, else virtual devices (default cpu)\n"
       "  --sharding MODE    hand: the model written per shard; auto: the same model in the global\n"
@@ -166,7 +167,11 @@ void train_help() {
       "  --lr X             peak learning rate (warmup, cosine decay)     (default 3e-3)\n"
       "  --warmup N         warmup steps                                  (default 20)\n"
       "  --seed S           init and data seed                            (default 0)\n"
-      "  --micro-batches M  gradient accumulation over M micro-batches    (default 1)\n"
+      "  --micro-batches M  gradient accumulation over M micro-batches; with pp, what the\n"
+      "                     pipeline's stages pass along (at least pp of them) (default 1)\n"
+      "  --schedule S       with pp: 1f1b (each stage one forward ahead per later stage, then a\n"
+      "                     backward per forward) or gpipe (every forward, then every backward)\n"
+      "                                                                   (default 1f1b)\n"
       "  --ckpt-dir DIR     write checkpoints there, DIR/step_NNNNNN/ (at the end, or every\n"
       "                     --save-every steps); a new run needs an empty or new folder\n"
       "  --save-every N     checkpoint period in steps                    (default 0: at the end)\n"
@@ -231,6 +236,7 @@ int run_train(int argc, char** argv) {
   parse_flags(argc, argv, 2,
               run_flags(o, {{"--trace", trace.flag()},
                             {"--micro-batches", set_int("--micro-batches", o.micro_batches)},
+                            {"--schedule", set(o.schedule)},
                             {"--ckpt-dir", set(o.ckpt_dir)},
                             {"--save-every", set_int("--save-every", o.save_every)},
                             {"--keep", set_int("--keep", o.keep)},
@@ -267,6 +273,10 @@ int run_train(int argc, char** argv) {
   for (const auto& [axes, bytes] : result.bytes_per_step) comm.push_back(fmt::format("{} {:.2f} MB", axes, bytes * 1e-6));
   fmt::print("communication per step and device: {} collectives; {}\n", result.collectives_per_step, fmt::join(comm, ", "));
   fmt::print("memory: peak {:.1f} MB in use on device 0 (nax's allocator, over the run)\n", static_cast<double>(result.peak_bytes) * 1e-6);
+  if (result.in_flight > 0)
+    fmt::print("pipeline: {} over {} micro-batches, bubble {:.1f}% of stage-ticks idle (device 0 idle {:.1f}% of the schedule), at "
+               "most {} micro-batches held by a stage\n", o.schedule, o.micro_batches, 100 * result.bubble, 100 * result.measured_bubble,
+               result.in_flight);
   return 0;
 }
 
@@ -484,6 +494,8 @@ int run_plan(int argc, char** argv) {
                {"--mesh", set(o.mesh)},
                {"--batch", set_int("--batch", o.batch)},
                {"--seq", set_int("--seq", o.seq)},
+               {"--micro-batches", set_int("--micro-batches", o.micro_batches)},
+               {"--schedule", set(o.schedule)},
                {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }},
                {"--device-memory", [&](const std::string& v) { o.device_memory = gptj::parse_bytes(v); }}},
               [] {
@@ -492,9 +504,11 @@ int run_plan(int argc, char** argv) {
                     "Prints the bytes per device that gptj train needs: parameters, gradients, optimizer state,\n"
                     "activations and the peak, and whether the peak fits the device (docs/memory.md).\n\n"
                     "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
-                    "  --mesh SPEC        dp, mp, cp, fsdp, e.g. dp=1,mp=8 or fsdp=8    (default dp=1,mp=1)\n"
+                    "  --mesh SPEC        dp, mp, pp, cp, fsdp, e.g. dp=1,mp=8, pp=4 or fsdp=8 (default dp=1,mp=1)\n"
                     "  --batch B          global batch, cut over dp and fsdp            (default 8)\n"
                     "  --seq T            tokens per sequence                           (default 128)\n"
+                    "  --micro-batches M  as for gptj train: each holds batch / M      (default 1)\n"
+                    "  --schedule S       with pp: 1f1b or gpipe, as for gptj train     (default 1f1b)\n"
                     "  --dtype D          f32 or bf16, as for gptj train                (default f32)\n"
                     "  --remat            activation checkpointing per block, as for gptj train\n"
                     "  --zero             AdamW's moments cut over dp, as for gptj train\n"

@@ -53,12 +53,6 @@ Tensor in_use(const Tensor& stored, DType compute) {
   return p.vary().split_mesh_axes("embed").empty() ? p : all_gather_invariant(p, "fsdp", "embed");
 }
 
-// Block i's parameters as the model holds them (the f32 master weights under bf16 compute).
-std::vector<Tensor> stored_block_params(const nn::Parameters& params, std::int64_t i) {
-  const std::size_t first = 1 + static_cast<std::size_t>(i) * 10;
-  return {params.values().begin() + static_cast<std::ptrdiff_t>(first), params.values().begin() + static_cast<std::ptrdiff_t>(first + 10)};
-}
-
 BlockParams in_compute_dtype(const std::vector<Tensor>& stored, DType compute) {
   std::vector<Tensor> block;
   for (const auto& p : stored) block.push_back(in_use(p, compute));
@@ -67,36 +61,78 @@ BlockParams in_compute_dtype(const std::vector<Tensor>& stored, DType compute) {
 
 }  // namespace
 
-Tensor Model::param(const std::string& name) const { return in_use(params_[name], compute_); }
+Tensor Model::param(const std::vector<Tensor>& values, const std::string& name) const {
+  const auto& specs = params_.specs();
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    if (specs[i].name == name) return in_use(values[i], compute_);
+  fail("gptj", "stage {} of {} holds no parameter '{}'", stage_.index, stage_.count, name);
+}
 
-BlockParams Model::layer(std::int64_t i) const { return in_compute_dtype(stored_block_params(params_, i), compute_); }
+// Block i's parameters as the model holds them (the f32 master weights under bf16 compute): ten
+// per layer, after the embedding on the first stage.
+std::vector<Tensor> Model::stored_block(const std::vector<Tensor>& values, std::int64_t i) const {
+  const auto first = static_cast<std::size_t>((stage_.first() ? 1 : 0) + (i - stage_.first_layer) * 10);
+  return {values.begin() + static_cast<std::ptrdiff_t>(first), values.begin() + static_cast<std::ptrdiff_t>(first + 10)};
+}
 
 // Under remat the casts to the compute dtype run inside the checkpointed function, so that their
 // bf16 copies are not kept from forward to backward either.
-Tensor Model::block_forward(std::int64_t i, const Tensor& x, const BlockConfig& bc, KVCache* cache) const {
-  if (!remat_ || cache != nullptr) return block(layer(i), x, bc, cache);
-  return nax::remat([stored = stored_block_params(params_, i), compute = compute_, bc](const Tensor& h) {
+Tensor Model::block_forward(const std::vector<Tensor>& values, std::int64_t i, const Tensor& x, const BlockConfig& bc, KVCache* cache) const {
+  if (!remat_ || cache != nullptr) return block(in_compute_dtype(stored_block(values, i), compute_), x, bc, cache);
+  return nax::remat([stored = stored_block(values, i), compute = compute_, bc](const Tensor& h) {
     return block(in_compute_dtype(stored, compute), h, bc);
   }, x);
 }
 
-Tensor Model::logits(const Tensor& ids, std::vector<KVCache>* caches) const {
-  if (caches != nullptr && caches->size() != static_cast<std::size_t>(config_.n_layers))
-    caches->resize(static_cast<std::size_t>(config_.n_layers));
+BlockConfig Model::block_config_for(bool generating) const {
   BlockConfig bc = block_config(config_);
-  bc.sequence_parallel = sequence_parallel_ && caches == nullptr && axis_size("mp") > 1;  // mp=1: nothing to cut
-  bc.context_parallel = caches == nullptr && context_devices(Shard::current()->mesh()) > 1;
-  Tensor x = sum_over_mp(embedding(param("transformer.wte.weight"), ids, "vocab"), bc);
-  for (std::int64_t i = 0; i < config_.n_layers; ++i)
-    x = block_forward(i, x, bc, caches != nullptr ? &(*caches)[static_cast<std::size_t>(i)] : nullptr);
-  Tensor h = layer_norm(x, "embed", param("transformer.ln_f.weight"), param("transformer.ln_f.bias"), config_.layer_norm_eps);
-  return dot(whole_sequence(h, bc), param("lm_head.weight"), "embed") + param("lm_head.bias");
+  bc.sequence_parallel = sequence_parallel_ && !generating && axis_size("mp") > 1;  // mp=1: nothing to cut
+  bc.context_parallel = !generating && context_devices(Shard::current()->mesh()) > 1;
+  return bc;
 }
 
-Tensor Model::loss(const Tensor& ids, const Tensor& targets) const {
-  Tensor local = cross_entropy(loss_precision(logits(ids)), targets, "vocab", {"mp"});
-  const auto cut = local.vary().unreduced_mesh_axes();  // the batch over dp, the sequence over cp
+Tensor Model::embed(const std::vector<Tensor>& values, const Tensor& ids, const BlockConfig& bc) const {
+  return sum_over_mp(embedding(param(values, "transformer.wte.weight"), ids, "vocab"), bc);
+}
+
+Tensor Model::head(const std::vector<Tensor>& values, const Tensor& x, const BlockConfig& bc) const {
+  Tensor h = layer_norm(x, "embed", param(values, "transformer.ln_f.weight"), param(values, "transformer.ln_f.bias"), config_.layer_norm_eps);
+  return dot(whole_sequence(h, bc), param(values, "lm_head.weight"), "embed") + param(values, "lm_head.bias");
+}
+
+Tensor Model::stage_forward(const std::vector<Tensor>& values, const Tensor& input, const Tensor& ids, const Tensor& targets) const {
+  const BlockConfig bc = block_config_for(false);
+  Tensor x = stage_.first() ? embed(values, ids, bc) : input;
+  for (std::int64_t i = stage_.first_layer; i < stage_.end_layer; ++i) x = block_forward(values, i, x, bc, nullptr);
+  return stage_.last() ? mean_loss(head(values, x, bc), targets) : x;
+}
+
+Tensor Model::logits(const Tensor& ids, std::vector<KVCache>* caches) const {
+  require_whole("logits");
+  if (caches != nullptr && caches->size() != static_cast<std::size_t>(config_.n_layers))
+    caches->resize(static_cast<std::size_t>(config_.n_layers));
+  const auto& values = params_.values();
+  const BlockConfig bc = block_config_for(caches != nullptr);
+  Tensor x = embed(values, ids, bc);
+  for (std::int64_t i = 0; i < config_.n_layers; ++i)
+    x = block_forward(values, i, x, bc, caches != nullptr ? &(*caches)[static_cast<std::size_t>(i)] : nullptr);
+  return head(values, x, bc);
+}
+
+Tensor Model::mean_loss(const Tensor& logits, const Tensor& targets) const {
+  Tensor local = cross_entropy(loss_precision(logits), targets, "vocab", {"mp"});
+  std::vector<std::string> cut;  // the batch over dp, the sequence over cp (not pp: the stages hold different values)
+  for (const auto& axis : local.vary().unreduced_mesh_axes())
+    if (axis != "pp") cut.push_back(axis);
   return cut.empty() ? local : pmean(local, cut);
+}
+
+Tensor Model::loss(const Tensor& ids, const Tensor& targets) const { return mean_loss(logits(ids), targets); }
+
+void Model::require_whole(const char* what) const {
+  if (stage_.count > 1)
+    fail("gptj", "{}: this model holds stage {} of {} of a pipeline (layers {} to {}); run it with run_pipeline (pipeline.h)", what,
+         stage_.index, stage_.count, stage_.first_layer, stage_.end_layer - 1);
 }
 
 }  // namespace gptj

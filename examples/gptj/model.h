@@ -6,8 +6,11 @@
 // along seq and the stream between them is cut along seq over mp (block.h).
 #include <nax/nax.h>
 
+#include <optional>
+
 #include "block.h"
 #include "config.h"
+#include "pipeline.h"
 
 namespace gptj {
 
@@ -23,13 +26,21 @@ class Model {
  public:
   // compute: bf16 casts the parameters where they are used (for_compute in config.h); f32 computes in
   // the parameters' dtype.
-  Model(Config config, nax::nn::Parameters params, nax::DType compute = nax::DType::f32)
-      : config_(std::move(config)), params_(std::move(params)), compute_(compute) {}
+  // stage: the layers whose parameters `params` holds (stage_specs); by default every layer.
+  Model(Config config, nax::nn::Parameters params, nax::DType compute = nax::DType::f32, std::optional<Stage> stage = std::nullopt)
+      : config_(std::move(config)), params_(std::move(params)), compute_(compute),
+        stage_(stage ? *stage : stage_of(config_, 0, 1)) {}
 
   // ids: i32 [batch, seq], batch cut over dp. Result: [batch, seq, vocab|mp], in the compute dtype.
   nax::Tensor logits(const nax::Tensor& ids, std::vector<KVCache>* caches = nullptr) const;
   // Mean next-token cross-entropy over the global batch: Invariant on every device.
   nax::Tensor loss(const nax::Tensor& ids, const nax::Tensor& targets) const;
+  // A pipeline stage's part of loss(), reading `values` (the stage's parameters, or vjp's fresh
+  // leaves of them): from ids (stage 0) or the previous stage's activation `input`, to the
+  // activation the next stage reads or, on the last stage, the loss of `targets`.
+  nax::Tensor stage_forward(const std::vector<nax::Tensor>& values, const nax::Tensor& input, const nax::Tensor& ids,
+                            const nax::Tensor& targets) const;
+  const Stage& stage() const { return stage_; }
 
   // Activation checkpointing per block (nax::remat): each block keeps only its input for backward,
   // which runs the block's forward again. Training only: generation with a KV cache ignores it.
@@ -48,13 +59,20 @@ class Model {
   const nax::nn::Parameters& params() const { return params_; }
 
  private:
-  BlockParams layer(std::int64_t i) const;
-  nax::Tensor block_forward(std::int64_t i, const nax::Tensor& x, const BlockConfig& bc, KVCache* cache) const;
-  nax::Tensor param(const std::string& name) const;
+  std::vector<nax::Tensor> stored_block(const std::vector<nax::Tensor>& values, std::int64_t i) const;
+  nax::Tensor block_forward(const std::vector<nax::Tensor>& values, std::int64_t i, const nax::Tensor& x, const BlockConfig& bc,
+                            KVCache* cache) const;
+  nax::Tensor param(const std::vector<nax::Tensor>& values, const std::string& name) const;
+  BlockConfig block_config_for(bool generating) const;
+  nax::Tensor embed(const std::vector<nax::Tensor>& values, const nax::Tensor& ids, const BlockConfig& bc) const;
+  nax::Tensor head(const std::vector<nax::Tensor>& values, const nax::Tensor& x, const BlockConfig& bc) const;
+  nax::Tensor mean_loss(const nax::Tensor& logits, const nax::Tensor& targets) const;
+  void require_whole(const char* what) const;  // refuses a model that holds one pipeline stage
 
   Config config_;
   nax::nn::Parameters params_;
   nax::DType compute_;
+  Stage stage_;
   bool remat_ = false;
   bool sequence_parallel_ = false;
 };

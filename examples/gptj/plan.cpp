@@ -32,9 +32,14 @@ struct DeviceSizes {
   // FSDP: the parameters (and their gradients and moments) cut over fsdp, the batch too; each
   // block's parameters whole while it runs, and their gradient whole until its reduce-scatter.
   double fsdp = 1;
+  // Micro-batches: `tokens` are one micro-batch's. A pipeline stage holds `in_flight` of them
+  // between their forward and backward (1F1B: stages - stage; GPipe: all), and only its own layers'
+  // parameters (the embedding on the first stage, the head on the last).
+  double micro = 1, in_flight = 1;
+  bool last = true;
 };
 
-DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o) {
+DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o, const Stage& stage, const Timetable& schedule) {
   const double mp = mesh.has("mp") ? mesh.axis_size("mp") : 1;
   DeviceSizes s;
   s.dp = mesh.has("dp") ? mesh.axis_size("dp") : 1;
@@ -46,18 +51,23 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o) {
     for (const auto& axis : spec.global.names())
       for (const auto& mesh_axis : rules.mesh_axes(axis))
         if (mesh.has(mesh_axis)) n /= static_cast<double>(mesh.axis_size(mesh_axis));
+    const bool block = spec.name.starts_with("transformer.h.");
+    if (block) s.block_params += n / static_cast<double>(c.n_layers);
+    if (stage_holding(c, stage.count, spec.name) != stage.index) continue;
     s.params += n;
     s.largest = std::max(s.largest, n);
-    (spec.name.starts_with("transformer.h.") ? s.block_params : s.head_params) += n;
+    if (!block) s.head_params += n;
   }
-  s.block_params /= static_cast<double>(c.n_layers);
-  s.tokens = static_cast<double>(o.batch) / data_parallel_devices(mesh) * static_cast<double>(o.seq) / s.cp;
+  s.micro = static_cast<double>(o.micro_batches);
+  s.last = stage.last();
+  s.in_flight = stage.count > 1 ? static_cast<double>(in_flight_on(schedule, stage.index)) : 1.0;
+  s.tokens = static_cast<double>(o.batch) / data_parallel_devices(mesh) / s.micro * static_cast<double>(o.seq) / s.cp;
   s.d = static_cast<double>(c.d_model);
   s.attn = static_cast<double>(c.n_heads * c.head_dim) / mp;
   s.ff = static_cast<double>(c.d_ff) / mp;
   s.heads = static_cast<double>(c.n_heads) / mp;
   s.vocab = static_cast<double>(c.vocab) / mp;
-  s.layers = static_cast<double>(c.n_layers);
+  s.layers = static_cast<double>(stage.end_layer - stage.first_layer);
   s.sequence_cut = o.sequence_parallel && mp > 1;  // mp=1: the plain model (Model::logits)
   s.cut = s.sequence_cut ? 1 / mp : 1.0;
   return s;
@@ -103,14 +113,11 @@ double head_transient(const DeviceSizes& s) { return 4 * 2 * s.tokens * s.vocab;
 
 }  // namespace
 
-MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) {
-  if (o.dtype != DType::f32 && o.dtype != DType::bf16) fail("plan", "--dtype expects bf16 or f32, got '{}'", dtype_name(o.dtype));
-  if (o.batch < 1) fail("plan", "--batch must be at least 1, got {}", o.batch);
-  check_fits(c, mesh, o.batch);
-  check_sequence_layout(mesh, o.seq, o.sequence_parallel, false);
-  if (o.seq < 1 || o.seq > c.max_seq) fail("plan", "--seq must be in 1..{} for config {}, got {}", c.max_seq, c.name, o.seq);
-  if (!(o.device_memory > 0)) fail("plan", "--device-memory must be positive");
-  const DeviceSizes s = sizes_of(c, mesh, o);
+namespace {
+
+// One device's plan: a device of pipeline stage `stage` (every layer without pp).
+MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, const Stage& stage, const Timetable& schedule) {
+  const DeviceSizes s = sizes_of(c, mesh, o, stage, schedule);
   const bool bf16 = o.dtype == DType::bf16;
   const double e = static_cast<double>(dtype_size(o.dtype));
   MemoryPlan p;
@@ -122,29 +129,65 @@ MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) 
   const double gathered_kept = s.fsdp > 1 ? e * s.block_params * s.fsdp : 0.0;
   const double kept_per_block = o.remat ? e * s.tokens * s.cut * s.d : one_block + gathered_kept;  // remat keeps each block's input only
   const double recompute = o.remat ? one_block : 0.0;                       // and rebuilds one block at a time
-  const double head = head_saved(s, e, bf16) + (s.fsdp > 1 ? e * s.head_params * s.fsdp : 0.0);  // FSDP: wte and lm_head whole
-  p.activations = s.layers * kept_per_block + head + recompute;
-  const double state = p.parameters + p.optimizer;
-  // The backward's memory falls as it frees activations and rises as gradients arrive: its peak is
-  // at the head (everything saved, the logits' gradients), at the last block (the head freed), at
-  // the first block (every gradient made) or after it, where the gradients' sum over dp goes as one
-  // bucket (autodiff.cpp), which lets each partial sum go once it is in the bucket and the bucket
-  // once it is reduced: at most two copies of the gradients at a time.
-  const double at_head = s.layers * kept_per_block + head + head_transient(s);
+  const double wide_head = s.fsdp > 1 ? e * s.head_params * s.fsdp : 0.0;  // FSDP: wte and lm_head whole
+  const double head = (s.last ? head_saved(s, e, bf16) : (bf16 ? 2 * s.head_params : 0.0)) + wide_head;
+  // Micro-batch k's backward: the stage still keeps the micro-batches whose forward ran ahead of it
+  // (in_flight - 1 at most, fewer at the end), and from k = 1 on the sum of the gradients so far
+  // beside the ones this backward makes.
+  const double kept_stage = s.layers * kept_per_block + (s.last ? head_saved(s, e, false) : 0.0);
   const double gathered = s.fsdp > 1 ? 2 * e * s.block_params * s.fsdp : 0.0;  // a block's parameters and their gradient, whole
   const double in_block = block_transient(s, e) + ring_transient(s, e) + gathered;
-  const double at_last_block = s.layers * kept_per_block + recompute + in_block + 4 * s.head_params;
-  const double at_first_block = kept_per_block + recompute + in_block + p.gradients;
-  const double at_dp_sum = (s.dp * s.cp > 1 ? 2 : 1) * p.gradients;  // summed over dp and cp alike
-  p.backward_peak = state + std::max({at_head, at_last_block, at_first_block, at_dp_sum});
-  // The step: the accumulated gradients and their clipped copy, the old parameters and the new, and
-  // while the largest parameter is updated its new moments beside the old (with --zero: every
-  // updated part, and the largest parameter's part and gathered copy).
+  p.activations = s.in_flight * s.layers * kept_per_block + head + recompute;
+  const double state = p.parameters + p.optimizer;
+  double backward = 0;
+  for (double k = 0; k < s.micro; ++k) {
+    const double others = std::min(s.in_flight - 1, s.micro - k - 1) * kept_stage;
+    const double sum = k > 0 ? p.gradients : 0.0;
+    // The backward's memory falls as it frees activations and rises as gradients arrive: its peak
+    // is at the head (everything saved, the logits' gradients), at the last block (the head freed),
+    // at the first block (every gradient made) or after it, where the gradients' sum over dp goes as
+    // one bucket (autodiff.cpp), which lets each partial sum go once it is in the bucket and the
+    // bucket once it is reduced: at most two copies of the gradients at a time.
+    const double at_head = others + s.layers * kept_per_block + head + (s.last ? head_transient(s) : 0.0);
+    const double at_last_block = others + s.layers * kept_per_block + recompute + in_block + 4 * s.head_params + sum;
+    const double at_first_block = others + kept_per_block + recompute + in_block + p.gradients + sum;
+    const double at_dp_sum = others + (s.dp * s.cp > 1 ? 2 : 1) * p.gradients + sum;  // summed over dp and cp alike
+    backward = std::max({backward, at_head, at_last_block, at_first_block, at_dp_sum});
+  }
+  p.backward_peak = state + backward;
+  // The step: the averaged gradients (the clipping replaces them one at a time), the old parameters
+  // and the new, and while the largest parameter is updated its clipped gradient and its new moments
+  // beside the old (with --zero: every updated part, and the largest parameter's part and gathered copy).
   const double step_transient = o.zero ? 4 * (std::ceil(s.params / s.dp) + s.largest * (1 + 1 / s.dp)) : 8 * s.largest;
-  p.optimizer_peak = 2 * p.parameters + p.optimizer + 2 * p.gradients + step_transient;
+  p.optimizer_peak = 2 * p.parameters + p.optimizer + p.gradients + 4 * s.largest + step_transient;
   p.peak = std::max(p.backward_peak, p.optimizer_peak);
   p.fits = p.peak <= o.device_memory;
   return p;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) {
+  if (o.dtype != DType::f32 && o.dtype != DType::bf16) fail("plan", "--dtype expects bf16 or f32, got '{}'", dtype_name(o.dtype));
+  if (o.batch < 1) fail("plan", "--batch must be at least 1, got {}", o.batch);
+  check_fits(c, mesh, o.batch);
+  check_sequence_layout(mesh, o.seq, o.sequence_parallel, false);
+  if (o.seq < 1 || o.seq > c.max_seq) fail("plan", "--seq must be in 1..{} for config {}, got {}", c.max_seq, c.name, o.seq);
+  if (!(o.device_memory > 0)) fail("plan", "--device-memory must be positive");
+  if (o.micro_batches < 1 || (o.batch / data_parallel_devices(mesh)) % o.micro_batches != 0)
+    fail("plan", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, o.batch / data_parallel_devices(mesh));
+  const int stages = pipeline_stages(mesh);
+  const Timetable schedule = timetable(parse_schedule(o.schedule), stages, o.micro_batches);
+  MemoryPlan busiest;
+  for (int k = 0; k < stages; ++k) {  // the stages differ: the first holds the embedding, the last the head
+    MemoryPlan p = plan_stage(c, mesh, o, stage_of(c, k, stages), schedule);
+    busiest.stage_peaks.push_back(p.peak);
+    if (k == 0 || p.peak > busiest.peak) {
+      p.stage_peaks = std::move(busiest.stage_peaks);
+      busiest = std::move(p);
+    }
+  }
+  return busiest;
 }
 
 MemoryPlan plan_memory(const PlanOptions& o) {
@@ -171,8 +214,9 @@ double parse_bytes(const std::string& text) {
 
 std::string format_plan(const PlanOptions& o, const MemoryPlan& p) {
   auto gb = [](double bytes) { return fmt::format("{:10.3f} GB", bytes * 1e-9); };
-  std::string out = fmt::format("memory plan: config {}, mesh {}, batch {} x seq {}, {} compute{}{}{}; per device:\n", o.config, o.mesh,
-                                o.batch, o.seq, dtype_name(o.dtype), o.remat ? ", --remat" : "", o.zero ? ", --zero" : "",
+  std::string out = fmt::format("memory plan: config {}, mesh {}, batch {} x seq {}{}, {} compute{}{}{}; per device:\n", o.config, o.mesh,
+                                o.batch, o.seq, o.micro_batches > 1 ? fmt::format(" in {} micro-batches", o.micro_batches) : "",
+                                dtype_name(o.dtype), o.remat ? ", --remat" : "", o.zero ? ", --zero" : "",
                                 o.sequence_parallel ? ", --sequence-parallel" : "");
   out += fmt::format("  parameters (f32)       {}\n", gb(p.parameters));
   out += fmt::format("  gradients (f32)        {}\n", gb(p.gradients));
@@ -182,6 +226,13 @@ std::string format_plan(const PlanOptions& o, const MemoryPlan& p) {
   out += fmt::format("  peak in backward       {}\n", gb(p.backward_peak));
   out += fmt::format("  peak in optimizer step {}\n", gb(p.optimizer_peak));
   out += fmt::format("  peak                   {}   of {:.2f} GB: {}\n", gb(p.peak), o.device_memory * 1e-9, p.fits ? "fits" : "does NOT fit");
+  if (p.stage_peaks.size() > 1) {
+    std::vector<std::string> each;
+    for (double b : p.stage_peaks) each.push_back(fmt::format("{:.3f}", b * 1e-9));
+    out += fmt::format("  pipeline ({}, {} micro-batches): the busiest stage above; peaks per stage {} GB, bubble {:.1f}%\n", o.schedule,
+                       o.micro_batches, fmt::join(each, " / "),
+                       100 * bubble_fraction(timetable(parse_schedule(o.schedule), static_cast<int>(p.stage_peaks.size()), o.micro_batches)));
+  }
   return out;
 }
 

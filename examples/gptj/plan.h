@@ -8,6 +8,7 @@
 // bench/memory_plan.sh).
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "config.h"
 
@@ -21,6 +22,8 @@ struct PlanOptions {
   bool remat = false;
   bool zero = false;
   bool sequence_parallel = false;
+  std::int64_t micro_batches = 1;  // as gptj train's; with pp, what the stages pass along
+  std::string schedule = "1f1b";   // with pp, as gptj train's
   nax::DType dtype = nax::DType::f32;  // the compute dtype, as gptj train --dtype
   double device_memory = 141e9;        // bytes (an H200)
 };
@@ -31,6 +34,7 @@ struct MemoryPlan {
   double optimizer_peak = 0;  // parameters old and new, moments, gradients and their clipped copy
   double peak = 0;
   bool fits = false;
+  std::vector<double> stage_peaks;  // with pp: each stage's peak (the fields above are the busiest stage's)
 };
 
 // The plan of config `c` (vocabulary as trained: padded for the mesh) on `mesh`.

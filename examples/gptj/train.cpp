@@ -148,14 +148,25 @@ ResumePoint open_resume(const TrainOptions& o, const Config& config, const std::
 // Collective: device 0 writes (with `folder`), every device takes part in the gathers.
 void save_checkpoint(Shard& s, ckpt::RunFolder* folder, const Config& c, const nn::Parameters& params, const nn::AdamW& opt,
                      std::int64_t step, const TrainOptions& o, const nlohmann::json& run) {
+  // Every parameter of the model, each from the pipeline stage that holds it (all of them without pp).
+  const int stages = pipeline_stages(s.mesh());
+  const auto specs = parameter_specs(c);
+  const auto moments = opt.state();  // this stage's first moments, then its second moments
+  auto held = [&](const nn::ParamSpec& spec) {
+    return stages > 1 ? ckpt::HeldBy{"pp", stage_holding(c, stages, spec.name)} : ckpt::HeldBy{};
+  };
+  auto mine = [&](const nn::ParamSpec& spec, std::size_t offset, const std::vector<Tensor>& values) {
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (params.specs()[i].name == spec.name) return values[offset + i];
+    return Tensor();
+  };
   std::vector<ckpt::ShardedTensor> model, state;
-  const auto& specs = params.specs();
-  for (std::size_t i = 0; i < specs.size(); ++i) model.push_back({specs[i].name, params[i], specs[i].global, hf_dims(specs[i].global)});
-  const auto moments = opt.state();
-  for (std::size_t i = 0; i < moments.size(); ++i) {
-    const auto& spec = specs[i % specs.size()];
-    state.push_back({fmt::format("{}.{}", i < specs.size() ? "m" : "v", spec.name), moments[i], spec.global, hf_dims(spec.global)});
-  }
+  for (const auto& spec : specs)
+    model.push_back({spec.name, mine(spec, 0, params.values()), spec.global, hf_dims(spec.global), held(spec)});
+  for (std::size_t kind = 0; kind < 2; ++kind)
+    for (const auto& spec : specs)
+      state.push_back({fmt::format("{}.{}", kind == 0 ? "m" : "v", spec.name), mine(spec, kind * params.size(), moments), spec.global,
+                       hf_dims(spec.global), held(spec)});
   const std::string tmp = folder != nullptr ? folder->begin_step(step) : std::string();
   try {
     ckpt::save_sharded(s, tmp + "/model.safetensors", model, {{"format", "pt"}});
@@ -225,6 +236,7 @@ void check_options(const TrainOptions& o) {
   if (o.deterministic && o.dtype == DType::bf16)
     fail("train", "--deterministic needs --dtype f32: bf16 rounds each device's partial sums before their psum, so the bits would "
          "depend on the mesh");
+  parse_schedule(o.schedule);
   if (!o.metrics.empty()) io::check_writable(o.metrics, "--metrics");
 }
 
@@ -292,6 +304,11 @@ void plan_run(RunPlan& plan, const TrainOptions& o, const TextData& data) {
   check_fits(config, plan.mesh, o.batch);
   check_sequence_layout(plan.mesh, o.seq, o.sequence_parallel, o.deterministic);
   if (o.sharding == "auto") check_dp_mp_only(plan.mesh, "--sharding auto (the global view)");
+  if (pipeline_stages(plan.mesh) > 1 && o.micro_batches < pipeline_stages(plan.mesh) && !o.quiet && process_index() == 0)
+    fmt::print(stderr, "gptj train: --micro-batches {} on pp={}: the stages mostly wait (bubble {:.0f}%); use at least {} micro-batches\n",
+               o.micro_batches, pipeline_stages(plan.mesh),
+               100 * bubble_fraction(timetable(parse_schedule(o.schedule), pipeline_stages(plan.mesh), o.micro_batches)),
+               pipeline_stages(plan.mesh));
   check_memory(config, o.batch, o.seq);
   const std::int64_t per_device = o.batch / data_parallel_devices(plan.mesh);
   if (per_device % o.micro_batches != 0) fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, per_device);
@@ -364,12 +381,13 @@ class DeviceRun {
     Model& model = learner_.model();
     if (o_.resume) {  // one global tensor at a time, each device keeping its block
       const StepFiles& step = *plan_.resume.step;
-      model.params().assign(ckpt::load_sharded(s_, step.weights, model_reads(plan_.specs), rules_, DType::f32));
-      learner_.optimizer().load_state(ckpt::load_sharded(s_, *plan_.resume.optimizer, optimizer_reads(plan_.specs), rules_),
+      model.params().assign(stage_blocks(ckpt::load_sharded(s_, step.weights, held(model_reads(plan_.specs)), rules_, DType::f32)));
+      learner_.optimizer().load_state(stage_blocks(ckpt::load_sharded(s_, *plan_.resume.optimizer, held(optimizer_reads(plan_.specs)), rules_)),
                                       step.trainer.adam_steps);
       return last_saved_ = step.trainer.step;
     }
-    if (plan_.pretrained) model.params().assign(ckpt::load_sharded(s_, plan_.pretrained->weights, model_reads(plan_.specs), rules_, DType::f32));
+    if (plan_.pretrained)
+      model.params().assign(stage_blocks(ckpt::load_sharded(s_, plan_.pretrained->weights, held(model_reads(plan_.specs)), rules_, DType::f32)));
     return 0;
   }
 
@@ -417,6 +435,8 @@ class DeviceRun {
     last_saved_ = step + 1;
   }
 
+  const Timetable& schedule() const { return learner_.schedule(); }
+
   // Collective: the held-out loss after `step` when --eval-every asks for it.
   std::optional<double> maybe_evaluate(std::int64_t step) {
     if (o_.eval_every <= 0 || (step + 1) % o_.eval_every != 0) return std::nullopt;
@@ -433,6 +453,22 @@ class DeviceRun {
   const AxisRules& rules_;
   Learner learner_;
   std::int64_t last_saved_ = -1;
+
+  // With a pp axis each tensor is read by the stage that holds it ("m.NAME" and "v.NAME" by NAME's).
+  std::vector<ckpt::ShardedRead> held(std::vector<ckpt::ShardedRead> reads) const {
+    const int stages = pipeline_stages(plan_.mesh);
+    if (stages == 1) return reads;
+    for (auto& r : reads) {
+      const bool moment = r.name.starts_with("m.") || r.name.starts_with("v.");
+      r.held_by = {"pp", stage_holding(plan_.config, stages, moment ? r.name.substr(2) : r.name)};
+    }
+    return reads;
+  }
+  // The blocks this device read: its stage's, in the model's order.
+  static std::vector<Tensor> stage_blocks(std::vector<Tensor> blocks) {
+    std::erase_if(blocks, [](const Tensor& t) { return !t.defined(); });
+    return blocks;
+  }
 };
 
 }  // namespace
@@ -460,7 +496,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
     DeviceRun device(s, o, data, plan, rules);
     const std::int64_t first = device.restore();
     const double initial_heldout = plan.pretrained && !o.resume ? device.heldout_loss() : 0.0;
-    std::vector<double> rates, forward, backward, optimizer;
+    std::vector<double> rates, forward, backward, optimizer, idle;
     const auto start = Clock::now();
     const std::int64_t last = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
     for (std::int64_t step = first; step < last; ++step) {
@@ -473,6 +509,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       const double tokens_per_s = tokens_per_step / step_s, mfu = flops_per_step / step_s / (result.peak_gflops * 1e9);
       if (step > first) {
         forward.push_back(stats.forward_s), backward.push_back(stats.backward_s), optimizer.push_back(stats.optimizer_s);
+        if (stats.pipeline_s > 0) idle.push_back(1 - stats.pipeline_busy_s / stats.pipeline_s);
         rates.push_back(tokens_per_s);
       }
       const std::optional<double> heldout = device.maybe_evaluate(step);
@@ -500,6 +537,11 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
     result.peak_bytes = s.memory().peak_bytes_in_use;
     result.forward_s = median(forward), result.backward_s = median(backward), result.optimizer_s = median(optimizer);
     result.tokens_per_s = median(rates);
+    result.measured_bubble = median(idle);
+    if (pipeline_stages(plan.mesh) > 1) {
+      const Timetable t = device.schedule();
+      result.bubble = bubble_fraction(t), result.in_flight = most_in_flight(t);
+    }
     result.mfu = flops_per_token(config, o.seq) * result.tokens_per_s / (result.peak_gflops * 1e9);
   });
   return result;

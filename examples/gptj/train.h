@@ -23,6 +23,7 @@ struct TrainOptions {
   double clip = 1.0;
   double weight_decay = 0.1;
   std::int64_t micro_batches = 1;
+  std::string schedule = "1f1b";  // with a pp axis: 1f1b or gpipe (pipeline.h)
   std::string ckpt_dir;  // empty: no checkpoints
   bool resume = false;
   std::int64_t save_every = 0;  // 0: only at the end
@@ -71,6 +72,10 @@ struct TrainResult {
   std::size_t peak_bytes = 0;  // device 0's allocator high-water mark over the run
   // With time_phases: device 0's median seconds per step in each phase (steps after the first).
   double forward_s = 0, backward_s = 0, optimizer_s = 0;
+  // With a pp axis: the schedule's bubble (the fraction of stage-ticks idle), the most micro-batches a
+  // stage holds at once, and device 0's measured idle fraction of the schedule (median over steps).
+  double bubble = 0, measured_bubble = 0;
+  std::int64_t in_flight = 0;
 };
 
 // Checks the options before any work: every number (ranges, finite, no overflow), the choices

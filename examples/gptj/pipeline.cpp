@@ -1,0 +1,229 @@
+#include "pipeline.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <optional>
+
+#include "model.h"
+
+namespace gptj {
+
+using namespace nax;
+
+Stage stage_of(const Config& c, int index, int count) {
+  const std::int64_t base = c.n_layers / count, longer = c.n_layers % count;
+  Stage s{.index = index, .count = count};
+  s.first_layer = index * base + std::min<std::int64_t>(index, longer);
+  s.end_layer = s.first_layer + base + (index < longer ? 1 : 0);
+  return s;
+}
+
+Stage device_stage(const Config& c, const Mesh& mesh, const Shard& s) {
+  const int count = pipeline_stages(mesh);
+  return stage_of(c, count > 1 ? s.coord("pp") : 0, count);
+}
+
+namespace {
+
+// The layer a parameter name belongs to ("transformer.h.3.attn.q_proj.weight": 3); -1 for the
+// embedding, n_layers for the final LayerNorm and the head.
+std::int64_t layer_of(const Config& c, const std::string& name) {
+  if (name.starts_with("transformer.wte.")) return -1;
+  if (!name.starts_with("transformer.h.")) return c.n_layers;
+  return std::stoll(name.substr(std::string("transformer.h.").size()));
+}
+
+}  // namespace
+
+std::vector<nn::ParamSpec> stage_specs(const Config& c, const Stage& stage) {
+  std::vector<nn::ParamSpec> out;
+  for (const auto& spec : parameter_specs(c))
+    if (stage_holding(c, stage.count, spec.name) == stage.index) out.push_back(spec);
+  return out;
+}
+
+int stage_holding(const Config& c, int count, const std::string& name) {
+  const std::int64_t layer = layer_of(c, name);
+  if (layer < 0) return 0;
+  if (layer >= c.n_layers) return count - 1;
+  for (int s = 0; s < count; ++s)
+    if (layer < stage_of(c, s, count).end_layer) return s;
+  fail("pipeline", "parameter '{}' names layer {} of {}", name, layer, c.n_layers);
+}
+
+Schedule parse_schedule(const std::string& name) {
+  if (name == "1f1b") return Schedule::one_f_one_b;
+  if (name == "gpipe") return Schedule::gpipe;
+  fail("train", "--schedule expects 1f1b or gpipe, got '{}'", name);
+}
+
+const char* schedule_name(Schedule s) { return s == Schedule::gpipe ? "gpipe" : "1f1b"; }
+
+namespace {
+
+// Each stage's actions in the order it runs them.
+std::vector<Action> stage_order(Schedule schedule, int stage, int stages, std::int64_t micro) {
+  std::vector<Action> order;
+  const std::int64_t ahead = schedule == Schedule::gpipe ? micro : std::min<std::int64_t>(stages - 1 - stage, micro);
+  for (std::int64_t m = 0; m < ahead; ++m) order.push_back({Action::forward, m});
+  for (std::int64_t m = 0; m < micro; ++m) {
+    if (m + ahead < micro) order.push_back({Action::forward, m + ahead});
+    order.push_back({Action::backward, m});
+  }
+  return order;
+}
+
+}  // namespace
+
+Timetable timetable(Schedule schedule, int stages, std::int64_t micro) {
+  std::vector<std::vector<Action>> order;
+  for (int s = 0; s < stages; ++s) order.push_back(stage_order(schedule, s, stages, micro));
+  std::vector<std::size_t> next(static_cast<std::size_t>(stages), 0);
+  // The tick after which stage s has micro-batch m's input: forward (activation) and backward (cotangent).
+  std::map<std::pair<int, std::int64_t>, std::int64_t> forward_ready, backward_ready;
+  Timetable table;
+  for (std::int64_t tick = 0;; ++tick) {
+    bool left = false;
+    std::vector<Action> row(static_cast<std::size_t>(stages));
+    for (int s = 0; s < stages; ++s) {
+      auto& n = next[static_cast<std::size_t>(s)];
+      const auto& mine = order[static_cast<std::size_t>(s)];
+      if (n == mine.size()) continue;
+      left = true;
+      const Action a = mine[n];
+      auto arrived = [&](const auto& ready, int at) {
+        const auto it = ready.find({at, a.micro});
+        return it != ready.end() && it->second < tick;
+      };
+      const bool has_input = a.kind == Action::forward ? s == 0 || arrived(forward_ready, s)
+                                                       : arrived(s == stages - 1 ? forward_ready : backward_ready, s == stages - 1 ? stages : s);
+      if (!has_input) continue;
+      row[static_cast<std::size_t>(s)] = a;
+      ++n;
+    }
+    if (!left) break;
+    for (int s = 0; s < stages; ++s) {  // what the tick's exchange delivers
+      const Action& a = row[static_cast<std::size_t>(s)];
+      if (a.kind == Action::forward) forward_ready[{s + 1, a.micro}] = tick;
+      if (a.kind == Action::backward) backward_ready[{s - 1, a.micro}] = tick;
+    }
+    table.push_back(std::move(row));
+  }
+  return table;
+}
+
+double bubble_fraction(const Timetable& t) {
+  if (t.empty()) return 0.0;
+  std::size_t idle = 0, all = 0;
+  for (const auto& row : t)
+    for (const auto& a : row) {
+      idle += a.kind == Action::idle ? 1 : 0;
+      ++all;
+    }
+  return static_cast<double>(idle) / static_cast<double>(all);
+}
+
+std::int64_t in_flight_on(const Timetable& t, int stage) {
+  std::int64_t now = 0, most = 0;
+  for (const auto& row : t) {
+    const Action::Kind kind = row[static_cast<std::size_t>(stage)].kind;
+    now += kind == Action::forward ? 1 : kind == Action::backward ? -1 : 0;
+    most = std::max(most, now);
+  }
+  return most;
+}
+
+std::int64_t most_in_flight(const Timetable& t) {
+  std::int64_t most = 0;
+  for (std::size_t s = 0; !t.empty() && s < t[0].size(); ++s) most = std::max(most, in_flight_on(t, static_cast<int>(s)));
+  return most;
+}
+
+namespace {
+
+// One tick's exchange in one direction: the stages that send pass their tensor to their neighbour
+// (`step` +1: the next stage, -1: the previous), the others zeros; every device calls the ppermute
+// when any stage sends, so that the group's calls agree.
+Tensor exchange(const std::vector<Action>& row, Action::Kind kind, int step, const Tensor& mine) {
+  std::vector<std::pair<int, int>> pairs;
+  for (std::size_t s = 0; s < row.size(); ++s) {
+    const int to = static_cast<int>(s) + step;
+    if (row[s].kind == kind && to >= 0 && to < static_cast<int>(row.size())) pairs.emplace_back(static_cast<int>(s), to);
+  }
+  return pairs.empty() ? Tensor() : ppermute(mine, "pp", pairs);
+}
+
+}  // namespace
+
+PipelineStep run_pipeline(const Timetable& t, const StageProgram& program, const std::vector<Tensor>& params, bool backward) {
+  const Stage& stage = program.stage;
+  const auto me = static_cast<std::size_t>(stage.index);
+  std::map<std::int64_t, Tensor> activations, cotangents;  // received, by micro-batch
+  std::map<std::int64_t, Vjp> waiting;                      // forwards whose pullback has not run
+  PipelineStep out;
+  Tensor loss_sum = pvary(scalar(0.0, DType::f64), "pp");
+  nn::GradAccumulator acc;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  for (const auto& row : t) {
+    const Action& a = row[me];
+    if (!backward && a.kind == Action::backward) continue;
+    Tensor send_on, send_back;
+    const auto work_start = Clock::now();
+    if (a.kind == Action::forward) {
+      const Tensor input = stage.first() ? Tensor() : activations.at(a.micro);
+      activations.erase(a.micro);
+      auto fn = [&, m = a.micro](const std::vector<Tensor>& primals) {
+        const Tensor x = stage.first() ? Tensor() : primals.back();
+        return std::vector<Tensor>{program.forward({primals.begin(), primals.begin() + static_cast<std::ptrdiff_t>(params.size())}, x, m)};
+      };
+      std::vector<Tensor> primals = params;
+      if (!stage.first()) primals.push_back(input);
+      Tensor result;
+      if (backward) {
+        Vjp f = vjp(fn, primals);
+        result = f.outputs[0];
+        waiting.emplace(a.micro, std::move(f));
+      } else {
+        NoGrad no_grad;
+        result = fn(primals)[0];
+      }
+      if (stage.last()) loss_sum = loss_sum + cast(result, DType::f64);
+      else send_on = result;
+    } else if (a.kind == Action::backward) {
+      Vjp& f = waiting.at(a.micro);
+      const Tensor cotangent = stage.last() ? full_like(f.outputs[0], 1.0) : cotangents.at(a.micro);
+      cotangents.erase(a.micro);
+      auto grads = f.pullback({cotangent});
+      waiting.erase(a.micro);
+      if (!stage.first()) {
+        send_back = grads.back();
+        grads.pop_back();
+      }
+      acc.add(grads);
+    }
+    if (a.kind != Action::idle) out.busy_s += std::chrono::duration<double>(Clock::now() - work_start).count();
+    // Forward: the activations go on; backward: the cotangents go back. A stage with nothing to send
+    // passes zeros shaped as an activation.
+    const auto any = [&](Action::Kind kind) { return std::any_of(row.begin(), row.end(), [&](const Action& x) { return x.kind == kind; }); };
+    if (any(Action::forward)) {
+      const Tensor got = exchange(row, Action::forward, 1, send_on.defined() ? send_on : program.activation_like());
+      if (!stage.first() && row[me - 1].kind == Action::forward) activations[row[me - 1].micro] = got;
+    }
+    if (backward && any(Action::backward)) {
+      const Tensor got = exchange(row, Action::backward, -1, send_back.defined() ? send_back : program.activation_like());
+      if (!stage.last() && row[me + 1].kind == Action::backward) cotangents[row[me + 1].micro] = got;
+    }
+  }
+  if (backward) out.grads = acc.count() > 0 ? acc.mean() : std::vector<Tensor>{};
+  // The losses live on the last stage: every device takes its value (a gather, exact in every bit).
+  const Tensor all = all_gather_invariant_stacked(loss_sum, "pp", "stage");
+  out.loss_sum = slice(all, "stage", stage.count - 1, stage.count).to_vector<double>()[0];
+  out.total_s = std::chrono::duration<double>(Clock::now() - start).count();
+  return out;
+}
+
+}  // namespace gptj
