@@ -7,6 +7,9 @@
 //
 //   build/bin/bench_train [--config small] [--meshes dp=1,mp=1;dp=1,mp=2;...] [--steps N] [--json FILE]
 //                         [--backend cpu|cuda] [--dtype f32|bf16] [--batch B] [--seq T] [--trace FILE] [--remat] [--zero]
+//                         [--sequence-parallel] [--micro-batches M] [--schedule 1f1b|gpipe]
+// On meshes with pp (--micro-batches M, --schedule) it also prints the schedule's bubble and device 0's
+// measured idle fraction of it.
 // --trace FILE writes each mesh's timeline (nax/trace/trace.h): FILE itself for one mesh, else FILE with
 // the mesh before the extension (run.json -> run.dp=1_mp=2.json). --modes default,deterministic
 // runs each mesh in both modes one after the other (RuntimeOptions::deterministic,
@@ -27,14 +30,16 @@ int main(int argc, char** argv) {
     std::int64_t steps = 8, batch = 8, seq = 128;
     nax::Backend backend = nax::Backend::cpu;
     nax::DType dtype = nax::DType::f32;
-    bool remat = false, zero = false;
+    bool remat = false, zero = false, sequence_parallel = false;
+    std::int64_t micro_batches = 1;
+    std::string schedule = "1f1b";
     std::vector<std::string> modes = {"default"};
     for (int i = 1; i < argc; ++i) {
       std::string arg = argv[i];
       if (arg == "--help" || arg == "-h") {
         fmt::print("usage: bench_train [--config small] [--meshes 'dp=1,mp=1;dp=2,mp=2'] [--steps N] [--batch B] [--seq T] [--json FILE]\n"
                    "                   [--backend cpu|cuda] [--dtype f32|bf16] [--trace FILE] [--remat] [--zero]\n"
-                   "                   [--modes default,deterministic]\n");
+                   "                   [--sequence-parallel] [--micro-batches M] [--schedule 1f1b|gpipe] [--modes default,deterministic]\n");
         return 0;
       }
       if (arg == "--config") config = bench::flag_value(argc, argv, i);
@@ -65,6 +70,9 @@ int main(int argc, char** argv) {
         }
       } else if (arg == "--remat") remat = true;
       else if (arg == "--zero") zero = true;
+      else if (arg == "--sequence-parallel") sequence_parallel = true;
+      else if (arg == "--micro-batches") micro_batches = bench::parse_integer(bench::flag_value(argc, argv, i), "--micro-batches");
+      else if (arg == "--schedule") schedule = bench::flag_value(argc, argv, i);
       else nax::fail("bench_train", "unknown argument '{}' (try --help)", arg);
     }
     std::string text;
@@ -81,7 +89,7 @@ int main(int argc, char** argv) {
         o.deterministic = mode == "deterministic";
         o.config = config, o.mesh = mesh, o.steps = steps, o.batch = batch, o.seq = seq, o.eval_every = 0, o.eval_batches = 1, o.quiet = true;
         o.backend = backend, o.dtype = dtype, o.warmup = std::min<std::int64_t>(o.warmup, steps);
-        o.remat = remat, o.zero = zero;
+        o.remat = remat, o.zero = zero, o.sequence_parallel = sequence_parallel, o.micro_batches = micro_batches, o.schedule = schedule;
         std::string mesh_trace = trace_path;
         if (!trace_path.empty() && meshes.size() > 1) {
           std::string tag = mesh;
@@ -108,6 +116,11 @@ int main(int argc, char** argv) {
                            .add("dtype", std::string(nax::dtype_name(dtype)))
                            .add("remat", remat)
                            .add("zero", zero)
+                           .add("sequence_parallel", sequence_parallel)
+                           .add("micro_batches", static_cast<double>(micro_batches))
+                           .add("schedule", schedule)
+                           .add("bubble", r.bubble)
+                           .add("measured_bubble", r.measured_bubble)
                            .add("batch", static_cast<double>(batch))
                            .add("seq", static_cast<double>(seq))
                            .add("tokens_per_s", r.tokens_per_s)
@@ -122,6 +135,9 @@ int main(int argc, char** argv) {
                            .add("optimizer_s", r.optimizer_s));
         fmt::print("{:<12} peak memory {:.2f} GiB; per step: forward {:.3f} s, backward {:.3f} s, optimizer {:.3f} s\n", "",
                    static_cast<double>(r.peak_bytes) / (1 << 30), r.forward_s, r.backward_s, r.optimizer_s);
+        if (r.in_flight > 0)
+          fmt::print("{:<12} pipeline {} over {} micro-batches: bubble {:.1f}% of stage-ticks, device 0 idle {:.1f}% of the schedule\n", "",
+                     schedule, micro_batches, 100 * r.bubble, 100 * r.measured_bubble);
       }
     }
     if (backend == nax::Backend::cpu)

@@ -1,5 +1,5 @@
 // The GPT-J trainer under mpirun -np 4 on dp=2,mp=2: the same losses as the thread runtime on the
-// same mesh (and on mp=2,cp=2, ring attention's, one device's), one checkpoint written by process 0
+// same mesh (and on mp=2,cp=2, ring attention's, and dp=2,pp=2, a pipeline's: one device's), one checkpoint written by process 0
 // and read back by every process (resume, sample).
 // gptj::train picks its runtime with Runtime::from_env: MPI here; $NAX_RUNTIME=threads gives the
 // reference in process 0.
@@ -55,6 +55,29 @@ TEST_CASE("mpi: ring attention over cp (mp=2,cp=2) gives one device's losses", "
   if (process_index() != 0) return;
   REQUIRE(losses.size() == 4);
   REQUIRE(nax::testing::max_rel_error(losses, train_on_threads(nax::testing::tiny("dp=1,mp=1", 4))) <= 1e-5);
+}
+
+TEST_CASE("mpi: a pipeline over pp (dp=2,pp=2, 1F1B) gives one device's losses; its checkpoint resumes on threads", "[mpi][gptj][pipeline]") {
+  REQUIRE(process_count() == 4);
+  const std::string dir = shared_scratch_dir("pipeline");
+  auto options = [&](const std::string& mesh) {
+    auto o = nax::testing::tiny(mesh, 4);
+    o.micro_batches = 2, o.ckpt_dir = dir;
+    return o;
+  };
+  auto interrupted = options("dp=2,pp=2");
+  interrupted.stop_after = 2;  // the stages' parameters travel to process 0, which writes the files
+  const auto losses = gptj::train(interrupted, corpus()).losses;
+  if (process_index() != 0) return;
+  auto straight = options("dp=1,mp=1");
+  straight.ckpt_dir.clear();
+  const auto want = train_on_threads(straight);
+  REQUIRE(losses.size() == 2);
+  REQUIRE(nax::testing::max_rel_error(losses, {want[0], want[1]}) <= 1e-5);
+  auto resumed = options("dp=1,mp=2");
+  resumed.resume = true;
+  REQUIRE(nax::testing::max_rel_error(train_on_threads(resumed), {want[2], want[3]}) <= 1e-5);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("mpi: process 0 writes the checkpoint and the metrics once; every process resumes from it and samples", "[mpi][gptj]") {

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
-#include <optional>
 
 #include "model.h"
 
@@ -158,71 +157,112 @@ Tensor exchange(const std::vector<Action>& row, Action::Kind kind, int step, con
 
 }  // namespace
 
-PipelineStep run_pipeline(const Timetable& t, const StageProgram& program, const std::vector<Tensor>& params, bool backward) {
-  const Stage& stage = program.stage;
-  const auto me = static_cast<std::size_t>(stage.index);
-  std::map<std::int64_t, Tensor> activations, cotangents;  // received, by micro-batch
-  std::map<std::int64_t, Vjp> waiting;                      // forwards whose pullback has not run
-  PipelineStep out;
-  Tensor loss_sum = pvary(scalar(0.0, DType::f64), "pp");
-  nn::GradAccumulator acc;
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  for (const auto& row : t) {
-    const Action& a = row[me];
-    if (!backward && a.kind == Action::backward) continue;
-    Tensor send_on, send_back;
-    const auto work_start = Clock::now();
-    if (a.kind == Action::forward) {
-      const Tensor input = stage.first() ? Tensor() : activations.at(a.micro);
-      activations.erase(a.micro);
-      auto fn = [&, m = a.micro](const std::vector<Tensor>& primals) {
-        const Tensor x = stage.first() ? Tensor() : primals.back();
-        return std::vector<Tensor>{program.forward({primals.begin(), primals.begin() + static_cast<std::ptrdiff_t>(params.size())}, x, m)};
-      };
-      std::vector<Tensor> primals = params;
-      if (!stage.first()) primals.push_back(input);
-      Tensor result;
-      if (backward) {
-        Vjp f = vjp(fn, primals);
-        result = f.outputs[0];
-        waiting.emplace(a.micro, std::move(f));
-      } else {
-        NoGrad no_grad;
-        result = fn(primals)[0];
-      }
-      if (stage.last()) loss_sum = loss_sum + cast(result, DType::f64);
-      else send_on = result;
-    } else if (a.kind == Action::backward) {
-      Vjp& f = waiting.at(a.micro);
-      const Tensor cotangent = stage.last() ? full_like(f.outputs[0], 1.0) : cotangents.at(a.micro);
-      cotangents.erase(a.micro);
-      auto grads = f.pullback({cotangent});
-      waiting.erase(a.micro);
-      if (!stage.first()) {
-        send_back = grads.back();
-        grads.pop_back();
-      }
-      acc.add(grads);
+namespace {
+
+// One device's part of a schedule: the micro-batches received and not yet run, the forwards whose
+// pullback has not run, the gradients and losses so far.
+class StageRun {
+ public:
+  StageRun(const StageProgram& program, const std::vector<Tensor>& params, bool backward)
+      : program_(program), stage_(program.stage), params_(params), backward_(backward) {}
+
+  // Runs this stage's action of one tick, then the tick's exchanges.
+  void tick(const std::vector<Action>& row) {
+    const Action& a = row[static_cast<std::size_t>(stage_.index)];
+    const auto start = std::chrono::steady_clock::now();
+    {
+      // The trace shows each tick's action per stage, and the bubble as "idle" (the tick's wait).
+      const trace::Span span("pipeline", a.kind == Action::forward ? "forward" : a.kind == Action::backward ? "backward" : "idle",
+                             [&] { return fmt::format("\"micro\": {}, \"stage\": {}", a.micro, stage_.index); });
+      if (a.kind == Action::forward) forward(a.micro);
+      if (a.kind == Action::backward && backward_) backward(a.micro);
     }
-    if (a.kind != Action::idle) out.busy_s += std::chrono::duration<double>(Clock::now() - work_start).count();
-    // Forward: the activations go on; backward: the cotangents go back. A stage with nothing to send
-    // passes zeros shaped as an activation.
+    if (a.kind != Action::idle) busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    pass_on(row);
+  }
+
+  std::vector<Tensor> mean_grads() const { return acc_.count() > 0 ? acc_.mean() : std::vector<Tensor>{}; }
+  const Tensor& loss_sum() const { return loss_sum_; }
+  double busy_s = 0;
+
+ private:
+  void forward(std::int64_t m) {
+    std::vector<Tensor> primals = params_;
+    if (!stage_.first()) primals.push_back(take(activations_, m));
+    auto fn = [&, m](const std::vector<Tensor>& p) {
+      const std::vector<Tensor> weights(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(params_.size()));
+      return std::vector<Tensor>{program_.forward(weights, stage_.first() ? Tensor() : p.back(), m)};
+    };
+    Tensor result;
+    if (backward_) {
+      Vjp f = vjp(fn, primals);
+      result = f.outputs[0];
+      waiting_.emplace(m, std::move(f));
+    } else {
+      NoGrad no_grad;
+      result = fn(primals)[0];
+    }
+    if (stage_.last()) loss_sum_ = loss_sum_ + cast(result, DType::f64);
+    else send_on_ = result;
+  }
+
+  void backward(std::int64_t m) {
+    const Vjp f = std::move(waiting_.at(m));
+    waiting_.erase(m);
+    auto grads = f.pullback({stage_.last() ? full_like(f.outputs[0], 1.0) : take(cotangents_, m)});
+    if (!stage_.first()) {
+      send_back_ = grads.back();
+      grads.pop_back();
+    }
+    acc_.add(grads);
+  }
+
+  // Forward: the activations go on; backward: the cotangents go back. A stage with nothing to send
+  // passes zeros shaped as an activation.
+  void pass_on(const std::vector<Action>& row) {
+    const auto me = static_cast<std::size_t>(stage_.index);
     const auto any = [&](Action::Kind kind) { return std::any_of(row.begin(), row.end(), [&](const Action& x) { return x.kind == kind; }); };
     if (any(Action::forward)) {
-      const Tensor got = exchange(row, Action::forward, 1, send_on.defined() ? send_on : program.activation_like());
-      if (!stage.first() && row[me - 1].kind == Action::forward) activations[row[me - 1].micro] = got;
+      const Tensor got = exchange(row, Action::forward, 1, send_on_.defined() ? send_on_ : program_.activation_like());
+      if (!stage_.first() && row[me - 1].kind == Action::forward) activations_[row[me - 1].micro] = got;
     }
-    if (backward && any(Action::backward)) {
-      const Tensor got = exchange(row, Action::backward, -1, send_back.defined() ? send_back : program.activation_like());
-      if (!stage.last() && row[me + 1].kind == Action::backward) cotangents[row[me + 1].micro] = got;
+    if (backward_ && any(Action::backward)) {
+      const Tensor got = exchange(row, Action::backward, -1, send_back_.defined() ? send_back_ : program_.activation_like());
+      if (!stage_.last() && row[me + 1].kind == Action::backward) cotangents_[row[me + 1].micro] = got;
     }
+    send_on_ = send_back_ = Tensor();
   }
-  if (backward) out.grads = acc.count() > 0 ? acc.mean() : std::vector<Tensor>{};
+
+  static Tensor take(std::map<std::int64_t, Tensor>& received, std::int64_t m) {
+    Tensor t = std::move(received.at(m));
+    received.erase(m);
+    return t;
+  }
+
+  const StageProgram& program_;
+  const Stage& stage_;
+  const std::vector<Tensor>& params_;
+  const bool backward_;
+  std::map<std::int64_t, Tensor> activations_, cotangents_;  // received, by micro-batch
+  std::map<std::int64_t, Vjp> waiting_;                      // forwards whose pullback has not run
+  Tensor send_on_, send_back_;
+  Tensor loss_sum_ = pvary(scalar(0.0, DType::f64), "pp");
+  nn::GradAccumulator acc_;
+};
+
+}  // namespace
+
+PipelineStep run_pipeline(const Timetable& t, const StageProgram& program, const std::vector<Tensor>& params, bool backward) {
+  const auto start = std::chrono::steady_clock::now();
+  StageRun run(program, params, backward);
+  for (const auto& row : t) run.tick(row);
+  PipelineStep out;
+  out.grads = backward ? run.mean_grads() : std::vector<Tensor>{};
   // The losses live on the last stage: every device takes its value (a gather, exact in every bit).
-  const Tensor all = all_gather_invariant_stacked(loss_sum, "pp", "stage");
-  out.loss_sum = slice(all, "stage", stage.count - 1, stage.count).to_vector<double>()[0];
-  out.total_s = std::chrono::duration<double>(Clock::now() - start).count();
+  const Tensor all = all_gather_invariant_stacked(run.loss_sum(), "pp", "stage");
+  out.loss_sum = slice(all, "stage", program.stage.count - 1, program.stage.count).to_vector<double>()[0];
+  out.busy_s = run.busy_s;
+  out.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return out;
 }
 

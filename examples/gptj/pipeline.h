@@ -68,11 +68,12 @@ struct StageProgram {
 };
 
 struct PipelineStep {
-  std::vector<nax::Tensor> grads;  // this stage's parameter gradients summed over the micro-batches
+  std::vector<nax::Tensor> grads;  // this stage's parameter gradients, averaged over the micro-batches
   double loss_sum = 0;             // the micro-batches' losses added (every device)
   double busy_s = 0, total_s = 0;  // this device's time in its forwards and pullbacks, and in the whole schedule
 };
-// Collective over pp: runs the timetable; with backward, every micro-batch's pullback.
+// Collective over pp: runs the timetable; with backward, every micro-batch's pullback (without:
+// the forwards alone, for evaluation).
 PipelineStep run_pipeline(const Timetable& t, const StageProgram& program, const std::vector<nax::Tensor>& params, bool backward);
 
 }  // namespace gptj
