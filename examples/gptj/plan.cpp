@@ -150,7 +150,9 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
     // bucket once it is reduced: at most two copies of the gradients at a time.
     const double at_head = others + s.layers * kept_per_block + head + (s.last ? head_transient(s) : 0.0);
     const double at_last_block = others + s.layers * kept_per_block + recompute + in_block + 4 * s.head_params + sum;
-    const double at_first_block = others + kept_per_block + recompute + in_block + p.gradients + sum;
+    // By the first block's backward every gradient is made; its own saved values (rebuilt under
+    // remat) go as its backward's transients come, so the larger of the two counts.
+    const double at_first_block = others + kept_per_block + std::max(recompute, in_block) + p.gradients + sum;
     const double at_dp_sum = others + (s.dp * s.cp > 1 ? 2 : 1) * p.gradients + sum;  // summed over dp and cp alike
     backward = std::max({backward, at_head, at_last_block, at_first_block, at_dp_sum});
   }

@@ -521,9 +521,11 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
       const double eta = seconds_since(start) / static_cast<double>(step - first + 1) * static_cast<double>(o.steps - step - 1);
       progress.update(step, fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | MFU {:.1f}% | ETA {:.0f}s", step + 1, o.steps,
                                         stats.loss, tokens_per_s, 100 * mfu, eta));
-      metrics.write({{"step", step}, {"loss", stats.loss}, {"dtype", dtype_name(o.dtype)}, {"lr", lr}, {"grad_norm", stats.grad_norm.item()},
-                     {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"step_s", step_s}, {"comm_bytes", comm.bytes},
-                     {"comm", comm.kinds}, {"collectives", comm.calls}});
+      nlohmann::json record{{"step", step}, {"loss", stats.loss}, {"dtype", dtype_name(o.dtype)}, {"lr", lr}, {"grad_norm", stats.grad_norm.item()},
+                            {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"step_s", step_s}, {"comm_bytes", comm.bytes},
+                            {"comm", comm.kinds}, {"collectives", comm.calls}};
+      if (stats.pipeline_s > 0) record["pipeline_idle"] = 1 - stats.pipeline_busy_s / stats.pipeline_s;  // device 0's share of the schedule
+      metrics.write(record);
       if (heldout) {
         progress.message(fmt::format("step {}: held-out loss {:.4f}", step + 1, *heldout));
         metrics.write({{"step", step}, {"heldout_loss", *heldout}});
