@@ -173,6 +173,29 @@ TEST_CASE("data-parallel mean and micro-batch accumulation give the full-batch g
   }
 }
 
+TEST_CASE("AdamW::update replaces the parameters one at a time with step()'s values, bit for bit", "[nn][mesh]") {
+  Runtime::local(Mesh::parse("dp=1,mp=2")).run([&](Shard& s) {
+    Parameters by_step = Parameters::init(s, kSpecs, rules_for(s.mesh()), 3), in_place = Parameters::init(s, kSpecs, rules_for(s.mesh()), 3);
+    AdamW a, b;
+    for (int step = 0; step < 3; ++step) {
+      std::vector<Tensor> grads;
+      for (const auto& p : by_step.values()) grads.push_back(random_normal(p.shape(), 10 + step, "g", 1.0, p.dtype()).with_vary(p.vary()));
+      by_step.assign(a.step(by_step, grads, 0.01));
+      b.update(in_place, grads, 0.01);
+      for (std::size_t i = 0; i < kSpecs.size(); ++i) {
+        NAX_EXPECT(testing::same_values(by_step[i], in_place[i]));
+        NAX_EXPECT(in_place[i].requires_grad());
+      }
+    }
+    NAX_EXPECT(b.steps() == 3);
+  });
+  std::vector<Tensor> values;
+  for (const auto& spec : kSpecs) values.push_back(zeros(spec.global));
+  Parameters host = Parameters::from_values(kSpecs, values);
+  REQUIRE_THROWS_WITH(host.assign(0, zeros(Shape{{"embed", 3}})), Catch::Matchers::Contains("'w_in' is f32[embed=4, mlp=8]"));
+  REQUIRE_THROWS_WITH(host.assign(9, host[0]), Catch::Matchers::Contains("parameter 9 of 4"));
+}
+
 TEST_CASE("AdamW opt({}) is the default optimizer", "[nn]") {
   AdamW opt({});
   const std::vector<Tensor> p{ones(Shape{{"i", 2}, {"j", 2}})}, g{full(Shape{{"i", 2}, {"j", 2}}, 0.5)};

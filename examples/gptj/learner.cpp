@@ -14,15 +14,15 @@ Tensor micro_batch(const Tensor& t, std::int64_t m, std::int64_t count) {
   return slice(t, "batch", m * n, (m + 1) * n).with_vary(t.vary());
 }
 
-}  // namespace
-
-DType parse_compute_dtype(const std::string& name) {
-  if (name == "bf16") return DType::bf16;
-  if (name == "f32") return DType::f32;
-  fail("train", "--dtype expects bf16 or f32, got '{}'", name);
+// Values made per pipeline stage: Varying over pp (a stage's parameters are its own).
+std::vector<Tensor> per_stage(std::vector<Tensor> values) {
+  for (auto& v : values) {
+    VaryType vary = v.vary();
+    vary.set_varying("pp");
+    v = v.with_vary(vary);
+  }
+  return values;
 }
-
-namespace {
 
 // This device's parameters: its pipeline stage's (every parameter without pp), initialised as on one
 // device. A stage's parameters differ from the other stages', so they are Varying over pp (their
@@ -35,13 +35,10 @@ nn::Parameters stage_parameters(Shard& s, const Config& config, const Stage& sta
 
 }  // namespace
 
-std::vector<Tensor> per_stage(std::vector<Tensor> values) {
-  for (auto& v : values) {
-    VaryType vary = v.vary();
-    vary.set_varying("pp");
-    v = v.with_vary(vary);
-  }
-  return values;
+DType parse_compute_dtype(const std::string& name) {
+  if (name == "bf16") return DType::bf16;
+  if (name == "f32") return DType::f32;
+  fail("train", "--dtype expects bf16 or f32, got '{}'", name);
 }
 
 // The parameters are f32 whatever the compute dtype: they are the master weights the optimizer updates.
@@ -135,7 +132,7 @@ Learner::StepStats Learner::step(const Tensor& ids, const Tensor& targets, doubl
   // With pp each stage holds its own parameters: the norm adds every stage's squares.
   stats.grad_norm = pipelined() ? nn::global_norm(g.grads, "pp") : nn::global_norm(g.grads);
   nn::clip_to_norm_on_device(g.grads, stats.grad_norm, options_.clip);
-  model_.params().assign(optimizer_.step(model_.params(), g.grads, lr));
+  optimizer_.update(model_.params(), std::move(g.grads), lr);  // one parameter's old and new values at a time
   if (options_.time_phases) {
     shard_.synchronize();
     stats.optimizer_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - stats.forward_s - stats.backward_s -

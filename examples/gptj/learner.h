@@ -64,7 +64,4 @@ class Learner {
   Gradients pipeline_gradients(const nax::Tensor& ids, const nax::Tensor& targets, StepStats& stats);
 };
 
-// Values made per pipeline stage: Varying over pp (a stage's parameters, loaded as global tensors).
-std::vector<nax::Tensor> per_stage(std::vector<nax::Tensor> values);
-
 }  // namespace gptj

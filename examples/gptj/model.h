@@ -3,7 +3,8 @@
 // vocab-parallel embedding (masked lookup + psum), parallel-residual blocks with one psum each, a
 // final LayerNorm, a vocab-parallel output head with bias and the vocab-parallel cross-entropy.
 // Logits are never gathered for training. With sequence parallelism the psums become psum_scatters
-// along seq and the stream between them is cut along seq over mp (block.h).
+// along seq and the stream between them is cut along seq over mp (block.h). On a pp mesh a Model
+// holds one pipeline stage's layers and runs them with stage_forward (pipeline.h).
 #include <nax/nax.h>
 
 #include <optional>

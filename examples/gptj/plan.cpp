@@ -157,11 +157,13 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
     backward = std::max({backward, at_head, at_last_block, at_first_block, at_dp_sum});
   }
   p.backward_peak = state + backward;
-  // The step: the averaged gradients (the clipping replaces them one at a time), the old parameters
-  // and the new, and while the largest parameter is updated its clipped gradient and its new moments
-  // beside the old (with --zero: every updated part, and the largest parameter's part and gathered copy).
-  const double step_transient = o.zero ? 4 * (std::ceil(s.params / s.dp) + s.largest * (1 + 1 / s.dp)) : 8 * s.largest;
-  p.optimizer_peak = 2 * p.parameters + p.optimizer + p.gradients + 4 * s.largest + step_transient;
+  // The step: the averaged gradients (the clipping replaces them one at a time) and, while the
+  // largest parameter is updated, its clipped gradient, its new value and its new moments beside the
+  // old ones (AdamW::update replaces one parameter at a time). With --zero every updated part lives
+  // until the parts are gathered, with the largest parameter's part and gathered copy, beside the old
+  // parameters.
+  const double step_transient = o.zero ? p.parameters + 4 * (std::ceil(s.params / s.dp) + s.largest * (1 + 1 / s.dp)) : 12 * s.largest;
+  p.optimizer_peak = p.parameters + p.optimizer + p.gradients + 4 * s.largest + step_transient;
   p.peak = std::max(p.backward_peak, p.optimizer_peak);
   p.fits = p.peak <= o.device_memory;
   return p;

@@ -31,7 +31,7 @@ struct PlanOptions {
 struct MemoryPlan {
   double parameters = 0, gradients = 0, optimizer = 0, activations = 0;  // bytes per device
   double backward_peak = 0;   // parameters, moments, saved activations, the loss's gradients
-  double optimizer_peak = 0;  // parameters old and new, moments, gradients and their clipped copy
+  double optimizer_peak = 0;  // parameters, moments, the clipped gradients, one parameter's update
   double peak = 0;
   bool fits = false;
   std::vector<double> stage_peaks;  // with pp: each stage's peak (the fields above are the busiest stage's)

@@ -124,15 +124,33 @@ std::vector<Tensor> AdamW::step(const Parameters& params, const std::vector<Tens
   return named_step(params.values(), grads, lr, [&](std::size_t i) { return fmt::format("parameter '{}'", params.specs()[i].name); });
 }
 
-std::vector<Tensor> AdamW::named_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
-                                      const std::function<std::string(std::size_t)>& name_of) {
+void AdamW::update(Parameters& params, std::vector<Tensor> grads, double lr) {
+  if (!config_.shard_state_over.empty()) {
+    params.assign(step(params, grads, lr));
+    return;
+  }
+  check_gradients(params.values(), grads, [&](std::size_t i) { return fmt::format("parameter '{}'", params.specs()[i].name); });
+  prepare(params.values());
+  NoGrad no_grad;
+  const kernels::AdamWStep settings = step_settings(config_, steps_, lr);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    Tensor updated = one_step(stop_gradient(params[i]), std::exchange(grads[i], Tensor()), m_[i], v_[i], for_param(settings, params[i].shape()));
+    params.assign(i, std::move(updated));
+  }
+}
+
+void AdamW::check_gradients(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                            const std::function<std::string(std::size_t)>& name_of) const {
   if (params.size() != grads.size()) fail("AdamW::step", "{} parameters but {} gradients", params.size(), grads.size());
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (grads[i].shape() != params[i].shape())
       fail("AdamW::step", "the gradient of {} is {}, the parameter {}", name_of(i), grads[i].str(), params[i].str());
     check_same_vary(params[i], grads[i], [&] { return name_of(i); });
   }
-  if (!config_.shard_state_over.empty()) return sharded_step(params, grads, lr);
+}
+
+// Makes the moments at the first step and counts the step (unsharded state).
+void AdamW::prepare(const std::vector<Tensor>& params) {
   NoGrad no_grad;
   if (m_.empty()) {
     for (const auto& p : params) {
@@ -142,6 +160,14 @@ std::vector<Tensor> AdamW::named_step(const std::vector<Tensor>& params, const s
   }
   if (m_.size() != params.size()) fail("AdamW::step", "state for {} parameters, got {}", m_.size(), params.size());
   ++steps_;
+}
+
+std::vector<Tensor> AdamW::named_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
+                                      const std::function<std::string(std::size_t)>& name_of) {
+  check_gradients(params, grads, name_of);
+  if (!config_.shard_state_over.empty()) return sharded_step(params, grads, lr);
+  prepare(params);
+  NoGrad no_grad;
   const kernels::AdamWStep step = step_settings(config_, steps_, lr);
   std::vector<Tensor> updated;
   for (std::size_t i = 0; i < params.size(); ++i)

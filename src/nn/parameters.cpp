@@ -32,11 +32,14 @@ const Tensor& Parameters::operator[](const std::string& name) const {
 
 void Parameters::assign(std::vector<Tensor> values) {
   if (values.size() != values_.size()) fail("Parameters::assign", "{} values for {} parameters", values.size(), values_.size());
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (values[i].shape() != values_[i].shape() || values[i].vary() != values_[i].vary())
-      fail("Parameters::assign", "'{}' is {}, got {}", specs_[i].name, values_[i].str(), values[i].str());
-    values_[i] = parameter(stop_gradient(values[i]));
-  }
+  for (std::size_t i = 0; i < values.size(); ++i) assign(i, std::move(values[i]));
+}
+
+void Parameters::assign(std::size_t i, Tensor value) {
+  if (i >= values_.size()) fail("Parameters::assign", "parameter {} of {}", i, values_.size());
+  if (value.shape() != values_[i].shape() || value.vary() != values_[i].vary())
+    fail("Parameters::assign", "'{}' is {}, got {}", specs_[i].name, values_[i].str(), value.str());
+  values_[i] = parameter(stop_gradient(value));
 }
 
 std::int64_t Parameters::global_count() const {

@@ -44,6 +44,10 @@ class AdamW {
   // shard_state_over needs that mesh axis on the shard's mesh. The Parameters form names them.
   std::vector<Tensor> step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr);
   std::vector<Tensor> step(const Parameters& params, const std::vector<Tensor>& grads, double lr);
+  // The same step, each parameter replaced in `params` as soon as its update is made and its
+  // gradient let go (`grads` is consumed): the old and new values of one parameter at a time
+  // instead of all of them. With shard_state_over, as step() (the updates are gathered together).
+  void update(Parameters& params, std::vector<Tensor> grads, double lr);
   std::int64_t steps() const { return steps_; }
   // Moment estimates, in parameter order: first moments, then second moments, each shaped and cut
   // as its parameter whether or not the state is sharded (checkpoints do not depend on it). With
@@ -58,6 +62,9 @@ class AdamW {
   std::vector<Tensor> named_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
                                  const std::function<std::string(std::size_t)>& name_of);  // named only in errors
   std::vector<Tensor> sharded_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr);
+  void check_gradients(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                       const std::function<std::string(std::size_t)>& name_of) const;  // shapes and vary types
+  void prepare(const std::vector<Tensor>& params);  // the moments at the first step; counts the step
 
   AdamWConfig config_;
   std::int64_t steps_ = 0;

@@ -34,6 +34,8 @@ class Parameters {
   const Tensor& operator[](std::size_t i) const { return values_[i]; }
   // Replaces every value (e.g. after an optimizer step), keeping them parameters.
   void assign(std::vector<Tensor> values);
+  // Replaces value i (its shape and vary type unchanged), keeping it a parameter.
+  void assign(std::size_t i, Tensor value);
   std::int64_t global_count() const;  // number of scalars in the global model
 
  private:
