@@ -21,6 +21,15 @@ namespace {
 
 using Index = std::map<std::string, std::int64_t>;
 
+// Random q, k and v of one shape.
+std::vector<Tensor> qkv(const Shape& shape) { return {random_input(shape, "q"), random_input(shape, "k"), random_input(shape, "v")}; }
+
+// `rules`, and the batch over dp where the mesh has dp.
+AxisRules with_batch_over_dp(AxisRules rules, const Mesh& mesh) {
+  if (mesh.has("dp")) rules.set("batch", {"dp"});
+  return rules;
+}
+
 std::int64_t offset_of(const Shape& shape, const Index& index) {
   const auto strides = shape.strides();
   std::int64_t offset = 0;
@@ -209,7 +218,7 @@ TEST_CASE("causal_attention gradients against finite differences", "[attention]"
   const Shape shape{{"batch", 2}, {"seq", 3}, {"heads", 2}, {"head_dim", 3}};
   auto attention_loss = [](const std::vector<Tensor>& p) { return weighted_sum(causal_attention(p[0], p[1], p[2], "seq", "head_dim")); };
   SECTION("heads after seq") {
-    check_gradients(attention_loss, {random_input(shape, "q"), random_input(shape, "k"), random_input(shape, "v")}, kGradTolerance);
+    check_gradients(attention_loss, qkv(shape), kGradTolerance);
   }
   SECTION("head_dim first, k and v in other orders") {
     const Shape q_shape{{"head_dim", 3}, {"seq", 3}, {"batch", 2}, {"heads", 2}};
@@ -249,10 +258,8 @@ TEST_CASE("causal_attention on a mesh: heads over mp, batch over dp", "[attentio
   for (const char* mesh : {"mp=2", "dp=2,mp=2"}) {
     INFO(mesh);
     Runtime rt = Runtime::local(Mesh::parse(mesh));
-    AxisRules rules{{"heads", "mp"}};
-    if (rt.mesh().has("dp")) rules.set("batch", {"dp"});
-    const Shape shape{{"batch", 2}, {"seq", 3}, {"heads", 4}, {"head_dim", 2}};
-    const std::vector<Tensor> globals = {random_input(shape, "q"), random_input(shape, "k"), random_input(shape, "v")};
+    const AxisRules rules = with_batch_over_dp({{"heads", "mp"}}, rt.mesh());
+    const std::vector<Tensor> globals = qkv(Shape{{"batch", 2}, {"seq", 3}, {"heads", 4}, {"head_dim", 2}});
 
     // Forward: each device's block of the host result, vary Split like the inputs.
     const Tensor host = causal_attention(globals[0], globals[1], globals[2], "seq", "head_dim");
@@ -501,7 +508,7 @@ TEST_CASE("attention_block gradients from out and lse against finite differences
 
 TEST_CASE("attention_block: rows that see no key have zero gradients, never NaN", "[attention][block]") {
   const Shape shape{{"seq", 6}, {"heads", 2}, {"head_dim", 4}};
-  const std::vector<Tensor> inputs = {random_input(shape, "q"), random_input(shape, "k"), random_input(shape, "v")};
+  const std::vector<Tensor> inputs = qkv(shape);
   // The first three rows see no key; out of them is 0, and the loss reads only out (lse is -inf there).
   const auto grads = value_and_grad([](auto& p) { return weighted_sum(attention_block(p[0], p[1], p[2], "seq", "head_dim",
                                                                                       AttentionMask::causal(-3)).out); },
@@ -546,7 +553,7 @@ TEST_CASE("combine_attention of two key blocks equals attention over both, value
 
 TEST_CASE("combine_attention with blocks that see nothing: identity, and no NaN", "[attention][block]") {
   const Shape shape{{"seq", 4}, {"head_dim", 3}};
-  const std::vector<Tensor> inputs = {random_input(shape, "q"), random_input(shape, "k"), random_input(shape, "v")};
+  const std::vector<Tensor> inputs = qkv(shape);
   auto program = [](const std::vector<Tensor>& p, std::int64_t empty_offset) {
     const AttentionBlock seen = attention_block(p[0], p[1], p[2], "seq", "head_dim");
     const AttentionBlock none = attention_block(p[0], p[1], p[2], "seq", "head_dim", AttentionMask::causal(empty_offset));
@@ -567,10 +574,8 @@ TEST_CASE("combine_attention with blocks that see nothing: identity, and no NaN"
 TEST_CASE("ring attention over cp written per shard equals causal attention, values and gradients", "[attention][block][mesh]") {
   for (const char* mesh : {"cp=2", "cp=4", "dp=2,cp=2"}) {
     Runtime rt = Runtime::local(Mesh::parse(mesh));
-    AxisRules rules{{"seq", "cp"}};
-    if (rt.mesh().has("dp")) rules.set("batch", {"dp"});
-    const Shape shape{{"batch", 2}, {"seq", 8}, {"heads", 2}, {"head_dim", 3}};
-    const std::vector<Tensor> globals = {random_input(shape, "q"), random_input(shape, "k"), random_input(shape, "v")};
+    const AxisRules rules = with_batch_over_dp({{"seq", "cp"}}, rt.mesh());
+    const std::vector<Tensor> globals = qkv(Shape{{"batch", 2}, {"seq", 8}, {"heads", 2}, {"head_dim", 3}});
     const Tensor host = causal_attention(globals[0], globals[1], globals[2], "seq", "head_dim");
     for (bool skip_masked : {true, false}) {
       INFO(mesh << (skip_masked ? " skipping masked blocks" : " attending masked blocks"));
