@@ -107,10 +107,7 @@ std::pair<double, std::map<std::string, std::vector<double>>> pipeline_grads(con
     const auto g = learner.gradients(ids, targets, stats);
     Named grads;
     for (std::size_t i = 0; i < g.grads.size(); ++i) {
-      Tensor whole = g.grads[i];
-      for (const auto& a : whole.shape().axes())
-        if (auto over = whole.vary().split_mesh_axes(a.name); !over.empty()) whole = all_gather_invariant(whole, over, a.name);
-      grads[learner.model().params().specs()[i].name] = whole.to_vector<double>();
+      grads[learner.model().params().specs()[i].name] = all_gather_cuts(g.grads[i]).to_vector<double>();
     }
     return std::make_pair(g.loss.item(), grads);
   });

@@ -50,8 +50,7 @@ Tensor gather_held(Shard& s, const ShardedTensor& t, int writer) {
     for (const auto& e : whole.vary().entries())
       if (e.mesh_axis != axis && e.kind != Vary::Split)
         fail("save_sharded", "tensor '{}' is {}: a held tensor's block is cut or Invariant over every mesh axis but '{}'", t.name, whole.str(), axis);
-    for (const auto& a : whole.shape().axes())
-      if (auto over = whole.vary().split_mesh_axes(a.name); !over.empty()) whole = all_gather_invariant(whole, over, a.name);
+    whole = all_gather_cuts(whole);
     if (whole.shape() != t.global)
       fail("save_sharded", "tensor '{}' gathers to {}, announced as {}", t.name, whole.shape().str(), t.global.str());
   } else {

@@ -383,6 +383,12 @@ Tensor all_gather_invariant_stacked(const Tensor& x, const Names& mesh_axes, con
                                     std::source_location where) {
   return gather("all_gather_invariant_stacked", x, mesh_axes, new_axis, true, true, site_of(where));
 }
+Tensor all_gather_cuts(const Tensor& x, std::source_location where) {
+  Tensor whole = x;
+  for (const auto& axis : x.shape().axes())
+    if (const auto cuts = x.vary().split_mesh_axes(axis.name); !cuts.empty()) whole = all_gather_invariant(whole, cuts, axis.name, where);
+  return whole;
+}
 
 // ---------------------------------------------------------------------------------------------
 // psum_scatter: a partial sum becomes Split along the axis; transposes to all_gather.

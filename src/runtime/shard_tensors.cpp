@@ -58,12 +58,7 @@ Tensor DeviceShard::gather(const Tensor& t) {
            "first", t.str(), e.mesh_axis);
   }
   if (checking_enabled()) check_invariant(t, "gather");
-  Tensor whole = t;
-  for (const auto& axis : t.shape().axes()) {
-    auto mesh_axes = t.vary().split_mesh_axes(axis.name);
-    if (!mesh_axes.empty()) whole = all_gather_invariant(whole, mesh_axes, axis.name);
-  }
-  return transfer(whole.with_vary(VaryType{}), Device::host());
+  return transfer(all_gather_cuts(t).with_vary(VaryType{}), Device::host());
 }
 
 Tensor DeviceShard::random_normal(const Shape& global, const AxisRules& rules, std::uint64_t seed, std::string_view name,

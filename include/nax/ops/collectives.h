@@ -39,6 +39,10 @@ Tensor all_gather(const Tensor& x, const Names& mesh_axes, const std::string& ax
                   std::source_location where = std::source_location::current());
 Tensor all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis,
                             std::source_location where = std::source_location::current());
+// Every tensor axis of x cut over mesh axes, gathered whole: all_gather_invariant over each cut
+// (its other mesh axes, Varying or Invariant, as they were). A pipeline stage's parameter, Varying
+// over pp, becomes the whole tensor of that stage.
+Tensor all_gather_cuts(const Tensor& x, std::source_location where = std::source_location::current());
 // Stacks the group's values along a new leading axis `new_axis` (size: the group's size).
 Tensor all_gather_stacked(const Tensor& x, const Names& mesh_axes, const std::string& new_axis,
                           std::source_location where = std::source_location::current());
