@@ -14,23 +14,19 @@ Tensor micro_batch(const Tensor& t, std::int64_t m, std::int64_t count) {
   return slice(t, "batch", m * n, (m + 1) * n).with_vary(t.vary());
 }
 
-// Values made per pipeline stage: Varying over pp (a stage's parameters are its own).
-std::vector<Tensor> per_stage(std::vector<Tensor> values) {
-  for (auto& v : values) {
-    VaryType vary = v.vary();
-    vary.set_varying("pp");
-    v = v.with_vary(vary);
+// This device's model: its pipeline stage's parameters (every parameter without pp), initialised as
+// on one device. A stage's parameters differ from the other stages', so they are Varying over pp
+// (their gradients then stay on the stage: no sum over pp).
+Model stage_model(Shard& s, const Config& config, const AxisRules& rules, const TrainOptions& o) {
+  const Stage stage = device_stage(config, s.mesh(), s);
+  nn::Parameters p = nn::Parameters::init(s, stage_specs(config, stage), rules, o.seed);
+  if (stage.count > 1) {
+    NoGrad no_grad;
+    std::vector<Tensor> values;
+    for (const auto& v : p.values()) values.push_back(pvary(v, "pp"));
+    p = nn::Parameters::from_values(p.specs(), values);
   }
-  return values;
-}
-
-// This device's parameters: its pipeline stage's (every parameter without pp), initialised as on one
-// device. A stage's parameters differ from the other stages', so they are Varying over pp (their
-// gradients then stay on the stage: no sum over pp).
-nn::Parameters stage_parameters(Shard& s, const Config& config, const Stage& stage, const AxisRules& rules, std::uint64_t seed) {
-  nn::Parameters p = nn::Parameters::init(s, stage_specs(config, stage), rules, seed);
-  if (stage.count == 1) return p;
-  return nn::Parameters::from_values(p.specs(), per_stage(p.values()));
+  return Model(config, std::move(p), o.dtype, stage);
 }
 
 }  // namespace
@@ -45,11 +41,11 @@ DType parse_compute_dtype(const std::string& name) {
 Learner::Learner(Shard& s, const Config& config, const AxisRules& rules, const TrainOptions& options)
     : shard_(s),
       options_(options),
-      model_(config, stage_parameters(s, config, device_stage(config, s.mesh(), s), rules, options.seed), options.dtype,
-             device_stage(config, s.mesh(), s)),
+      model_(stage_model(s, config, rules, options)),
       global_(config, model_.params(), options.dtype),
       optimizer_({.weight_decay = options.weight_decay, .shard_state_over = options.zero ? "dp" : ""}),
-      timetable_(timetable(parse_schedule(options.schedule), model_.stage().count, options.micro_batches)) {
+      timetable_(timetable(parse_schedule(options.schedule), model_.stage().count, options.micro_batches)),
+      eval_timetable_(timetable(Schedule::gpipe, model_.stage().count, 1)) {
   model_.set_remat(options.remat);
   model_.set_sequence_parallel(options.sequence_parallel);
 }
@@ -61,29 +57,13 @@ StageProgram Learner::stage_program(const Tensor& ids, const Tensor& targets, st
   p.forward = [this, ids, targets, micro](const std::vector<Tensor>& values, const Tensor& input, std::int64_t m) {
     return model_.stage_forward(values, input, micro_batch(ids, m, micro), micro_batch(targets, m, micro));
   };
-  p.activation_like = [this, ids, micro] { return activation_zeros(micro_batch(ids, 0, micro)); };
+  p.activation_like = [this, ids, micro] { return model_.stage_activation_zeros(micro_batch(ids, 0, micro)); };
   return p;
-}
-
-// The stream between blocks for a micro-batch of `ids`: [batch, seq, embed] in the compute dtype,
-// cut as the ids are (batch over dp, seq over cp) and, with sequence parallelism, seq over mp too.
-Tensor Learner::activation_zeros(const Tensor& ids) const {
-  VaryType vary = ids.vary();
-  vary.set_varying("pp");
-  std::int64_t seq = ids.size("seq");
-  if (options_.sequence_parallel && axis_size("mp") > 1) {
-    vary.set_split("mp", "seq");
-    seq /= axis_size("mp");
-  }
-  const Shape shape{{"batch", ids.size("batch")}, {"seq", seq}, {"embed", model_.config().d_model}};
-  return zeros(shape, options_.dtype).with_vary(vary);
 }
 
 Tensor Learner::loss(const Tensor& ids, const Tensor& targets) const {
   if (pipelined()) {  // forwards only, one micro-batch after another through the stages
-    const PipelineStep r = run_pipeline(timetable(Schedule::gpipe, model_.stage().count, 1), stage_program(ids, targets, 1),
-                                        model_.params().values(), false);
-    return scalar(r.loss_sum, DType::f64);
+    return run_pipeline(eval_timetable_, stage_program(ids, targets, 1), model_.params().values(), false).loss_sum;
   }
   return options_.sharding == "auto" ? global_.loss(ids, targets) : model_.loss(ids, targets);
 }
@@ -92,7 +72,7 @@ Learner::Gradients Learner::pipeline_gradients(const Tensor& ids, const Tensor& 
   const trace::Span span("phase", "pipeline");
   PipelineStep r = run_pipeline(timetable_, stage_program(ids, targets, options_.micro_batches), model_.params().values(), true);
   stats.pipeline_busy_s = r.busy_s, stats.pipeline_s = r.total_s;
-  return {std::move(r.grads), scalar(r.loss_sum / static_cast<double>(options_.micro_batches), DType::f64)};
+  return {std::move(r.grads), r.loss_sum / static_cast<double>(options_.micro_batches)};
 }
 
 Learner::Gradients Learner::gradients(const Tensor& ids, const Tensor& targets, StepStats& stats) {
@@ -126,17 +106,18 @@ Learner::Gradients Learner::gradients(const Tensor& ids, const Tensor& targets, 
 
 Learner::StepStats Learner::step(const Tensor& ids, const Tensor& targets, double lr) {
   StepStats stats;
-  const auto t0 = std::chrono::steady_clock::now();
   Gradients g = gradients(ids, targets, stats);
   const trace::Span optimizer_span("phase", "optimizer");
+  // Phase times need the device's queue drained at each boundary: only when asked for.
+  if (options_.time_phases) shard_.synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
   // With pp each stage holds its own parameters: the norm adds every stage's squares.
   stats.grad_norm = pipelined() ? nn::global_norm(g.grads, "pp") : nn::global_norm(g.grads);
   nn::clip_to_norm_on_device(g.grads, stats.grad_norm, options_.clip);
   optimizer_.update(model_.params(), std::move(g.grads), lr);  // one parameter's old and new values at a time
   if (options_.time_phases) {
     shard_.synchronize();
-    stats.optimizer_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - stats.forward_s - stats.backward_s -
-                        stats.pipeline_s;
+    stats.optimizer_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   stats.loss = g.loss.item();
   return stats;

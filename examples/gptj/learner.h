@@ -56,11 +56,10 @@ class Learner {
   Model model_;
   GlobalModel global_;
   nax::nn::AdamW optimizer_;
-  Timetable timetable_;
+  Timetable timetable_, eval_timetable_;  // a step's; an evaluation's (one micro-batch, forwards only)
 
   bool pipelined() const;
   StageProgram stage_program(const nax::Tensor& ids, const nax::Tensor& targets, std::int64_t micro) const;
-  nax::Tensor activation_zeros(const nax::Tensor& ids) const;
   Gradients pipeline_gradients(const nax::Tensor& ids, const nax::Tensor& targets, StepStats& stats);
 };
 

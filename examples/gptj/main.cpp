@@ -168,7 +168,7 @@ void train_help() {
       "  --warmup N         warmup steps                                  (default 20)\n"
       "  --seed S           init and data seed                            (default 0)\n"
       "  --micro-batches M  gradient accumulation over M micro-batches; with pp, what the\n"
-      "                     pipeline's stages pass along (at least pp of them) (default 1)\n"
+      "                     pipeline's stages pass along (best at least pp)   (default 1)\n"
       "  --schedule S       with pp: 1f1b (each stage one forward ahead per later stage, then a\n"
       "                     backward per forward) or gpipe (every forward, then every backward)\n"
       "                                                                   (default 1f1b)\n"

@@ -107,6 +107,17 @@ Tensor Model::stage_forward(const std::vector<Tensor>& values, const Tensor& inp
   return stage_.last() ? mean_loss(head(values, x, bc), targets) : x;
 }
 
+Tensor Model::stage_activation_zeros(const Tensor& ids) const {
+  VaryType vary = ids.vary();
+  std::int64_t seq = ids.size("seq");
+  if (block_config_for(false).sequence_parallel) {
+    vary.set_split("mp", "seq");
+    seq /= axis_size("mp");
+  }
+  NoGrad no_grad;
+  return pvary(zeros(Shape{{"batch", ids.size("batch")}, {"seq", seq}, {"embed", config_.d_model}}, compute_).with_vary(vary), "pp");
+}
+
 Tensor Model::logits(const Tensor& ids, std::vector<KVCache>* caches) const {
   require_whole("logits");
   if (caches != nullptr && caches->size() != static_cast<std::size_t>(config_.n_layers))

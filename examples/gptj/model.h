@@ -42,6 +42,10 @@ class Model {
   nax::Tensor stage_forward(const std::vector<nax::Tensor>& values, const nax::Tensor& input, const nax::Tensor& ids,
                             const nax::Tensor& targets) const;
   const Stage& stage() const { return stage_; }
+  // Zeros shaped as the stream a stage passes on for a micro-batch of `ids`: [batch, seq, embed]
+  // in the compute dtype, cut as the ids are and, with sequence parallelism, seq over mp too;
+  // Varying over pp.
+  nax::Tensor stage_activation_zeros(const nax::Tensor& ids) const;
 
   // Activation checkpointing per block (nax::remat): each block keeps only its input for backward,
   // which runs the block's forward again. Training only: generation with a KV cache ignores it.

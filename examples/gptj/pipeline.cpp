@@ -164,18 +164,19 @@ namespace {
 class StageRun {
  public:
   StageRun(const StageProgram& program, const std::vector<Tensor>& params, bool backward)
-      : program_(program), stage_(program.stage), params_(params), backward_(backward) {}
+      : program_(program), stage_(program.stage), params_(params), backward_(backward), nothing_(program.activation_like()) {}
 
   // Runs this stage's action of one tick, then the tick's exchanges.
   void tick(const std::vector<Action>& row) {
-    const Action& a = row[static_cast<std::size_t>(stage_.index)];
+    Action a = row[static_cast<std::size_t>(stage_.index)];
+    if (a.kind == Action::backward && !backward_) a = {};  // an evaluation runs the forwards only
     const auto start = std::chrono::steady_clock::now();
     {
       // The trace shows each tick's action per stage, and the bubble as "idle" (the tick's wait).
       const trace::Span span("pipeline", a.kind == Action::forward ? "forward" : a.kind == Action::backward ? "backward" : "idle",
                              [&] { return fmt::format("\"micro\": {}, \"stage\": {}", a.micro, stage_.index); });
       if (a.kind == Action::forward) forward(a.micro);
-      if (a.kind == Action::backward && backward_) backward(a.micro);
+      if (a.kind == Action::backward) backward(a.micro);
     }
     if (a.kind != Action::idle) busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     pass_on(row);
@@ -223,11 +224,11 @@ class StageRun {
     const auto me = static_cast<std::size_t>(stage_.index);
     const auto any = [&](Action::Kind kind) { return std::any_of(row.begin(), row.end(), [&](const Action& x) { return x.kind == kind; }); };
     if (any(Action::forward)) {
-      const Tensor got = exchange(row, Action::forward, 1, send_on_.defined() ? send_on_ : program_.activation_like());
+      const Tensor got = exchange(row, Action::forward, 1, send_on_.defined() ? send_on_ : nothing_);
       if (!stage_.first() && row[me - 1].kind == Action::forward) activations_[row[me - 1].micro] = got;
     }
     if (backward_ && any(Action::backward)) {
-      const Tensor got = exchange(row, Action::backward, -1, send_back_.defined() ? send_back_ : program_.activation_like());
+      const Tensor got = exchange(row, Action::backward, -1, send_back_.defined() ? send_back_ : nothing_);
       if (!stage_.last() && row[me + 1].kind == Action::backward) cotangents_[row[me + 1].micro] = got;
     }
     send_on_ = send_back_ = Tensor();
@@ -243,6 +244,7 @@ class StageRun {
   const Stage& stage_;
   const std::vector<Tensor>& params_;
   const bool backward_;
+  const Tensor nothing_;  // what a stage with nothing to send passes (a ppermute leaves its input as it is)
   std::map<std::int64_t, Tensor> activations_, cotangents_;  // received, by micro-batch
   std::map<std::int64_t, Vjp> waiting_;                      // forwards whose pullback has not run
   Tensor send_on_, send_back_;
@@ -255,12 +257,15 @@ class StageRun {
 PipelineStep run_pipeline(const Timetable& t, const StageProgram& program, const std::vector<Tensor>& params, bool backward) {
   const auto start = std::chrono::steady_clock::now();
   StageRun run(program, params, backward);
-  for (const auto& row : t) run.tick(row);
+  for (const auto& row : t) {
+    const bool forwards = std::any_of(row.begin(), row.end(), [](const Action& a) { return a.kind == Action::forward; });
+    if (backward || forwards) run.tick(row);  // an evaluation skips the ticks of backwards alone
+  }
   PipelineStep out;
   out.grads = backward ? run.mean_grads() : std::vector<Tensor>{};
   // The losses live on the last stage: every device takes its value (a gather, exact in every bit).
   const Tensor all = all_gather_invariant_stacked(run.loss_sum(), "pp", "stage");
-  out.loss_sum = slice(all, "stage", program.stage.count - 1, program.stage.count).to_vector<double>()[0];
+  out.loss_sum = sum(slice(all, "stage", program.stage.count - 1, program.stage.count), {"stage"});  // one term: exact
   out.busy_s = run.busy_s;
   out.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return out;

@@ -69,7 +69,7 @@ struct StageProgram {
 
 struct PipelineStep {
   std::vector<nax::Tensor> grads;  // this stage's parameter gradients, averaged over the micro-batches
-  double loss_sum = 0;             // the micro-batches' losses added (every device)
+  nax::Tensor loss_sum;            // the micro-batches' losses added, f64 (every device)
   double busy_s = 0, total_s = 0;  // this device's time in its forwards and pullbacks, and in the whole schedule
 };
 // Collective over pp: runs the timetable; with backward, every micro-batch's pullback (without:

@@ -139,8 +139,10 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
   const double in_block = block_transient(s, e) + ring_transient(s, e) + gathered;
   p.activations = s.in_flight * s.layers * kept_per_block + head + recompute;
   const double state = p.parameters + p.optimizer;
+  // The others kept only fall as k grows and the sum is there from k = 1 on: k = 0 and k = 1 are
+  // the backwards that can peak.
   double backward = 0;
-  for (double k = 0; k < s.micro; ++k) {
+  for (double k = 0; k < std::min(s.micro, 2.0); ++k) {
     const double others = std::min(s.in_flight - 1, s.micro - k - 1) * kept_stage;
     const double sum = k > 0 ? p.gradients : 0.0;
     // The backward's memory falls as it frees activations and rises as gradients arrive: its peak
@@ -183,11 +185,13 @@ MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) 
   const int stages = pipeline_stages(mesh);
   const Timetable schedule = timetable(parse_schedule(o.schedule), stages, o.micro_batches);
   MemoryPlan busiest;
+  busiest.bubble = bubble_fraction(schedule);
   for (int k = 0; k < stages; ++k) {  // the stages differ: the first holds the embedding, the last the head
     MemoryPlan p = plan_stage(c, mesh, o, stage_of(c, k, stages), schedule);
     busiest.stage_peaks.push_back(p.peak);
     if (k == 0 || p.peak > busiest.peak) {
       p.stage_peaks = std::move(busiest.stage_peaks);
+      p.bubble = busiest.bubble;
       busiest = std::move(p);
     }
   }
@@ -234,8 +238,7 @@ std::string format_plan(const PlanOptions& o, const MemoryPlan& p) {
     std::vector<std::string> each;
     for (double b : p.stage_peaks) each.push_back(fmt::format("{:.3f}", b * 1e-9));
     out += fmt::format("  pipeline ({}, {} micro-batches): the busiest stage above; peaks per stage {} GB, bubble {:.1f}%\n", o.schedule,
-                       o.micro_batches, fmt::join(each, " / "),
-                       100 * bubble_fraction(timetable(parse_schedule(o.schedule), static_cast<int>(p.stage_peaks.size()), o.micro_batches)));
+                       o.micro_batches, fmt::join(each, " / "), 100 * p.bubble);
   }
   return out;
 }

@@ -35,6 +35,7 @@ struct MemoryPlan {
   double peak = 0;
   bool fits = false;
   std::vector<double> stage_peaks;  // with pp: each stage's peak (the fields above are the busiest stage's)
+  double bubble = 0;                // with pp: the schedule's idle share of the stage-ticks
 };
 
 // The plan of config `c` (vocabulary as trained: padded for the mesh) on `mesh`.

@@ -146,27 +146,31 @@ ResumePoint open_resume(const TrainOptions& o, const Config& config, const std::
 }
 
 // Collective: device 0 writes (with `folder`), every device takes part in the gathers.
+// Where the tensors of parameter `name` live: the pp stage holding it (every device without pp).
+ckpt::HeldBy held_by(const Config& c, const Mesh& mesh, const std::string& name) {
+  const int stages = pipeline_stages(mesh);
+  return stages > 1 ? ckpt::HeldBy{"pp", stage_holding(c, stages, name)} : ckpt::HeldBy{};
+}
+
 void save_checkpoint(Shard& s, ckpt::RunFolder* folder, const Config& c, const nn::Parameters& params, const nn::AdamW& opt,
                      std::int64_t step, const TrainOptions& o, const nlohmann::json& run) {
-  // Every parameter of the model, each from the pipeline stage that holds it (all of them without pp).
-  const int stages = pipeline_stages(s.mesh());
+  // Every parameter of the model, each from the pipeline stage that holds it (all of them without
+  // pp): this stage's parameters are a subsequence of the model's, in its order.
   const auto specs = parameter_specs(c);
   const auto moments = opt.state();  // this stage's first moments, then its second moments
-  auto held = [&](const nn::ParamSpec& spec) {
-    return stages > 1 ? ckpt::HeldBy{"pp", stage_holding(c, stages, spec.name)} : ckpt::HeldBy{};
-  };
-  auto mine = [&](const nn::ParamSpec& spec, std::size_t offset, const std::vector<Tensor>& values) {
-    for (std::size_t i = 0; i < params.size(); ++i)
-      if (params.specs()[i].name == spec.name) return values[offset + i];
-    return Tensor();
+  std::vector<std::ptrdiff_t> mine(specs.size(), -1);  // the index of each parameter among this stage's
+  for (std::size_t k = 0, next = 0; k < specs.size(); ++k)
+    if (next < params.size() && params.specs()[next].name == specs[k].name) mine[k] = static_cast<std::ptrdiff_t>(next++);
+  auto block = [&](std::size_t k, std::size_t offset, const std::vector<Tensor>& values) {
+    return mine[k] < 0 ? Tensor() : values[offset + static_cast<std::size_t>(mine[k])];
   };
   std::vector<ckpt::ShardedTensor> model, state;
-  for (const auto& spec : specs)
-    model.push_back({spec.name, mine(spec, 0, params.values()), spec.global, hf_dims(spec.global), held(spec)});
+  for (std::size_t k = 0; k < specs.size(); ++k)
+    model.push_back({specs[k].name, block(k, 0, params.values()), specs[k].global, hf_dims(specs[k].global), held_by(c, s.mesh(), specs[k].name)});
   for (std::size_t kind = 0; kind < 2; ++kind)
-    for (const auto& spec : specs)
-      state.push_back({fmt::format("{}.{}", kind == 0 ? "m" : "v", spec.name), mine(spec, kind * params.size(), moments), spec.global,
-                       hf_dims(spec.global), held(spec)});
+    for (std::size_t k = 0; k < specs.size(); ++k)
+      state.push_back({fmt::format("{}.{}", kind == 0 ? "m" : "v", specs[k].name), block(k, kind * params.size(), moments), specs[k].global,
+                       hf_dims(specs[k].global), held_by(c, s.mesh(), specs[k].name)});
   const std::string tmp = folder != nullptr ? folder->begin_step(step) : std::string();
   try {
     ckpt::save_sharded(s, tmp + "/model.safetensors", model, {{"format", "pt"}});
@@ -455,13 +459,10 @@ class DeviceRun {
   std::int64_t last_saved_ = -1;
 
   // With a pp axis each tensor is read by the stage that holds it ("m.NAME" and "v.NAME" by NAME's).
+  // With a pp axis each tensor is read by the stage that holds its parameter (reads[i] is one of
+  // parameter i % n's tensors: the model's, or m and v in turn).
   std::vector<ckpt::ShardedRead> held(std::vector<ckpt::ShardedRead> reads) const {
-    const int stages = pipeline_stages(plan_.mesh);
-    if (stages == 1) return reads;
-    for (auto& r : reads) {
-      const bool moment = r.name.starts_with("m.") || r.name.starts_with("v.");
-      r.held_by = {"pp", stage_holding(plan_.config, stages, moment ? r.name.substr(2) : r.name)};
-    }
+    for (std::size_t i = 0; i < reads.size(); ++i) reads[i].held_by = held_by(plan_.config, plan_.mesh, plan_.specs[i % plan_.specs.size()].name);
     return reads;
   }
   // The blocks this device read: its stage's, in the model's order.
@@ -541,7 +542,7 @@ TrainResult train(const TrainOptions& o, const TextData& data) {
     result.tokens_per_s = median(rates);
     result.measured_bubble = median(idle);
     if (pipeline_stages(plan.mesh) > 1) {
-      const Timetable t = device.schedule();
+      const Timetable& t = device.schedule();
       result.bubble = bubble_fraction(t), result.in_flight = most_in_flight(t);
     }
     result.mfu = flops_per_token(config, o.seq) * result.tokens_per_s / (result.peak_gflops * 1e9);

@@ -68,9 +68,9 @@ VaryType bucket_vary(const std::vector<Tensor>& parts, const std::vector<std::st
   return varying;
 }
 
-// Whether a sum over `axes` has nothing to add: every device alone in its group (e.g. dp=1), so
-// that the contributions are delivered as they are, with no bucket and no copy.
-bool alone_over(const std::vector<std::string>& axes) { return axis_size(Names(axes)) == 1; }
+// Whether a sum over `axes` has nothing to add: no axes, or every device alone in its group (e.g.
+// dp=1), so that the contributions are delivered as they are, with no bucket and no copy.
+bool alone_over(const std::vector<std::string>& axes) { return axes.empty() || axis_size(Names(axes)) == 1; }
 
 // The same tensors, laid end to end in one buffer, psummed together (the bucket), and cut apart.
 // It takes the parts (the caller keeps no other reference) and lets each go once it is in the
@@ -119,7 +119,7 @@ std::vector<Tensor> finish_in_order(const std::vector<Pending*>& pendings) {
     for (auto& [axes, g] : all) {
       const DType dtype = g.dtype();
       parts[i].push_back(std::move(g));
-      if (!axes.empty() && !alone_over(axes)) buckets[{axes, dtype}].push_back({i, parts[i].size() - 1});
+      if (!alone_over(axes)) buckets[{axes, dtype}].push_back({i, parts[i].size() - 1});
     }
   }
   for (const auto& [key, places] : buckets) {
@@ -147,23 +147,22 @@ std::vector<Tensor> finish_in_order(const std::vector<Pending*>& pendings) {
 std::vector<Tensor> finish_bucketed(const std::vector<Pending*>& pendings) {
   if (deterministic::on()) return finish_in_order(pendings);
   std::vector<Tensor> out(pendings.size());
+  auto deliver = [&](std::size_t i, const Tensor& sum) {
+    const Tensor whole = sum.with_vary(gradient_vary(pendings[i]->like));
+    out[i] = out[i].defined() ? add(out[i], whole) : whole;
+  };
   std::map<std::pair<std::vector<std::string>, DType>, std::vector<std::pair<std::size_t, Tensor>>> buckets;
   for (std::size_t i = 0; i < pendings.size(); ++i) {
     if (pendings[i] == nullptr) continue;
     for (auto& [axes, sum] : std::exchange(pendings[i]->sums, {})) {
-      if (!axes.empty() && !alone_over(axes)) {
-        const DType dtype = sum.dtype();
-        buckets[{axes, dtype}].push_back({i, std::move(sum)});
+      if (alone_over(axes)) {
+        deliver(i, sum);
         continue;
       }
-      const Tensor whole = sum.with_vary(gradient_vary(pendings[i]->like));
-      out[i] = out[i].defined() ? add(out[i], whole) : whole;
+      const DType dtype = sum.dtype();
+      buckets[{axes, dtype}].push_back({i, std::move(sum)});
     }
   }
-  auto deliver = [&](std::size_t i, const Tensor& reduced) {
-    const Tensor whole = reduced.with_vary(gradient_vary(pendings[i]->like));
-    out[i] = out[i].defined() ? add(out[i], whole) : whole;
-  };
   for (auto& [key, entries] : buckets) {
     std::vector<Tensor> parts;
     for (auto& entry : entries) parts.push_back(std::move(entry.second));

@@ -40,13 +40,13 @@ void check_held_by(const Shard& s, const HeldBy& h, const std::string& name, con
 
 // The global value of `t` on the writer, for a tensor only the devices at held_by's coordinate
 // hold: they gather their blocks over the other mesh axes, then pass the whole tensor along
-// held_by.axis to the writer's coordinate (the others send zeros of its shape, which nobody keeps).
+// held_by.axis to the writer's coordinate (the others send zeros of its shape, which nobody keeps:
+// one global tensor per device at a time, as Shard::gather holds).
 Tensor gather_held(Shard& s, const ShardedTensor& t, int writer) {
   const std::string& axis = t.held_by.axis;
   Tensor whole;
   if (t.held_by.here(s)) {
-    if (!t.block.defined()) fail("save_sharded", "tensor '{}' is held by {}={}, but this device, one of them, passed no block", t.name, axis, t.held_by.index);
-    whole = stop_gradient(t.block);
+    whole = stop_gradient(t.block);  // defined: save_sharded checked it
     for (const auto& e : whole.vary().entries())
       if (e.mesh_axis != axis && e.kind != Vary::Split)
         fail("save_sharded", "tensor '{}' is {}: a held tensor's block is cut or Invariant over every mesh axis but '{}'", t.name, whole.str(), axis);
@@ -137,12 +137,8 @@ std::vector<Tensor> detail::load_blocks(Shard& s, std::string_view source, const
       continue;
     }
     Tensor block = s.shard(read(t), rules);  // the global copy dies here
-    if (!t.held_by.everywhere()) {
-      VaryType vary = block.vary();
-      vary.set_varying(t.held_by.axis);
-      block = block.with_vary(vary);
-    }
-    blocks.push_back(std::move(block));
+    NoGrad no_grad;
+    blocks.push_back(t.held_by.everywhere() ? std::move(block) : pvary(block, t.held_by.axis));
   }
   return blocks;
 }

@@ -258,22 +258,19 @@ Tensor total_squares(const std::vector<Tensor>& grads, const std::string& stage_
   return total;
 }
 
-// Deterministic mode's staged sum: every stage's finished squares (sum_of_squares finishes them)
-// gathered over the stage axis and added in the model's order, as one device adds them.
+// Deterministic mode's staged sum: every stage's finished squares (sum_of_squares finishes them),
+// stacked on the device, padded with zeros to the longest stage, gathered over the stage axis and
+// added on the host in the model's order, as one device adds them (a square is >= 0, so adding
+// the padding's +0 changes no bit).
 double staged_squares_in_order(const std::vector<Tensor>& grads, const std::string& stage_axis) {
-  std::vector<double> mine{static_cast<double>(grads.size())};
-  for (const auto& g : grads) mine.push_back(sum_of_squares(g).item());
-  const double longest = pmax(pvary(scalar(static_cast<double>(mine.size()), DType::f64), stage_axis), stage_axis).item();
-  mine.resize(static_cast<std::size_t>(longest), 0.0);
-  const Tensor local = pvary(from_vector(Shape{{"square", static_cast<std::int64_t>(mine.size())}}, mine), stage_axis);
-  const auto all = all_gather_invariant_stacked(local, stage_axis, "stage").to_vector<double>();
+  const auto mine = static_cast<std::int64_t>(grads.size());
+  const auto longest = static_cast<std::int64_t>(pmax(pvary(scalar(static_cast<double>(mine), DType::f64), stage_axis), stage_axis).item());
+  if (longest == 0) return 0.0;
+  std::vector<Tensor> squares;
+  for (const auto& g : grads) squares.push_back(expand_dims(sum_of_squares(g), "square"));
+  if (longest > mine) squares.push_back(pvary(zeros(Shape{{"square", longest - mine}}, DType::f64), stage_axis));
   double total = 0;
-  bool first = true;
-  for (std::size_t at = 0; at < all.size(); at += mine.size())
-    for (std::size_t k = 1; k <= static_cast<std::size_t>(all[at]); ++k) {
-      total = first ? all[at + k] : total + all[at + k];
-      first = false;
-    }
+  for (double x : all_gather_invariant_stacked(concat(squares, "square"), stage_axis, "stage").to_vector<double>()) total += x;
   return total;
 }
 

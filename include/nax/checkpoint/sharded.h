@@ -25,7 +25,7 @@ struct HeldBy {
 
 struct ShardedTensor {
   std::string name;
-  Tensor block;   // this device's block (Split or Invariant over the mesh axes, not Varying)
+  Tensor block;   // this device's block (Split or Invariant over the mesh axes; Varying only over held_by.axis)
   Shape global;   // the global shape the blocks make up
   // The dims it is stored with (same element count and row-major order, e.g. heads and
   // head_dim merged); empty: the global shape's sizes.
