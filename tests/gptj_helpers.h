@@ -1,13 +1,16 @@
 #pragma once
 // Shared by the GPT-J tests: a small corpus, the tiny config's training options, Learner steps on a
-// fixed batch.
+// fixed batch, checkpoints resumed across meshes.
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "data.h"
+#include "files.h"
+#include "helpers.h"
 #include "learner.h"
 #include "train.h"
 
@@ -92,6 +95,26 @@ inline StepValues learner_steps(nax::Runtime rt, const gptj::TrainOptions& o, in
     }
     return values;
   })[0];
+}
+
+// For each (saved on, resumed on): 6 steps of `options(mesh)`, interrupted after 3 on the first mesh
+// and resumed on the second, give the last 3 losses of an uninterrupted run on `straight_on` (1e-5).
+inline void require_resumes_across(const std::function<gptj::TrainOptions(const std::string&)>& options, const std::string& straight_on,
+                                   const std::vector<std::pair<std::string, std::string>>& pairs, const std::string& scratch) {
+  const auto straight = gptj::train(options(straight_on), corpus()).losses;
+  REQUIRE(straight.size() == 6);
+  const std::vector<double> tail(straight.begin() + 3, straight.end());
+  for (const auto& [saved_on, resumed_on] : pairs) {
+    INFO("saved on " << saved_on << ", resumed on " << resumed_on);
+    const std::string dir = scratch_dir(scratch);
+    auto interrupted = options(saved_on);
+    interrupted.ckpt_dir = dir, interrupted.stop_after = 3;
+    REQUIRE(gptj::train(interrupted, corpus()).losses.size() == 3);
+    auto resumed = options(resumed_on);
+    resumed.ckpt_dir = dir, resumed.resume = true;
+    require_close(gptj::train(resumed, corpus()).losses, tail, 1e-5);
+    std::filesystem::remove_all(dir);
+  }
 }
 
 }  // namespace nax::testing

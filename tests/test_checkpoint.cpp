@@ -285,6 +285,7 @@ TEST_CASE("checkpoint: tensors held by one pipeline stage save from it and load 
       const int stage = s.coord("pp");
       const auto blocks = load_sharded(s, file, reads, rules);
       NAX_EXPECT(blocks[0].defined() == (stage == 0) && blocks[2].defined() == (stage == 1) && blocks[1].defined());
+      NAX_EXPECT(testing::same_values(s.gather(blocks[1]), b));
       const Tensor mine = blocks[stage == 0 ? 0 : 2];
       NAX_EXPECT(mine.vary().kind("pp") == Vary::Varying);
       NAX_EXPECT(testing::same_values(all_gather_cuts(mine).with_vary(VaryType{}).on_host(), stage == 0 ? w0 : w1));
@@ -302,6 +303,8 @@ TEST_CASE("checkpoint: tensors held by one pipeline stage save from it and load 
                       Contains("announced as f32 held by pp=0"));
   REQUIRE_THROWS_WITH(save("mp=2", [&](Shard& s) { return ShardedTensor{"w0", s.shard(w0, rules), sw, {}, {"pp", 0}}; }),
                       Contains("tensor 'w0' is held by mesh axis 'pp', which mesh mp=2 lacks"));
+  REQUIRE_THROWS_WITH(Runtime::local(Mesh::parse("mp=2")).run([&](Shard& s) { load_sharded(s, file, {reads[0]}, rules); }),
+                      Contains("load_sharded: tensor 'w0' is held by mesh axis 'pp', which mesh mp=2 lacks"));
   fs::remove_all(dir);
 }
 

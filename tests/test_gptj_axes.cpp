@@ -4,9 +4,7 @@
 // used and their gradients reduce-scattered. On tiny the loss and every parameter's gradient equal
 // one device's (with dp and mp, with remat), training matches one device on up to 8 devices, a
 // checkpoint saved on such a mesh resumes on another, and what they do not go with is refused.
-#include <filesystem>
 
-#include "files.h"
 #include "gptj_helpers.h"
 #include "helpers.h"
 #include "plan.h"
@@ -59,20 +57,8 @@ TEST_CASE("gptj train on cp and fsdp meshes gives one device's losses, up to 8 d
 }
 
 TEST_CASE("gptj: a checkpoint saved on a cp or fsdp mesh resumes on another mesh", "[gptj][context_parallel][fsdp][checkpoint]") {
-  const auto straight = gptj::train(tiny("dp=1,mp=2", 6), corpus()).losses;
-  const std::vector<double> tail(straight.begin() + 3, straight.end());
-  for (const auto& [saved_on, resumed_on] : std::vector<std::pair<std::string, std::string>>{
-           {"mp=2,cp=2", "dp=2,mp=1"}, {"fsdp=4", "dp=1,mp=2"}, {"dp=2,mp=2", "fsdp=2,mp=2"}}) {
-    INFO("saved on " << saved_on << ", resumed on " << resumed_on);
-    const std::string dir = nax::testing::scratch_dir("gptj_axes");
-    auto interrupted = tiny(saved_on, 6);
-    interrupted.ckpt_dir = dir, interrupted.stop_after = 3;
-    REQUIRE(gptj::train(interrupted, corpus()).losses.size() == 3);
-    auto resumed = tiny(resumed_on, 6);
-    resumed.ckpt_dir = dir, resumed.resume = true;
-    nax::testing::require_close(gptj::train(resumed, corpus()).losses, tail, 1e-5);
-    std::filesystem::remove_all(dir);
-  }
+  nax::testing::require_resumes_across([](const std::string& mesh) { return tiny(mesh, 6); }, "dp=1,mp=2",
+                                       {{"mp=2,cp=2", "dp=2,mp=1"}, {"fsdp=4", "dp=1,mp=2"}, {"dp=2,mp=2", "fsdp=2,mp=2"}}, "gptj_axes");
 }
 
 TEST_CASE("gptj on a cp mesh: what it does not go with is refused, naming why", "[gptj][context_parallel][errors]") {
