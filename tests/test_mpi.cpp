@@ -118,6 +118,63 @@ TEST_CASE("mpi: all_gather, psum_scatter and all_to_all match the thread runtime
   }
 }
 
+TEST_CASE("mpi: large reductions and gathers read the peers' buffers on one host and give the thread runtime's bits",
+          "[mpi][collectives]") {
+  // 131101 elements: above the single-copy size in every dtype and not a multiple of any group
+  // size, so the members' blocks differ in length. The sums add the ranks in the thread runtime's
+  // order, so even f32 and bf16 must match it bit for bit.
+  const std::int64_t n_elements = 131101;
+  for (const auto& spec : meshes()) {
+    Both both(spec);
+    both.mpi.run([&](Shard& s) {
+      for (const auto& axes : groups_of(s.mesh()))
+        if (s.mesh().group_size(axes) > 1 && s.comm(axes).describe().find("single copy") == std::string::npos)
+          throw std::runtime_error("the MPI communicator of " + Names(axes).str() + " did not take the single-copy path on one host");
+    });
+    for (const auto& axes : groups_of(both.mesh)) {
+      const int n = both.mesh.group_size(axes);
+      const std::string group = Names(axes).str();
+      for (DType dtype : {DType::f64, DType::f32, DType::bf16, DType::i32}) {
+        const std::string where = fmt::format("of {} {} over {}", n_elements, dtype_name(dtype), group);
+        const Shape shape{{"i", n_elements}};
+        both.check("psum " + where, [&](Shard& s) { return psum(varying_input(s, shape, dtype), axes); }, 0);
+        both.check("pmax " + where, [&](Shard& s) { return pmax(varying_input(s, shape, dtype), axes); }, 0);
+        both.check("pmin " + where, [&](Shard& s) { return pmin(varying_input(s, shape, dtype), axes); }, 0);
+      }
+      const Shape cut{{"a", 2 * n}, {"i", 40000}};
+      both.check("psum_scatter of 80000 f32 rows over " + group,
+                 [&](Shard& s) { return psum_scatter(varying_input(s, cut, DType::f32), axes, "a"); }, 0);
+      both.check("all_gather along an inner axis over " + group,
+                 [&](Shard& s) { return all_gather(varying_input(s, Shape{{"a", 3}, {"i", 30000}}, DType::f32), axes, "i"); }, 0);
+    }
+  }
+}
+
+TEST_CASE("mpi: single-copy all_reduce and all_gather in place, through the Communicator", "[mpi][collectives]") {
+  for (const auto& spec : meshes()) {
+    Both both(spec);
+    for (const auto& axes : groups_of(both.mesh)) {
+      const int n = both.mesh.group_size(axes);
+      const std::size_t count = 100003;
+      both.check(fmt::format("in-place all_reduce of {} f32 over {}", count, Names(axes).str()), [&](Shard& s) {
+        Communicator& c = s.comm(axes);
+        std::vector<float> data = input_of(s.device(), Shape{{"i", static_cast<std::int64_t>(count)}}, DType::f32).to_vector<float>();
+        c.all_reduce(data.data(), data.data(), count, DType::f32, ReduceOp::sum, Call{"test all_reduce"});
+        return from_vector(Shape{{"i", static_cast<std::int64_t>(count)}}, std::vector<double>(data.begin(), data.end()));
+      }, 0);
+      both.check(fmt::format("in-place all_gather of {} f32 per rank over {}", count, Names(axes).str()), [&](Shard& s) {
+        Communicator& c = s.comm(axes);
+        const auto mine = input_of(s.device(), Shape{{"i", static_cast<std::int64_t>(count)}}, DType::f32).to_vector<float>();
+        std::vector<float> all(count * static_cast<std::size_t>(n), -1.0f);
+        float* own = all.data() + count * static_cast<std::size_t>(c.rank());
+        std::copy(mine.begin(), mine.end(), own);
+        c.all_gather(own, all.data(), count, DType::f32, Call{"test all_gather"});
+        return from_vector(Shape{{"i", static_cast<std::int64_t>(all.size())}}, std::vector<double>(all.begin(), all.end()));
+      }, 0);
+    }
+  }
+}
+
 TEST_CASE("mpi: ppermute rings, shifts and partial permutations match the thread runtime", "[mpi][collectives]") {
   for (const auto& spec : meshes()) {
     Both both(spec);

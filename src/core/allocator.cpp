@@ -1,5 +1,7 @@
 #include "nax/core/allocator.h"
 
+#include <sys/mman.h>
+
 #include <bit>
 #include <cstdlib>
 #include <mutex>
@@ -72,6 +74,18 @@ void CachingAllocator::release_cached() {
 namespace {
 
 constexpr std::size_t kAlignment = 64;
+// Blocks of at least a huge page start on one and ask for huge pages: a step's large tensors then
+// cost 512 times fewer page faults and TLB entries, and the MPI communicator reads a peer's block
+// (process_vm_readv pins it page by page) at memcpy's speed instead of half of it.
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
+void* allocate_host(std::size_t bytes) {
+  if (bytes < kHugePage) return std::aligned_alloc(kAlignment, bytes);
+  void* ptr = nullptr;
+  if (posix_memalign(&ptr, kHugePage, bytes) != 0) return nullptr;
+  static_cast<void>(madvise(ptr, bytes / kHugePage * kHugePage, MADV_HUGEPAGE));  // advice: refused is fine
+  return ptr;
+}
 
 class CachingHostAllocator final : public CachingAllocator {
  public:
@@ -79,7 +93,7 @@ class CachingHostAllocator final : public CachingAllocator {
   ~CachingHostAllocator() override { empty_cache(); }
 
  private:
-  void* raw_allocate(std::size_t bytes) override { return std::aligned_alloc(kAlignment, bytes); }
+  void* raw_allocate(std::size_t bytes) override { return allocate_host(bytes); }
   void raw_free(void* ptr) override { std::free(ptr); }
   [[noreturn]] void out_of_memory(std::size_t, const AllocatorStats&) override { throw std::bad_alloc(); }
 };

@@ -6,8 +6,11 @@
 #include <array>
 #include <cstring>
 #include <functional>
+#include <optional>
+#include <span>
 
 #include "comm/mpi/mpi_comm_handle.h"
+#include "comm/mpi/mpi_single_copy.h"
 #include "comm/mpi/mpi_types.h"
 #include "comm/signature.h"
 #include "nax/trace/trace.h"
@@ -23,15 +26,26 @@ struct WireSignature {
   std::uint64_t call_site;
 };
 
+// What each member tells the group before a collective: its call's signature hash and, for a
+// single-copy call, where its buffers are.
+struct Agreement {
+  std::int64_t hash;
+  SingleCopy::Buffers buffers;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(std::shared_ptr<MpiWorld> world, const std::vector<std::string>& mesh_axes)
       : world_(std::move(world)), key_(fmt::format("{}", fmt::join(mesh_axes, ","))),
         members_(world_->mesh().group(world_->device(), mesh_axes)),
-        rank_(world_->mesh().rank_in_group(world_->device(), mesh_axes)) {
+        rank_(world_->mesh().rank_in_group(world_->device(), mesh_axes)),
+        agreement_(std::make_unique<std::vector<Agreement>>(members_.size())) {
     label_ = fmt::format("group ({}) of devices [{}]", key_, fmt::join(members_, ","));
     comm_ = CommHandle(world_->create_group_comm(members_, key_, label_));
     check(MPI_Comm_set_errhandler(comm_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    single_copy_ = SingleCopy::probe(comm_.get(), rank_, size(), [this](std::span<MPI_Request> requests) {
+      world_->wait(requests, Pending{key_, members_, total_calls(stats()), current_}, world_->check_collectives());
+    });
   }
 
   ~MpiCommunicator() override {
@@ -42,14 +56,16 @@ class MpiCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(members_.size()); }
-  std::string describe() const override { return "mpi " + label_; }
+  std::string describe() const override { return "mpi " + label_ + (single_copy_ != nullptr ? " (single copy on one host)" : ""); }
 
   // MPI's own non-blocking collectives, posted after the signature check (which waits for the
   // group) and waited for by the request as the blocking forms wait.
   std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                             const Call& call) override {
     const auto sig = signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op));
-    begin(CollectiveKind::all_reduce, count * dtype_size(dtype), sig);
+    const auto direct = single_copy(count * dtype_size(dtype), send, recv);
+    begin(CollectiveKind::all_reduce, count * dtype_size(dtype), sig, direct);
+    if (direct) return run_single_copy(sig, [&](auto members) { single_copy_->all_reduce(members, count, dtype, op); });
     std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
     check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, count_of(count, "all_reduce"), datatype(dtype), reduce_op(op, dtype),
                          comm_.get(), requests.data()),
@@ -63,7 +79,9 @@ class MpiCommunicator final : public Communicator {
 
   std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) override {
     const auto sig = signature_of(call, CollectiveKind::all_gather, dtype, count);
-    begin(CollectiveKind::all_gather, count * dtype_size(dtype), sig);
+    const auto direct = single_copy(count * members_.size() * dtype_size(dtype), send, recv);
+    begin(CollectiveKind::all_gather, count * dtype_size(dtype), sig, direct);
+    if (direct) return run_single_copy(sig, [&](auto members) { single_copy_->all_gather(members, count, dtype); });
     const int n = count_of(count, "all_gather");
     count_of(count * members_.size(), "all_gather");
     std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
@@ -78,7 +96,9 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Request> start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                                 const Call& call) override {
     const auto sig = signature_of(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op));
-    begin(CollectiveKind::reduce_scatter, count * members_.size() * dtype_size(dtype), sig);
+    const auto direct = single_copy(count * members_.size() * dtype_size(dtype), send, recv);
+    begin(CollectiveKind::reduce_scatter, count * members_.size() * dtype_size(dtype), sig, direct);
+    if (direct) return run_single_copy(sig, [&](auto members) { single_copy_->reduce_scatter(members, count, dtype, op); });
     std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
     check(MPI_Ireduce_scatter_block(send, recv, count_of(count, "reduce_scatter"), datatype(dtype), reduce_op(op, dtype), comm_.get(),
                                     requests.data()),
@@ -185,23 +205,52 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiRequest>(*this, std::move(requests), sig);
   }
 
+  // This member's buffers when a call whose result has `bytes` bytes takes the single-copy path.
+  std::optional<SingleCopy::Buffers> single_copy(std::size_t bytes, const void* send, const void* recv) const {
+    if (single_copy_ == nullptr || bytes < SingleCopy::kMinBytes) return std::nullopt;
+    return SingleCopy::Buffers{reinterpret_cast<std::uint64_t>(send), reinterpret_cast<std::uint64_t>(recv)};
+  }
+
+  // Runs a single-copy collective to its end (its reads need every member there, as the
+  // signature check already did): the request it returns is complete. MPI's own non-blocking
+  // collectives move data only inside MPI calls too, so no overlap is lost.
+  std::unique_ptr<Request> run_single_copy(const CollectiveSignature& sig,
+                                           const std::function<void(std::span<const SingleCopy::Buffers>)>& run) {
+    current_ = [this, &sig] { return fmt::format("{} on device {} in {}", sig.str(), world_->device(), label_); };
+    std::vector<SingleCopy::Buffers> members;
+    for (const Agreement& member : *agreement_) members.push_back(member.buffers);
+    try {
+      run(members);
+    } catch (...) {
+      current_ = idle_description();
+      throw;
+    }
+    current_ = idle_description();
+    return posted({}, sig);
+  }
+
+  std::function<std::string()> idle_description() const {
+    return [this] { return fmt::format("the single-copy set-up of {} on device {}", label_, world_->device()); };
+  }
+
   // Records the call, checks that no device failed, and agrees on the signature with the group.
-  void begin(CollectiveKind kind, std::size_t bytes, const CollectiveSignature& sig) {
+  // With `buffers` (a single-copy call) the agreement also tells every member where the others'
+  // buffers are, and happens even with the check off.
+  void begin(CollectiveKind kind, std::size_t bytes, const CollectiveSignature& sig,
+             const std::optional<SingleCopy::Buffers>& buffers = std::nullopt) {
     record(kind, bytes);
     const std::function<std::string()> describe = [&] { return fmt::format("{} on device {} in {}", sig.str(), world_->device(), label_); };
     world_->check_not_aborting(Pending{key_, members_, total_calls(stats()), describe});
-    if (!world_->check_collectives()) return;
+    if (!world_->check_collectives() && !buffers) return;
     // The signatures' agreement completes when the last peer arrives: the trace's wait for peers.
     const trace::Span waiting("wait", "wait for peers", [&] { return fmt::format("\"group\": {}", trace::quote(label_)); });
-    // Equal signatures give equal hashes: the group agrees when max(h) == min(h) (the second half
-    // carries -h, so one MAX reduction gives both).
-    const auto h = static_cast<std::int64_t>(sig.hash() >> 1);
-    std::array<std::int64_t, 4>& buffers = *agreement_;
-    buffers = {h, -h, 0, 0};
+    // Equal signatures give equal hashes; every member sees every member's.
+    const Agreement own{static_cast<std::int64_t>(sig.hash() >> 1), buffers.value_or(SingleCopy::Buffers{})};
     MPI_Request request = MPI_REQUEST_NULL;
-    check(MPI_Iallreduce(buffers.data(), buffers.data() + 2, 2, MPI_INT64_T, MPI_MAX, comm_.get(), &request), "MPI_Iallreduce");
+    check(MPI_Iallgather(&own, sizeof own, MPI_BYTE, agreement_->data(), sizeof own, MPI_BYTE, comm_.get(), &request), "MPI_Iallgather");
     wait({&request, 1}, sig, false);
-    if (buffers[2] != h || buffers[3] != -h) throw Error(mismatch_message(sig));
+    for (const Agreement& member : *agreement_)
+      if (member.hash != own.hash) throw Error(mismatch_message(sig));
   }
 
   // `agreed`: the group passed the signature check, so every member has posted its part.
@@ -246,9 +295,12 @@ class MpiCommunicator final : public Communicator {
   std::vector<int> members_;
   int rank_;
   CommHandle comm_;
-  // The signature check's buffers, {h, -h} and the group's extremes: on the heap, so that they can
-  // outlive a check abandoned by a timeout or an abort (MPI may still write them).
-  std::unique_ptr<std::array<std::int64_t, 4>> agreement_ = std::make_unique<std::array<std::int64_t, 4>>();
+  // The same-host path (null when a member is elsewhere or unreadable), and what its waits name.
+  std::function<std::string()> current_ = idle_description();
+  std::unique_ptr<SingleCopy> single_copy_;
+  // The signature check's buffer, every member's hash (and buffers): on the heap, so that it can
+  // outlive a check abandoned by a timeout or an abort (MPI may still write it).
+  std::unique_ptr<std::vector<Agreement>> agreement_;
 };
 
 }  // namespace
