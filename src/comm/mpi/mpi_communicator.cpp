@@ -39,13 +39,17 @@ class MpiCommunicator final : public Communicator {
       : world_(std::move(world)), key_(fmt::format("{}", fmt::join(mesh_axes, ","))),
         members_(world_->mesh().group(world_->device(), mesh_axes)),
         rank_(world_->mesh().rank_in_group(world_->device(), mesh_axes)),
-        agreement_(std::make_unique<std::vector<Agreement>>(members_.size())) {
+        agreement_(std::make_unique<Agreements>(members_.size())) {
     label_ = fmt::format("group ({}) of devices [{}]", key_, fmt::join(members_, ","));
     comm_ = CommHandle(world_->create_group_comm(members_, key_, label_));
     check(MPI_Comm_set_errhandler(comm_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-    single_copy_ = SingleCopy::probe(comm_.get(), rank_, size(), [this](std::span<MPI_Request> requests) {
-      world_->wait(requests, Pending{key_, members_, total_calls(stats()), current_}, world_->check_collectives());
-    });
+    const std::function<std::string()> describe = [this] {
+      return fmt::format("the single-copy probe of {} on device {}", label_, world_->device());
+    };
+    // Call 0: a member may end its program once its part of the probe is in (every member is here,
+    // as making the communicator ensured), so "ended without it" does not apply.
+    auto wait = [&](std::span<MPI_Request> requests) { world_->wait(requests, Pending{key_, members_, 0, describe}); };
+    single_copy_ = SingleCopy::probe(comm_.get(), rank_, size(), wait);
   }
 
   ~MpiCommunicator() override {
@@ -56,7 +60,9 @@ class MpiCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(members_.size()); }
-  std::string describe() const override { return "mpi " + label_ + (single_copy_ != nullptr ? " (single copy on one host)" : ""); }
+  std::string describe() const override {
+    return "mpi " + label_ + (single_copy_ != nullptr ? " (single copy on one host)" : "");
+  }
 
   // MPI's own non-blocking collectives, posted after the signature check (which waits for the
   // group) and waited for by the request as the blocking forms wait.
@@ -65,7 +71,10 @@ class MpiCommunicator final : public Communicator {
     const auto sig = signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op));
     const auto direct = single_copy(count * dtype_size(dtype), send, recv);
     begin(CollectiveKind::all_reduce, count * dtype_size(dtype), sig, direct);
-    if (direct) return run_single_copy(sig, [&](auto members) { single_copy_->all_reduce(members, count, dtype, op); });
+    if (direct)
+      return run_single_copy(sig, [&](auto members, const auto& wait) {
+        single_copy_->all_reduce(members, count, dtype, op, wait);
+      });
     std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
     check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, count_of(count, "all_reduce"), datatype(dtype), reduce_op(op, dtype),
                          comm_.get(), requests.data()),
@@ -81,7 +90,8 @@ class MpiCommunicator final : public Communicator {
     const auto sig = signature_of(call, CollectiveKind::all_gather, dtype, count);
     const auto direct = single_copy(count * members_.size() * dtype_size(dtype), send, recv);
     begin(CollectiveKind::all_gather, count * dtype_size(dtype), sig, direct);
-    if (direct) return run_single_copy(sig, [&](auto members) { single_copy_->all_gather(members, count, dtype); });
+    if (direct)
+      return run_single_copy(sig, [&](auto members, const auto& wait) { single_copy_->all_gather(members, count, dtype, wait); });
     const int n = count_of(count, "all_gather");
     count_of(count * members_.size(), "all_gather");
     std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
@@ -98,7 +108,10 @@ class MpiCommunicator final : public Communicator {
     const auto sig = signature_of(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op));
     const auto direct = single_copy(count * members_.size() * dtype_size(dtype), send, recv);
     begin(CollectiveKind::reduce_scatter, count * members_.size() * dtype_size(dtype), sig, direct);
-    if (direct) return run_single_copy(sig, [&](auto members) { single_copy_->reduce_scatter(members, count, dtype, op); });
+    if (direct)
+      return run_single_copy(sig, [&](auto members, const auto& wait) {
+        single_copy_->reduce_scatter(members, count, dtype, op, wait);
+      });
     std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
     check(MPI_Ireduce_scatter_block(send, recv, count_of(count, "reduce_scatter"), datatype(dtype), reduce_op(op, dtype), comm_.get(),
                                     requests.data()),
@@ -185,9 +198,7 @@ class MpiCommunicator final : public Communicator {
     void wait() override {
       if (waited_) return;
       waited_ = true;
-      const std::function<std::string()> describe = [&] {
-        return fmt::format("{} on device {} in {}", sig_.str(), comm_.world_->device(), comm_.label_);
-      };
+      const std::function<std::string()> describe = [&] { return comm_.describe_call(sig_); };
       comm_.world_->wait(requests_, Pending{comm_.key_, comm_.members_, call_, describe}, agreed_);
     }
 
@@ -205,32 +216,26 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiRequest>(*this, std::move(requests), sig);
   }
 
-  // This member's buffers when a call whose result has `bytes` bytes takes the single-copy path.
+  // This member's buffers when a call moving `bytes` takes the single-copy path.
   std::optional<SingleCopy::Buffers> single_copy(std::size_t bytes, const void* send, const void* recv) const {
     if (single_copy_ == nullptr || bytes < SingleCopy::kMinBytes) return std::nullopt;
     return SingleCopy::Buffers{reinterpret_cast<std::uint64_t>(send), reinterpret_cast<std::uint64_t>(recv)};
   }
 
-  // Runs a single-copy collective to its end (its reads need every member there, as the
-  // signature check already did): the request it returns is complete. MPI's own non-blocking
-  // collectives move data only inside MPI calls too, so no overlap is lost.
-  std::unique_ptr<Request> run_single_copy(const CollectiveSignature& sig,
-                                           const std::function<void(std::span<const SingleCopy::Buffers>)>& run) {
-    current_ = [this, &sig] { return fmt::format("{} on device {} in {}", sig.str(), world_->device(), label_); };
+  // Runs a single-copy collective to its end (it needs every member present, as the signature
+  // check already did): the request it returns is complete. MPI's own non-blocking collectives
+  // move data only inside MPI calls too, so no overlap is lost. Its barriers hold no buffers, so
+  // an abort releases them at once.
+  using SingleCopyRun = std::function<void(std::span<const SingleCopy::Buffers>, const SingleCopy::Wait&)>;
+  std::unique_ptr<Request> run_single_copy(const CollectiveSignature& sig, const SingleCopyRun& run) {
     std::vector<SingleCopy::Buffers> members;
-    for (const Agreement& member : *agreement_) members.push_back(member.buffers);
-    try {
-      run(members);
-    } catch (...) {
-      current_ = idle_description();
-      throw;
-    }
-    current_ = idle_description();
+    for (const Agreement& member : agreement_->all) members.push_back(member.buffers);
+    run(members, [&](std::span<MPI_Request> requests) { wait(requests, sig, false); });
     return posted({}, sig);
   }
 
-  std::function<std::string()> idle_description() const {
-    return [this] { return fmt::format("the single-copy set-up of {} on device {}", label_, world_->device()); };
+  std::string describe_call(const CollectiveSignature& sig) const {
+    return fmt::format("{} on device {} in {}", sig.str(), world_->device(), label_);
   }
 
   // Records the call, checks that no device failed, and agrees on the signature with the group.
@@ -239,23 +244,25 @@ class MpiCommunicator final : public Communicator {
   void begin(CollectiveKind kind, std::size_t bytes, const CollectiveSignature& sig,
              const std::optional<SingleCopy::Buffers>& buffers = std::nullopt) {
     record(kind, bytes);
-    const std::function<std::string()> describe = [&] { return fmt::format("{} on device {} in {}", sig.str(), world_->device(), label_); };
+    const std::function<std::string()> describe = [&] { return describe_call(sig); };
     world_->check_not_aborting(Pending{key_, members_, total_calls(stats()), describe});
     if (!world_->check_collectives() && !buffers) return;
     // The signatures' agreement completes when the last peer arrives: the trace's wait for peers.
     const trace::Span waiting("wait", "wait for peers", [&] { return fmt::format("\"group\": {}", trace::quote(label_)); });
     // Equal signatures give equal hashes; every member sees every member's.
-    const Agreement own{static_cast<std::int64_t>(sig.hash() >> 1), buffers.value_or(SingleCopy::Buffers{})};
+    Agreement& own = agreement_->own;
+    own = {static_cast<std::int64_t>(sig.hash() >> 1), buffers.value_or(SingleCopy::Buffers{})};
     MPI_Request request = MPI_REQUEST_NULL;
-    check(MPI_Iallgather(&own, sizeof own, MPI_BYTE, agreement_->data(), sizeof own, MPI_BYTE, comm_.get(), &request), "MPI_Iallgather");
+    check(MPI_Iallgather(&own, sizeof own, MPI_BYTE, agreement_->all.data(), sizeof own, MPI_BYTE, comm_.get(), &request),
+          "MPI_Iallgather");
     wait({&request, 1}, sig, false);
-    for (const Agreement& member : *agreement_)
+    for (const Agreement& member : agreement_->all)
       if (member.hash != own.hash) throw Error(mismatch_message(sig));
   }
 
   // `agreed`: the group passed the signature check, so every member has posted its part.
   void wait(std::span<MPI_Request> requests, const CollectiveSignature& sig, bool agreed) {
-    const std::function<std::string()> describe = [&] { return fmt::format("{} on device {} in {}", sig.str(), world_->device(), label_); };
+    const std::function<std::string()> describe = [&] { return describe_call(sig); };
     world_->wait(requests, Pending{key_, members_, total_calls(stats()), describe}, agreed);
   }
 
@@ -295,12 +302,15 @@ class MpiCommunicator final : public Communicator {
   std::vector<int> members_;
   int rank_;
   CommHandle comm_;
-  // The same-host path (null when a member is elsewhere or unreadable), and what its waits name.
-  std::function<std::string()> current_ = idle_description();
-  std::unique_ptr<SingleCopy> single_copy_;
-  // The signature check's buffer, every member's hash (and buffers): on the heap, so that it can
-  // outlive a check abandoned by a timeout or an abort (MPI may still write it).
-  std::unique_ptr<std::vector<Agreement>> agreement_;
+  std::unique_ptr<SingleCopy> single_copy_;  // null when a member is on another host or unreadable
+  // The signature check's buffers, this member's hash (and buffers) and every member's: on the
+  // heap, so that they can outlive a check abandoned by a timeout or an abort (MPI may still use them).
+  struct Agreements {
+    explicit Agreements(std::size_t members) : all(members) {}
+    Agreement own{};
+    std::vector<Agreement> all;
+  };
+  std::unique_ptr<Agreements> agreement_;
 };
 
 }  // namespace

@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <string_view>
 
 #include "comm/element_at.h"
@@ -25,8 +24,16 @@ constexpr std::size_t kChunkBytes = std::size_t{64} << 10;
 struct Identity {
   std::int64_t pid;
   std::uint64_t host;    // a hash of MPI_Get_processor_name
-  std::uint64_t probe;   // the address of a word holding `pid`, for the others to read and write
+  std::uint64_t probe;   // the address of a word holding `pid`, for the others to read
   std::int64_t willing;  // 0: NAX_MPI_SINGLE_COPY=0
+};
+
+// What the probe's collectives read and write: on the heap, left behind if a wait gives up.
+struct ProbeBuffers {
+  std::int64_t probe_word = 0;
+  Identity own{};
+  std::vector<Identity> members;
+  std::int64_t verdict = 1;
 };
 
 std::uint64_t host_hash() {
@@ -41,17 +48,17 @@ bool willing() {
   return value == nullptr || std::string_view(value) != "0";
 }
 
-// Moves `bytes` between `local` and `address` in process `pid` (to it when `out`); false when the
-// kernel refuses or the memory is gone.
-bool cross(std::int64_t pid, std::uint64_t address, void* local, std::size_t bytes, bool out) {
+// Copies `bytes` at `address` in process `pid` to `local`; false (errno set) when the kernel
+// refuses or the memory is gone.
+bool read_process(std::int64_t pid, std::uint64_t address, void* local, std::size_t bytes) {
   auto* at = static_cast<char*>(local);
   while (bytes > 0) {
     const iovec here{at, bytes};
     const iovec there{reinterpret_cast<void*>(address), bytes};
-    const ssize_t moved = out ? process_vm_writev(static_cast<pid_t>(pid), &here, 1, &there, 1, 0)
-                              : process_vm_readv(static_cast<pid_t>(pid), &here, 1, &there, 1, 0);
+    const ssize_t moved = process_vm_readv(static_cast<pid_t>(pid), &here, 1, &there, 1, 0);
+    if (moved < 0 && errno == EINTR) continue;
     if (moved <= 0) {
-      if (moved < 0 && errno == EINTR) continue;
+      if (moved == 0) errno = EFAULT;
       return false;
     }
     at += moved;
@@ -61,78 +68,65 @@ bool cross(std::int64_t pid, std::uint64_t address, void* local, std::size_t byt
   return true;
 }
 
-// Reads member `peer`'s probe word and writes the same value back.
-bool reachable(const Identity& peer) {
+bool readable(const Identity& member) {
   std::int64_t seen = 0;
-  return cross(peer.pid, peer.probe, &seen, sizeof seen, false) && seen == peer.pid && cross(peer.pid, peer.probe, &seen, sizeof seen, true);
+  return read_process(member.pid, member.probe, &seen, sizeof seen) && seen == member.pid;
 }
 
 }  // namespace
 
 std::unique_ptr<SingleCopy> SingleCopy::probe(MPI_Comm comm, int rank, int size, const Wait& wait) {
-  // The probe word lives until the group's verdict is in, so every member finds it.
-  const auto own_pid = static_cast<std::int64_t>(getpid());
-  std::int64_t probe_word = own_pid;
-  const Identity own{own_pid, host_hash(), reinterpret_cast<std::uint64_t>(&probe_word), willing() ? 1 : 0};
-  auto identities = std::make_unique<std::vector<Identity>>(static_cast<std::size_t>(size));
-  auto verdict = std::make_unique<std::int64_t>(1);
-  // What MPI may still write stays behind if a wait gives up (an abort, a timeout).
+  auto buffers = std::make_unique<ProbeBuffers>();
+  ProbeBuffers& b = *buffers;
+  b.probe_word = static_cast<std::int64_t>(getpid());
+  b.own = {b.probe_word, host_hash(), reinterpret_cast<std::uint64_t>(&b.probe_word), willing() ? 1 : 0};
+  b.members.resize(static_cast<std::size_t>(size));
   auto waited = [&](MPI_Request& request) {
     try {
       wait({&request, 1});
     } catch (...) {
-      static_cast<void>(identities.release());
-      static_cast<void>(verdict.release());
+      static_cast<void>(buffers.release());  // MPI may still read or write them
       throw;
     }
   };
   MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Iallgather(&own, sizeof own, MPI_BYTE, identities->data(), sizeof own, MPI_BYTE, comm, &request), "MPI_Iallgather");
+  check(MPI_Iallgather(&b.own, sizeof b.own, MPI_BYTE, b.members.data(), sizeof b.own, MPI_BYTE, comm, &request),
+        "MPI_Iallgather");
   waited(request);
-  for (const Identity& peer : *identities) {
-    if (peer.host != own.host || peer.willing == 0 || (peer.pid != own_pid && !reachable(peer))) *verdict = 0;
-    if (*verdict == 0) break;
+  for (int q = 0; q < size && b.verdict != 0; ++q) {
+    const Identity& member = b.members[static_cast<std::size_t>(q)];
+    if (member.host != b.own.host || member.willing == 0 || (q != rank && !readable(member))) b.verdict = 0;
   }
-  check(MPI_Iallreduce(MPI_IN_PLACE, verdict.get(), 1, MPI_INT64_T, MPI_MIN, comm, &request), "MPI_Iallreduce");
+  // The probe words stay until every member has read them: the verdict needs every member's part.
+  check(MPI_Iallreduce(MPI_IN_PLACE, &b.verdict, 1, MPI_INT64_T, MPI_MIN, comm, &request), "MPI_Iallreduce");
   waited(request);
-  if (*verdict == 0) return nullptr;
-
+  if (b.verdict == 0) return nullptr;
   std::vector<std::int64_t> pids;
-  for (const Identity& peer : *identities) pids.push_back(peer.pid);
-  return std::unique_ptr<SingleCopy>(new SingleCopy(comm, rank, std::move(pids), wait));
+  for (const Identity& member : b.members) pids.push_back(member.pid);
+  return std::unique_ptr<SingleCopy>(new SingleCopy(comm, rank, std::move(pids)));
 }
 
-SingleCopy::SingleCopy(MPI_Comm comm, int rank, std::vector<std::int64_t> pids, Wait wait)
-    : comm_(comm), rank_(rank), pids_(std::move(pids)), wait_(std::move(wait)), chunk_(kChunkBytes), incoming_(kChunkBytes) {}
+SingleCopy::SingleCopy(MPI_Comm comm, int rank, std::vector<std::int64_t> pids)
+    : comm_(comm), rank_(rank), pids_(std::move(pids)), chunk_(kChunkBytes), incoming_(kChunkBytes) {}
 
-void SingleCopy::barrier() {
+void SingleCopy::barrier(const Wait& wait) {
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
-  wait_({&request, 1});
+  wait({&request, 1});
 }
 
 void SingleCopy::read(int q, std::uint64_t address, void* local, std::size_t bytes) const {
   if (q == rank_) {
-    std::memmove(local, reinterpret_cast<const void*>(address), bytes);  // an in-place all_gather's own block
+    std::memcpy(local, reinterpret_cast<const void*>(address), bytes);
     return;
   }
   const std::int64_t pid = pids_[static_cast<std::size_t>(q)];
-  if (!cross(pid, address, local, bytes, false))
+  if (!read_process(pid, address, local, bytes))
     fail("mpi", "reading {} bytes of rank {}'s buffer (process {}) failed: {}", bytes, q, pid, std::strerror(errno));
 }
 
-void SingleCopy::write(int q, std::uint64_t address, const void* local, std::size_t bytes) const {
-  if (q == rank_) {
-    std::memcpy(reinterpret_cast<void*>(address), local, bytes);
-    return;
-  }
-  const std::int64_t pid = pids_[static_cast<std::size_t>(q)];
-  if (!cross(pid, address, const_cast<void*>(local), bytes, true))
-    fail("mpi", "writing {} bytes into rank {}'s buffer (process {}) failed: {}", bytes, q, pid, std::strerror(errno));
-}
-
 void SingleCopy::reduce(std::span<const Buffers> members, std::size_t offset, std::size_t count, DType dtype, ReduceOp op,
-                        const std::function<void(std::size_t, const void*, std::size_t)>& deliver) {
+                        void* dst) {
   const std::size_t es = dtype_size(dtype), per_chunk = kChunkBytes / es;
   for (std::size_t begin = 0; begin < count; begin += per_chunk) {
     const std::size_t n = std::min(per_chunk, count - begin), bytes = n * es, at = (offset + begin) * es;
@@ -146,34 +140,37 @@ void SingleCopy::reduce(std::span<const Buffers> members, std::size_t offset, st
         cpu::accumulate(op, dtype, chunk_.data(), incoming_.data(), n);
       }
     }
-    deliver(begin, chunk_.data(), bytes);
+    std::memcpy(comm::element_at(dst, begin, dtype), chunk_.data(), bytes);
   }
 }
 
-void SingleCopy::all_reduce(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op) {
+// Only member r reads or writes block r of anyone's buffers before the first barrier, and every
+// member's block r is final after it: results may alias send buffers (an in-place all-reduce).
+void SingleCopy::all_reduce(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Wait& wait) {
   const std::size_t n = members.size(), r = static_cast<std::size_t>(rank_), es = dtype_size(dtype);
-  const std::size_t begin = count * r / n, end = count * (r + 1) / n;
-  // Every member's chunk is read before any member's result is written, and only this member
-  // reads block r, so results may alias send buffers.
-  reduce(members, begin, end - begin, dtype, op, [&](std::size_t at, const void* chunk, std::size_t bytes) {
-    for (std::size_t q = 0; q < n; ++q) write(static_cast<int>(q), members[q].recv + (begin + at) * es, chunk, bytes);
-  });
-  barrier();
+  auto begin_of = [&](std::size_t q) { return count * q / n; };
+  void* recv = reinterpret_cast<void*>(members[r].recv);
+  reduce(members, begin_of(r), begin_of(r + 1) - begin_of(r), dtype, op, comm::element_at(recv, begin_of(r), dtype));
+  barrier(wait);
+  for (std::size_t q = 0; q < n; ++q)
+    if (q != r)
+      read(static_cast<int>(q), members[q].recv + begin_of(q) * es, comm::element_at(recv, begin_of(q), dtype),
+           (begin_of(q + 1) - begin_of(q)) * es);
+  barrier(wait);
 }
 
-void SingleCopy::reduce_scatter(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op) {
-  const std::size_t r = static_cast<std::size_t>(rank_), es = dtype_size(dtype);
-  reduce(members, count * r, count, dtype, op, [&](std::size_t at, const void* chunk, std::size_t bytes) {
-    std::memcpy(reinterpret_cast<char*>(members[r].recv) + at * es, chunk, bytes);
-  });
-  barrier();
+void SingleCopy::reduce_scatter(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Wait& wait) {
+  const std::size_t r = static_cast<std::size_t>(rank_);
+  reduce(members, count * r, count, dtype, op, reinterpret_cast<void*>(members[r].recv));
+  barrier(wait);
 }
 
-void SingleCopy::all_gather(std::span<const Buffers> members, std::size_t count, DType dtype) {
+void SingleCopy::all_gather(std::span<const Buffers> members, std::size_t count, DType dtype, const Wait& wait) {
   const std::size_t bytes = count * dtype_size(dtype);
   void* recv = reinterpret_cast<void*>(members[static_cast<std::size_t>(rank_)].recv);
-  for (std::size_t q = 0; q < members.size(); ++q) read(static_cast<int>(q), members[q].send, comm::element_at(recv, count * q, dtype), bytes);
-  barrier();
+  for (std::size_t q = 0; q < members.size(); ++q)
+    read(static_cast<int>(q), members[q].send, comm::element_at(recv, count * q, dtype), bytes);
+  barrier(wait);
 }
 
 }  // namespace nax::mpi
