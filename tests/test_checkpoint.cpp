@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <fstream>
 #include <random>
 
@@ -184,6 +186,59 @@ TEST_CASE("checkpoint: step folders are committed whole, pruned, verified, and t
     REQUIRE_THROWS_WITH(verify_step_folder(folder), Contains("info.json") && Contains("missing"));
   }
   RunFolder again(dir);  // the lock was released with the first
+  fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: a manifest lists a safetensors file by its own checksum, and still refuses any changed byte", "[unit][checkpoint]") {
+  const std::string dir = scratch("manifest_kinds");
+  {
+    RunFolder run(dir);
+    const std::string tmp = run.begin_step(1);
+    save_safetensors(tmp + "/w.safetensors", {{"w", random_normal(Shape{{"a", 8}}, 2, "w")}});
+    write_file_atomically(tmp + "/info.json", "{}");
+    run.commit_step(tmp, 1);
+  }
+  const std::string folder = step_folder(dir, 1), weights = folder + "/w.safetensors", manifest_path = folder + "/manifest.json";
+  const auto manifest = nlohmann::json::parse(testing::file_bytes(manifest_path));
+  REQUIRE(manifest.at("version") == 2);
+  const auto& listed = manifest.at("files").at("w.safetensors");
+  REQUIRE(listed.at("kind") == "safetensors");
+  REQUIRE(listed.at("checksum") == SafetensorsReader(weights).own_checksum().value());
+  REQUIRE_FALSE(manifest.at("files").at("info.json").contains("kind"));  // a whole-file checksum
+  verify_step_folder(folder);
+
+  const std::string good = testing::file_bytes(weights);
+  for (std::size_t at = 0; at < good.size(); at += 7) {
+    std::string bad = good;
+    bad[at] = static_cast<char>(bad[at] ^ 0x01);
+    testing::replace_file(weights, bad);
+    INFO("byte " << at << " of " << good.size());
+    REQUIRE_THROWS_AS(verify_step_folder(folder), Error);
+  }
+  // Another valid file of the same size, sealed by its own checksum: the manifest's tells them apart.
+  const std::string other = dir + "/other.safetensors";
+  save_safetensors(other, {{"w", random_normal(Shape{{"a", 8}}, 3, "w")}});
+  REQUIRE(fs::file_size(other) == good.size());
+  testing::replace_file(weights, testing::file_bytes(other));
+  REQUIRE_THROWS_WITH(verify_step_folder(folder), Contains("w.safetensors") && Contains("its manifest says") &&
+                                                      Contains("files[\"w.safetensors\"].checksum"));
+  testing::replace_file(weights, good);
+
+  auto rewrite = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json changed = manifest;
+    edit(changed);
+    testing::replace_file(manifest_path, changed.dump(2));
+  };
+  rewrite([](nlohmann::json& m) { m["files"]["w.safetensors"]["kind"] = "zip"; });
+  REQUIRE_THROWS_WITH(verify_step_folder(folder), Contains("kind") && Contains("not \"safetensors\""));
+  // A version-1 manifest (every checksum the whole file's) is still read.
+  rewrite([&](nlohmann::json& m) {
+    m["version"] = 1;
+    m["files"]["w.safetensors"] = {{"bytes", good.size()}, {"checksum", file_checksum(weights)}};
+  });
+  verify_step_folder(folder);
+  rewrite([](nlohmann::json& m) { m["version"] = 3; });
+  REQUIRE_THROWS_WITH(verify_step_folder(folder), Contains("version"));
   fs::remove_all(dir);
 }
 

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "io/crash_point.h"
+#include "nax/checkpoint/safetensors.h"
 #include "nax/io/files.h"
 #include "nax/io/read_file.h"
 #include "nax/core/error.h"
@@ -26,6 +27,24 @@ using nlohmann::json;  // the manifest as written
 namespace {
 
 constexpr const char* kManifest = "manifest.json";
+// A manifest entry's "kind" for a safetensors file written by nax: its checksum is the file's own
+// (nax.checksum, taken while it was written), so the file is hashed once, not again at commit.
+constexpr const char* kSafetensorsKind = "safetensors";
+
+// The manifest's entry for one file of a step being committed.
+json manifest_entry(const fs::directory_entry& entry) {
+  const std::string path = entry.path().string();
+  json listed = {{"bytes", entry.file_size()}};
+  if (entry.path().filename().string().ends_with(".safetensors")) {
+    if (const auto own = SafetensorsReader(path, ChecksumPolicy::verified).own_checksum()) {  // reads the header alone
+      listed["checksum"] = *own;
+      listed["kind"] = kSafetensorsKind;
+      return listed;
+    }
+  }
+  listed["checksum"] = io::file_checksum(path);
+  return listed;
+}
 
 // The pid of a temporary's name "NAME.tmp.PID", or 0.
 long temporary_pid(const std::string& name) {
@@ -100,9 +119,9 @@ void RunFolder::commit_step(const std::string& tmp, std::int64_t step, std::int6
   for (const auto& entry : fs::directory_iterator(tmp)) {
     const std::string name = entry.path().filename().string();
     if (!entry.is_regular_file()) fail("checkpoint", "'{}' in '{}' is not a regular file", name, tmp);
-    files[name] = {{"bytes", entry.file_size()}, {"checksum", io::file_checksum(entry.path().string())}};
+    files[name] = manifest_entry(entry);
   }
-  const json manifest = {{"format", "nax.checkpoint"}, {"version", 1}, {"step", step}, {"files", files}};
+  const json manifest = {{"format", "nax.checkpoint"}, {"version", 2}, {"step", step}, {"files", files}};
   io::write_file_atomically(tmp + "/" + kManifest, manifest.dump(2) + "\n");
   io::fsync_directory(tmp);
   io::crash_point();
@@ -150,6 +169,15 @@ void verify_listed_file(const std::string& folder, const std::string& name, cons
   if (!io::is_regular_file(file)) fail("checkpoint", "'{}' is missing or not a regular file (listed in '{}', field '{}')", file, entry.file(), entry.path());
   if (fs::file_size(file) != bytes)
     fail("checkpoint", "'{}' has {} bytes, its manifest says {} ('{}', field '{}.bytes')", file, fs::file_size(file), bytes, entry.file(), entry.path());
+  if (const auto kind = entry.find("kind")) {
+    if (!kind->is_string() || kind->string() != kSafetensorsKind) kind->fail("is {}, not \"{}\"", kind->brief(), kSafetensorsKind);
+    // The reader hashes the whole file against the checksum in its header; the manifest holds the same.
+    const std::string own = SafetensorsReader(file, ChecksumPolicy::required).own_checksum().value_or("");
+    if (own != want)
+      fail("checkpoint", "'{}' carries checksum {}, its manifest says {}: the file was replaced ('{}', field '{}.checksum')", file, own,
+           want, entry.file(), entry.path());
+    return;
+  }
   const std::string sum = io::file_checksum(file);
   if (sum != want)
     fail("checkpoint", "'{}' fails its checksum (manifest {}, computed {}): the file is corrupt ('{}', field '{}.checksum')", file, want, sum,
@@ -167,7 +195,7 @@ void verify_step_folder(const std::string& folder) {
   if (!manifest.is_object()) manifest.fail("is {}, not an object", manifest.brief());
   const io::JsonValue format = manifest.at("format"), version = manifest.at("version");
   if (!format.is_string() || format.string() != "nax.checkpoint") format.fail("is {}, not \"nax.checkpoint\"", format.brief());
-  if (version.integer(1, 1) != 1) version.fail("is not 1");
+  version.integer(1, 2);  // 1: every checksum is the whole file's; 2: a safetensors file's may be its own
   const io::JsonValue step = manifest.at("step");
   const std::int64_t named = step_of_name(fs::path(folder).filename().string()), value = step.integer(0, INT64_MAX);
   if (named >= 0 && value != named) step.fail("is {}, the folder's name says {}", value, named);

@@ -448,6 +448,10 @@ SafetensorsReader::SafetensorsReader(const std::string& path, ChecksumPolicy pol
 const std::string& SafetensorsReader::path() const { return state_->path; }
 const std::vector<TensorInfo>& SafetensorsReader::tensors() const { return state_->tensors; }
 const Metadata& SafetensorsReader::metadata() const { return state_->metadata; }
+std::optional<std::string> SafetensorsReader::own_checksum() const {
+  const auto it = state_->metadata.find(kChecksumKey);
+  return it == state_->metadata.end() ? std::nullopt : std::optional<std::string>(it->second);
+}
 
 const TensorInfo* SafetensorsReader::find(const std::string& name) const {
   auto it = state_->index.find(name);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,6 +76,8 @@ class SafetensorsReader {
   const std::string& path() const;
   const std::vector<TensorInfo>& tensors() const;  // in file order
   const Metadata& metadata() const;
+  // The file's own checksum (metadata "nax.checksum", 16 hex digits), when nax wrote it.
+  std::optional<std::string> own_checksum() const;
   const TensorInfo* find(const std::string& name) const;
   // The entry `name`, which must exist with these dims (and dtype when given), else an error
   // naming the file and the tensor.
