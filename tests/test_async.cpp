@@ -68,6 +68,8 @@ TEST_CASE("start forms give the blocking forms' values and vary types", "[mesh][
         INFO("axis " << axis);
         require_same(rt, [&](const Tensor& x) { return start_all_gather(x, axes, axis); },
                      [&](const Tensor& x) { return all_gather(x, axes, axis); });
+        require_same(rt, [&](const Tensor& x) { return start_all_gather_invariant(x, axes, axis); },
+                     [&](const Tensor& x) { return all_gather_invariant(x, axes, axis); });
       }
       for (const std::string axis : {"a", "b"}) {
         if (kLocal.size(axis) % n != 0) continue;
@@ -178,6 +180,67 @@ TEST_CASE("gradients of started and blocking collectives agree", "[mesh][async][
     return worst;
   });
   for (double e : grads) REQUIRE(e <= 1e-12);
+}
+
+// FSDP's pattern: a parameter cut along a over mp, gathered whole, applied to this device's rows of
+// a batch cut over mp; its gradient's per-device terms (a contraction over the cut batch) are
+// reduce-scattered, and a term of the parameter alone (summed already) is sliced.
+Tensor fsdp_loss(Shard& s, const Tensor& whole) {
+  const Tensor rows = s.shard(random_normal(Shape{{"batch", 8}, {"b", 3}}, 9, "rows", 1.0, DType::f64), AxisRules{{"batch", "mp"}});
+  const Tensor y = dot(rows, whole, "b");  // [batch, a], batch cut over mp
+  return psum(sum(y * y, {"batch", "a"}), "mp") + sum(whole * whole, {"a", "b"}) * 0.25;
+}
+
+Tensor fsdp_parameter(Shard& s) {
+  return s.shard(random_normal(Shape{{"a", 8}, {"b", 3}}, 7, "w", 1.0, DType::f64), AxisRules{{"a", "mp"}});
+}
+
+TEST_CASE("start_all_gather_invariant gathers a parameter as FSDP does, with the blocking form's gradients", "[mesh][async][grad]") {
+  for (const std::string spec : {"mp=2", "dp=2,mp=2", "mp=4"}) {
+    INFO("mesh " << spec);
+    Runtime rt = Runtime::local(Mesh::parse(spec));
+    const auto errors = rt.run([&](Shard& s) {
+      auto loss_of = [&](bool started, const std::vector<Tensor>& p) {
+        return fsdp_loss(s, started ? start_all_gather_invariant(p[0], "mp", "a").wait() : all_gather_invariant(p[0], "mp", "a"));
+      };
+      const Tensor w = fsdp_parameter(s);
+      const auto [loss_started, g_started] = value_and_grad([&](const std::vector<Tensor>& p) { return loss_of(true, p); }, {w});
+      const auto [loss_blocking, g_blocking] = value_and_grad([&](const std::vector<Tensor>& p) { return loss_of(false, p); }, {w});
+      NAX_EXPECT(g_started[0].vary() == g_blocking[0].vary() && g_started[0].vary() == w.vary());
+      NAX_EXPECT(loss_started.item() == loss_blocking.item());
+      return nax::testing::max_rel_error(g_started[0].to_vector<double>(), g_blocking[0].to_vector<double>());
+    });
+    for (double e : errors) REQUIRE(e == 0);
+  }
+  // Started and blocking forms make the same calls over mp: one gather forward, one reduce-scatter
+  // of the per-device terms backward (half an all-reduce's bytes).
+  auto calls_of = [](bool started) {
+    Runtime rt = Runtime::local(Mesh::parse("mp=4"));
+    rt.run([&](Shard& s) {
+      value_and_grad([&](const std::vector<Tensor>& p) {
+        return fsdp_loss(s, started ? start_all_gather_invariant(p[0], "mp", "a").wait() : all_gather_invariant(p[0], "mp", "a"));
+      }, {fsdp_parameter(s)});
+    });
+    return rt.comm_stats_by_axes(0).at("mp");
+  };
+  const CommStats started = calls_of(true), blocking = calls_of(false);
+  REQUIRE(started.calls == blocking.calls);
+  REQUIRE(started.bytes == blocking.bytes);
+  REQUIRE(started.calls[static_cast<std::size_t>(CollectiveKind::reduce_scatter)] == 1);
+  REQUIRE(started.calls[static_cast<std::size_t>(CollectiveKind::all_gather)] == 1);
+  // Against finite differences of the whole mesh program.
+  auto program = [](Shard& s, const std::vector<Tensor>& p) {
+    Pending<Tensor> gathering = start_all_gather_invariant(p[0], "mp", "a");
+    const Tensor x = varying_input(s) * 0.5;  // computed while the gather runs
+    const Tensor whole = gathering.wait();
+    const Tensor per_device = psum(sum(slice(whole, "a", 0, 4) * x, {"a", "b"}), s.mesh().axis_names());
+    return per_device + sum(whole * whole, {"a", "b"});
+  };
+  for (const std::string spec : {"mp=1", "mp=4", "dp=2,mp=2"}) {
+    INFO("finite differences on mesh " << spec);
+    Runtime rt = Runtime::local(Mesh::parse(spec));
+    nax::testing::check_mesh_gradients(rt, program, {nax::testing::random_input(Shape{{"a", 8}, {"b", 3}}, "w")}, AxisRules{{"a", "mp"}});
+  }
 }
 
 TEST_CASE("a Pending is waited for once: twice, never, or empty is an error", "[mesh][async][errors]") {

@@ -84,6 +84,32 @@ Tensor Model::block_forward(const std::vector<Tensor>& values, std::int64_t i, c
   }, x);
 }
 
+std::vector<Pending<Tensor>> Model::start_gathers(const std::vector<Tensor>& values, std::int64_t i) const {
+  std::vector<Pending<Tensor>> gathers;
+  for (const Tensor& stored : stored_block(values, i)) {
+    const Tensor p = for_compute(stored, compute_);
+    if (p.vary().split_mesh_axes("embed").empty()) gathers.emplace_back("whole already", [p] { return p; });
+    else gathers.push_back(start_all_gather_invariant(p, "fsdp", "embed"));
+  }
+  return gathers;
+}
+
+Tensor Model::stage_blocks(const std::vector<Tensor>& values, Tensor x, const BlockConfig& bc) const {
+  const bool prefetch = !remat_ && fsdp_devices(Shard::current()->mesh()) > 1;
+  if (!prefetch) {
+    for (std::int64_t i = stage_.first_layer; i < stage_.end_layer; ++i) x = block_forward(values, i, x, bc, nullptr);
+    return x;
+  }
+  std::vector<Pending<Tensor>> next = start_gathers(values, stage_.first_layer);
+  for (std::int64_t i = stage_.first_layer; i < stage_.end_layer; ++i) {
+    std::vector<Tensor> gathered;
+    for (auto& p : next) gathered.push_back(p.wait());
+    if (i + 1 < stage_.end_layer) next = start_gathers(values, i + 1);
+    x = block(BlockParams::from(gathered), x, bc);
+  }
+  return x;
+}
+
 BlockConfig Model::block_config_for(bool generating) const {
   BlockConfig bc = block_config(config_);
   bc.sequence_parallel = sequence_parallel_ && !generating && axis_size("mp") > 1;  // mp=1: nothing to cut
@@ -102,8 +128,7 @@ Tensor Model::head(const std::vector<Tensor>& values, const Tensor& x, const Blo
 
 Tensor Model::stage_forward(const std::vector<Tensor>& values, const Tensor& input, const Tensor& ids, const Tensor& targets) const {
   const BlockConfig bc = block_config_for(false);
-  Tensor x = stage_.first() ? embed(values, ids, bc) : input;
-  for (std::int64_t i = stage_.first_layer; i < stage_.end_layer; ++i) x = block_forward(values, i, x, bc, nullptr);
+  const Tensor x = stage_blocks(values, stage_.first() ? embed(values, ids, bc) : input, bc);
   return stage_.last() ? mean_loss(head(values, x, bc), targets) : x;
 }
 

@@ -67,6 +67,10 @@ class Model {
   std::vector<nax::Tensor> stored_block(const std::vector<nax::Tensor>& values, std::int64_t i) const;
   nax::Tensor block_forward(const std::vector<nax::Tensor>& values, std::int64_t i, const nax::Tensor& x, const BlockConfig& bc,
                             KVCache* cache) const;
+  // The stage's blocks in order; under FSDP without remat, block i+1's parameters are gathered
+  // while block i computes (and backward, reduce-scattered while block i's backward runs).
+  nax::Tensor stage_blocks(const std::vector<nax::Tensor>& values, nax::Tensor x, const BlockConfig& bc) const;
+  std::vector<nax::Pending<nax::Tensor>> start_gathers(const std::vector<nax::Tensor>& values, std::int64_t i) const;
   nax::Tensor param(const std::vector<nax::Tensor>& values, const std::string& name) const;
   BlockConfig block_config_for(bool generating) const;
   nax::Tensor embed(const std::vector<nax::Tensor>& values, const nax::Tensor& ids, const BlockConfig& bc) const;

@@ -60,24 +60,33 @@ using StartTranspose = std::function<Pending<Tensor>(const Tensor& g)>;
 
 // `forward` (started from x at `where`) with its gradient: the start and wait nodes described
 // above. The transpose runs as the backward of that call (detail::BackwardOf).
+// `passes_partial_sums`: the wait's backward takes its consumers' per-device terms unsummed (an
+// Invariant result whose transpose reduce-scatters them, as all_gather_invariant's does).
 Pending<Tensor> with_gradient(const std::string& op, const Tensor& x, Pending<Tensor> forward, const std::source_location& where,
-                              StartTranspose transpose) {
+                              StartTranspose transpose, bool passes_partial_sums = false) {
   if (!autodiff::any_requires_grad({&x})) return forward;
   const CallSite site = detail::transposing_site(CallSite{where.file_name(), where.line(), where.column(), nullptr});
-  auto backward = std::make_shared<std::optional<Pending<Tensor>>>();
+  // One transpose per gradient the wait receives: one, or, passing partial sums, one per set of
+  // mesh axes its terms still need a sum over (added here in the order they came, as for a value).
+  auto backward = std::make_shared<std::vector<Pending<Tensor>>>();
   const Tensor token = autodiff::record(op + " (start)", full(Shape{}, 0.0), {x}, [backward](const Tensor&) {
-    if (!backward->has_value()) fail("grad", "the transpose of a started collective was never started");
-    return std::vector<Tensor>{(*backward)->wait()};
+    if (backward->empty()) fail("grad", "the transpose of a started collective was never started");
+    Tensor g = backward->front().wait();
+    for (std::size_t i = 1; i < backward->size(); ++i) g = g + (*backward)[i].wait();
+    backward->clear();
+    return std::vector<Tensor>{g};
   });
   std::string what = forward.what();
   auto started = std::make_shared<Pending<Tensor>>(std::move(forward));
-  return Pending<Tensor>(std::move(what), [started, token, op, site, backward, transpose = std::move(transpose)] {
+  return Pending<Tensor>(std::move(what), [started, token, op, site, backward, passes_partial_sums, transpose = std::move(transpose)] {
     const Tensor out = started->wait();
-    return autodiff::record(op + " (wait)", out, {token}, [backward, transpose, op, site](const Tensor& g) {
+    Tensor recorded = autodiff::record(op + " (wait)", out, {token}, [backward, transpose, op, site](const Tensor& g) {
       const detail::BackwardOf scope(op.c_str(), site);
-      backward->emplace(transpose(g));
+      backward->push_back(transpose(g));
       return std::vector<Tensor>{full(Shape{}, 0.0)};  // the token's gradient: the transpose carries the real one
     });
+    if (passes_partial_sums && recorded.grad_node()) recorded.grad_node()->passes_partial_sums = true;
+    return recorded;
   });
 }
 
@@ -100,6 +109,19 @@ Pending<Tensor> start_all_gather(const Tensor& x, const Names& mesh_axes, const 
   return with_gradient("start_all_gather", x, pending_of(what, std::move(launch), ready), where, [x, group, axis, where](const Tensor& g) {
     return then(start_psum_scatter(g, group, axis, where), [x, axis](const Tensor& s) { return detail::unstack_gradient(s, x, axis); });
   });
+}
+
+Pending<Tensor> start_all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
+  const std::string what = describe(fmt::format("start_all_gather_invariant({}, {}, {})", x.str(), mesh_axes.str(), axis), where);
+  detail::Launch launch = detail::Launch::started(what);
+  Tensor ready = detail::launch_all_gather_invariant(x, mesh_axes, axis, launch, where);
+  const Names group = detail::gather_order(x, mesh_axes, axis);
+  auto transpose = [x, group, axis, what, where](const Tensor& g) {
+    if (!detail::summed_over(g, group))  // the consumers' terms: reduce-scattered, as FSDP's gradients are
+      return then(start_psum_scatter(g, group, axis, where), [x, axis](const Tensor& s) { return detail::unstack_gradient(s, x, axis); });
+    return Pending<Tensor>("the transpose of " + what, [block = detail::own_block(g, x, group, axis)] { return block; });
+  };
+  return with_gradient("start_all_gather_invariant", x, pending_of(what, std::move(launch), ready), where, transpose, true);
 }
 
 Pending<Tensor> start_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {

@@ -33,6 +33,8 @@ class BackwardOf {
 // `where`: the user's call, part of the signature the group compares.
 Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch, std::source_location where);
 Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch, std::source_location where);
+Tensor launch_all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch,
+                                   std::source_location where);
 Tensor launch_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch,
                            std::source_location where);
 Tensor launch_ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, Launch& launch,
@@ -42,6 +44,10 @@ Tensor launch_ppermute(const Tensor& x, const Names& mesh_axes, const std::vecto
 Names gather_order(const Tensor& x, const Names& mesh_axes, const std::string& axis);
 // The gradient of a gather's input from the gradient of its result's own block.
 Tensor unstack_gradient(const Tensor& g, const Tensor& x, const std::string& axis);
+// Whether a gradient is Invariant over every axis of the group (summed already).
+bool summed_over(const Tensor& g, const Names& group);
+// An invariant gather's transpose of a summed gradient: this device's block of it, no communication.
+Tensor own_block(const Tensor& g, const Tensor& x, const Names& group, const std::string& axis);
 
 // "(0, 1) (1, 0)": a ppermute's pairs as its messages name them.
 std::string pairs_text(const std::vector<std::pair<int, int>>& pairs);

@@ -358,12 +358,8 @@ Tensor gather(std::string_view op, const Tensor& x, const Names& mesh_axes, cons
   // case: a gathered parameter used on a cut batch) and reduce-scatters it, half an all-reduce's
   // bytes; summed already, it is this device's block of it.
   Tensor recorded = with_transpose(op.data(), x, out, site, [x, group, axis, invariant](const Tensor& g) {
-    bool unsummed = !invariant;
-    for (const auto& m : group.list()) unsummed = unsummed || g.vary().kind(m) != Vary::Invariant;
-    if (unsummed) return unstack(psum_scatter(g, group, axis), x, axis);
-    const std::int64_t block = x.shape().has(axis) ? x.shape().size(axis) : 1;
-    const auto r = static_cast<std::int64_t>(axis_index(group).item());
-    return unstack(slice(g, axis, r * block, (r + 1) * block), x, axis);
+    if (!invariant || !detail::summed_over(g, group)) return unstack(psum_scatter(g, group, axis), x, axis);
+    return detail::own_block(g, x, group, axis);
   });
   if (invariant && recorded.grad_node()) recorded.grad_node()->passes_partial_sums = true;
   return recorded;
@@ -571,6 +567,27 @@ Names gather_order(const Tensor& x, const Names& mesh_axes, const std::string& a
   return cut_order("start_all_gather", x, mesh_axes, axis);
 }
 Tensor unstack_gradient(const Tensor& g, const Tensor& x, const std::string& axis) { return unstack(g, x, axis); }
+Tensor launch_all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch,
+                                   std::source_location where) {
+  return gather_collective("all_gather_invariant", x, cut_order("start_all_gather_invariant", x, mesh_axes, axis), axis, true,
+                           site_of(where), false, launch);
+}
+bool summed_over(const Tensor& g, const Names& group) {
+  for (const auto& m : group.list())
+    if (g.vary().kind(m) != Vary::Invariant) return false;
+  return true;
+}
+Tensor own_block(const Tensor& g, const Tensor& x, const Names& group, const std::string& axis) {
+  const std::int64_t block = x.shape().has(axis) ? x.shape().size(axis) : 1;
+  const auto r = static_cast<std::int64_t>(axis_index(group).item());
+  const Tensor mine = unstack(slice(g, axis, r * block, (r + 1) * block), x, axis);
+  VaryType vary = mine.vary();  // this device's block, typed as x is over the group
+  for (const auto& m : group.list()) {
+    if (x.vary().kind(m) == Vary::Split) vary.set_split(m, axis);
+    else vary.set_varying(m);
+  }
+  return mine.with_vary(vary);
+}
 }  // namespace detail
 
 Tensor axis_index(const Names& mesh_axes) {

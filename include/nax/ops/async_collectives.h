@@ -78,6 +78,10 @@ class [[nodiscard]] Pending {
 Pending<Tensor> start_psum(const Tensor& x, const Names& mesh_axes, std::source_location where = std::source_location::current());
 Pending<Tensor> start_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis,
                                  std::source_location where = std::source_location::current());
+// FSDP's prefetch: the next layer's parameters gathered while this one computes; backward, their
+// gradients' terms are reduce-scattered while the layers before run theirs.
+Pending<Tensor> start_all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis,
+                                           std::source_location where = std::source_location::current());
 Pending<Tensor> start_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis,
                                    std::source_location where = std::source_location::current());
 Pending<Tensor> start_ppermute(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs,
