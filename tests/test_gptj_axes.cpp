@@ -5,6 +5,11 @@
 // one device's (with dp and mp, with remat), training matches one device on up to 8 devices, a
 // checkpoint saved on such a mesh resumes on another, and what they do not go with is refused.
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "compare.h"
 #include "gptj_helpers.h"
 #include "helpers.h"
 #include "plan.h"
@@ -54,6 +59,47 @@ TEST_CASE("gptj train on cp and fsdp meshes gives one device's losses, up to 8 d
     const std::string axis = mesh.find("cp") != std::string::npos ? "cp" : "fsdp";  // the ring's ppermutes; the gathers
     REQUIRE(result.bytes_per_step.count(axis) == 1);
   }
+}
+
+TEST_CASE("gptj compare on pp, cp and fsdp meshes: the hand-coded row alone, its axes' bytes, the bubble, the projections",
+          "[gptj][context_parallel][fsdp][pipeline][mesh]") {
+  const auto reference = gptj::train(tiny("dp=1,mp=1", 3), corpus());
+  for (const std::string mesh : {"dp=2,pp=2", "mp=2,cp=2", "fsdp=2"}) {
+    INFO("mesh " << mesh);
+    gptj::CompareOptions c;
+    c.train = tiny(mesh, 3);
+    c.train.micro_batches = 2;
+    c.timing_skip = 1;
+    const auto rows = gptj::compare(c, corpus());
+    REQUIRE(rows.size() == 1);  // the automatic view places dp and mp only
+    const gptj::CompareRow& hand = rows[0];
+    CHECK(hand.sharding == "hand");
+    nax::testing::require_close(hand.losses, reference.losses, 1e-5);
+    const std::string named = mesh == "fsdp=2" ? "fsdp" : mesh == "mp=2,cp=2" ? "cp" : "pp";
+    CHECK(hand.bytes_by_axes.count(named) == 1);
+    const bool pipeline = named == "pp";
+    CHECK((hand.bubble > 0) == pipeline);
+    if (pipeline) CHECK(hand.bubble == Approx(1.0 / 3));  // (pp - 1) / (M + pp - 1) with 2 micro-batches
+    for (const auto& cluster : gptj::declared_clusters()) {
+      const auto p = gptj::project(hand, cluster, c);
+      CHECK(p.comm_s > 0);
+      CHECK(p.step_s == Approx(p.compute_s + p.comm_s));
+      gptj::CompareRow no_bubble = hand;
+      no_bubble.bubble = 0;
+      if (pipeline) CHECK(p.compute_s == Approx(gptj::project(no_bubble, cluster, c).compute_s * 1.5));
+    }
+    const std::string path = (std::filesystem::temp_directory_path() / fmt::format("nax_compare_axes_{}.json", ::getpid())).string();
+    gptj::write_comparison_json(rows, c, path);
+    std::ifstream in(path);
+    const auto json = nlohmann::json::parse(in);
+    std::filesystem::remove(path);
+    REQUIRE(json.size() == 1);
+    CHECK(json[0].contains("pipeline") == pipeline);
+  }
+  gptj::CompareOptions jax;
+  jax.train = tiny("fsdp=2", 3);
+  jax.with_jax = true;
+  REQUIRE_THROWS_WITH(gptj::compare(jax, corpus()), Contains("--with-jax") && Contains("dp and mp only"));
 }
 
 TEST_CASE("gptj: a checkpoint saved on a cp or fsdp mesh resumes on another mesh", "[gptj][context_parallel][fsdp][checkpoint]") {

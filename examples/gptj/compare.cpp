@@ -45,14 +45,16 @@ std::size_t resident_bytes(Learner& l) {
 
 // What one learner saw: its losses, step times, last step's communication and its peak memory.
 struct Track {
-  std::vector<double> losses, step_s;
+  std::vector<double> losses, step_s, pipeline_idle;
   std::map<std::string, CommStats> last_comm;
   std::size_t peak = 0;
 };
 
-void step_and_track(Shard& s, Learner& learner, Learner& other, Track& track, const Tensor& x, const Tensor& y, double lr,
+// `other`: the learner compared with, whose parameters and moments are not this one's peak (null
+// when the hand-coded model runs alone).
+void step_and_track(Shard& s, Learner& learner, Learner* other, Track& track, const Tensor& x, const Tensor& y, double lr,
                     std::int64_t step) {
-  const std::size_t others = resident_bytes(other);
+  const std::size_t others = other != nullptr ? resident_bytes(*other) : 0;
   s.device_ptr()->allocator().reset_peak();
   const auto comm_before = s.comm_stats();
   const auto t0 = Clock::now();
@@ -64,6 +66,7 @@ void step_and_track(Shard& s, Learner& learner, Learner& other, Track& track, co
   track.step_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   track.last_comm = s.comm_stats_since(comm_before);
   track.losses.push_back(stats.loss);
+  if (stats.pipeline_s > 0) track.pipeline_idle.push_back(1 - stats.pipeline_busy_s / stats.pipeline_s);
   const std::size_t peak = s.memory().peak_bytes_in_use;
   track.peak = std::max(track.peak, peak > others ? peak - others : 0);
 }
@@ -85,6 +88,11 @@ CompareRow row_of(const std::string& sharding, const Track& t, const CompareOpti
     row.collectives_per_step += static_cast<double>(total_calls(stats));
   }
   row.peak_bytes = t.peak;
+  const Mesh mesh = model_mesh(o.train.mesh);
+  if (pipeline_stages(mesh) > 1) {
+    row.bubble = bubble_fraction(timetable(parse_schedule(o.train.schedule), pipeline_stages(mesh), o.train.micro_batches));
+    row.pipeline_idle = median(t.pipeline_idle);
+  }
   return row;
 }
 
@@ -127,20 +135,32 @@ std::string megabytes(double bytes) { return fmt::format("{:.2f}", bytes * 1e-6)
 
 std::vector<Cluster> declared_clusters() {
   const Link nvlink{"nvlink", 5e-6, 350e9}, infiniband{"infiniband", 10e-6, 45e9};
+  // Within a node: tensor, context and fully sharded data parallelism; between nodes: the
+  // data-parallel replicas and the pipeline's stages (their traffic is the smallest).
   return {
-      {"8 GPUs, one node, NVLink", 8, kGpuPeakBf16Flops, {{"mp", nvlink}, {"dp", nvlink}}},
-      {"64 GPUs, 8 nodes, InfiniBand between nodes", 64, kGpuPeakBf16Flops, {{"mp", nvlink}, {"dp", infiniband}}},
+      {"8 GPUs, one node, NVLink", 8, kGpuPeakBf16Flops,
+       {{"mp", nvlink}, {"cp", nvlink}, {"fsdp", nvlink}, {"pp", nvlink}, {"dp", nvlink}}},
+      {"64 GPUs, 8 nodes, InfiniBand between nodes", 64, kGpuPeakBf16Flops,
+       {{"mp", nvlink}, {"cp", nvlink}, {"fsdp", nvlink}, {"pp", infiniband}, {"dp", infiniband}}},
   };
 }
 
+// Weak scaling onto a cluster: every mesh axis but dp keeps its size in the run, dp takes the rest
+// of the devices, and each data-parallel device keeps its share of the batch. A replica's compute
+// is split over mp, cp and pp; a pipeline's stages idle for its bubble (no overlap is counted).
 Projection project(const CompareRow& row, const Cluster& cluster, const CompareOptions& o) {
   const Mesh run = model_mesh(o.train.mesh);
   const Config config = padded_for(config_by_name(o.train.config), run);
-  const int mp = run.has("mp") ? run.axis_size("mp") : 1, dp_run = run.has("dp") ? run.axis_size("dp") : 1;
-  const std::map<std::string, int> sizes{{"mp", mp}, {"dp", std::max(1, cluster.devices / mp)}};
-  const double tokens_per_device = static_cast<double>(o.train.batch * o.train.seq) / dp_run;
+  std::map<std::string, int> sizes;
+  int kept = 1;
+  for (const auto& axis : run.axis_names())
+    if (axis != "dp") kept *= sizes[axis] = run.axis_size(axis);
+  sizes["dp"] = std::max(1, cluster.devices / kept);
+  const int splitting = (sizes.count("mp") ? sizes.at("mp") : 1) * context_devices(run) * pipeline_stages(run);
+  const double tokens_per_device = static_cast<double>(o.train.batch * o.train.seq) / data_parallel_devices(run);
   Projection p{cluster.name, row.sharding};
-  p.compute_s = flops_per_token(config, o.train.seq) * tokens_per_device / mp / (cluster.peak_flops * o.projected_mfu);
+  p.compute_s = flops_per_token(config, o.train.seq) * tokens_per_device / splitting / (cluster.peak_flops * o.projected_mfu);
+  if (row.bubble > 0) p.compute_s /= 1 - row.bubble;
   for (const auto& [group, stats] : row.comm_per_step) {
     int n = 1;
     Link link = cluster.links.at("mp");
@@ -155,7 +175,7 @@ Projection project(const CompareRow& row, const Cluster& cluster, const CompareO
     }
   }
   p.step_s = p.compute_s + p.comm_s;
-  p.tokens_per_s = tokens_per_device * sizes.at("dp") / p.step_s;  // one batch share per mp group
+  p.tokens_per_s = tokens_per_device * sizes.at("dp") * fsdp_devices(run) / p.step_s;
   return p;
 }
 
@@ -165,8 +185,12 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   const Config config = padded_for(config_by_name(o.train.config), mesh);
   check_fits(config, mesh, o.train.batch);
   check_sequence_layout(mesh, o.train.seq, o.train.sequence_parallel, o.train.deterministic);
-  check_dp_mp_only(mesh, "gptj compare (its automatic baseline)");
+  // The automatic view places dp and mp; pp, cp and fsdp are hand-written only, so on such a mesh
+  // the hand-coded model runs alone.
+  const bool with_auto = dp_mp_only(mesh);
   if (o.train.steps < 2) fail("compare", "--steps must be at least 2 (the first steps warm up)");
+  if (o.with_jax && !with_auto)
+    fail("compare", "--with-jax: the JAX baseline shards over dp and mp only, and mesh {} has a pp, cp or fsdp axis", mesh.str());
   if (o.with_jax && o.train.dtype != DType::f32)
     fail("compare", "--with-jax runs JAX in f32 and checks its first loss against nax's: use it with --dtype f32, not {}",
          dtype_name(o.train.dtype));
@@ -179,32 +203,37 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   Track hand_track, auto_track;
   Progress progress(o.train.quiet || process_index() != 0, o.train.steps);
   rt.run([&](Shard& s) {
-    Learner h(s, config, rules, hand), a(s, config, rules, automatic);
+    Learner h(s, config, rules, hand);
+    std::optional<Learner> a;
+    if (with_auto) a.emplace(s, config, rules, automatic);
     for (std::int64_t step = 0; step < o.train.steps; ++step) {
       const double lr = nn::warmup_cosine(step, o.train.warmup, o.train.steps, o.train.lr);
-      auto [inputs, targets] = data.batch(TextData::Split::train, step, o.train.batch, o.train.seq, o.train.seed);
-      Tensor x = s.shard(inputs, rules), y = s.shard(targets, rules);
+      auto [x, y] = device_batch(s, data, o.train, rules, step);
       Track scratch;
       Track& ht = s.device() == 0 ? hand_track : scratch;
       Track& at = s.device() == 0 ? auto_track : scratch;
       // Alternate which goes first, so that neither always follows the other's cache footprint.
-      if (step % 2 == 0) {
-        step_and_track(s, h, a, ht, x, y, lr, step);
-        step_and_track(s, a, h, at, x, y, lr, step);
+      Learner* other = a ? &*a : nullptr;
+      if (!a) {
+        step_and_track(s, h, nullptr, ht, x, y, lr, step);
+      } else if (step % 2 == 0) {
+        step_and_track(s, h, other, ht, x, y, lr, step);
+        step_and_track(s, *a, &h, at, x, y, lr, step);
       } else {
-        step_and_track(s, a, h, at, x, y, lr, step);
-        step_and_track(s, h, a, ht, x, y, lr, step);
+        step_and_track(s, *a, &h, at, x, y, lr, step);
+        step_and_track(s, h, other, ht, x, y, lr, step);
       }
       if (s.device() == 0)
-        progress.update(step, fmt::format("compare: step {}/{} | hand loss {:.4f} {:.0f} ms | auto loss {:.4f} {:.0f} ms", step + 1,
-                                          o.train.steps, ht.losses.back(), 1e3 * ht.step_s.back(), at.losses.back(), 1e3 * at.step_s.back()));
+        progress.update(step, fmt::format("compare: step {}/{} | hand loss {:.4f} {:.0f} ms{}", step + 1, o.train.steps, ht.losses.back(),
+                                          1e3 * ht.step_s.back(),
+                                          a ? fmt::format(" | auto loss {:.4f} {:.0f} ms", at.losses.back(), 1e3 * at.step_s.back()) : ""));
     }
   });
   progress.finish();
   std::vector<CompareRow> rows;
   if (process_index() != 0) return rows;
   rows.push_back(row_of("hand", hand_track, o));
-  rows.push_back(row_of("auto", auto_track, o));
+  if (with_auto) rows.push_back(row_of("auto", auto_track, o));
   if (o.with_jax)
     if (auto jax = run_jax(o, data, rows[0].first_loss)) rows.push_back(*jax);
   return rows;
@@ -213,10 +242,13 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
 void print_comparison(const std::vector<CompareRow>& rows, const CompareOptions& o) {
   if (rows.empty()) return;
   const double hand_rate = rows[0].tokens_per_s;
-  fmt::print("\nhand-coded{} vs automatic sharding: config {}, mesh {}, batch {} x seq {}, {} steps, {} compute (tokens/s: median after {} "
-             "warm-up steps)\n",
-             o.train.sequence_parallel ? " (--sequence-parallel)" : "", o.train.config, o.train.mesh, o.train.batch, o.train.seq, o.train.steps,
-             dtype_name(o.train.dtype), o.timing_skip);
+  const bool alone = rows.size() == 1;
+  fmt::print("\nhand-coded{}{}: config {}, mesh {}, batch {} x seq {}, {} steps, {} compute (tokens/s: median after {} warm-up steps)\n",
+             o.train.sequence_parallel ? " (--sequence-parallel)" : "", alone ? "" : " vs automatic sharding", o.train.config, o.train.mesh,
+             o.train.batch, o.train.seq, o.train.steps, dtype_name(o.train.dtype), o.timing_skip);
+  if (alone)
+    fmt::print("(no automatic row: the automatic view places dp and mp, and this mesh's pp, cp or fsdp axis is hand-written only, "
+               "docs/parallelism.md)\n");
   fmt::print("{:<8} {:>10} {:>10} {:>34} {:>12} {:>10} {:>11} {:>11}\n", "sharding", "tokens/s", "hand/this", "MB/step/device by axes",
              "collectives", "peak MiB", "first loss", "final loss");
   for (const auto& r : rows) {
@@ -227,6 +259,9 @@ void print_comparison(const std::vector<CompareRow>& rows, const CompareOptions&
                comm, r.measured_comm ? fmt::format("{:.0f}", r.collectives_per_step) : "-", static_cast<double>(r.peak_bytes) / (1 << 20),
                r.first_loss, r.final_loss);
   }
+  if (rows[0].bubble > 0)
+    fmt::print("pipeline: {} schedule, {} micro-batches: bubble {:.1f}% of the stage-ticks, device 0 idle {:.1f}% of the schedule\n",
+               o.train.schedule, o.train.micro_batches, 100 * rows[0].bubble, 100 * rows[0].pipeline_idle);
   fmt::print("\nprojected step time on declared clusters (weak scaling: each device keeps its share of the batch; compute at {:.0f}% "
              "MFU of {:.0f} TFLOP/s; counted collectives priced by the alpha-beta model; no overlap)\n",
              100 * o.projected_mfu, kGpuPeakBf16Flops * 1e-12);
@@ -251,6 +286,8 @@ void write_comparison_json(const std::vector<CompareRow>& rows, const CompareOpt
       row["bytes_per_step"] = r.bytes_per_step;
       row["bytes_per_step_by_axes"] = r.bytes_by_axes;
       row["collectives_per_step"] = r.collectives_per_step;
+      if (r.bubble > 0) row["pipeline"] = {{"bubble", r.bubble}, {"idle", r.pipeline_idle}, {"schedule", o.train.schedule},
+                                          {"micro_batches", o.train.micro_batches}};
       nlohmann::json projections = nlohmann::json::object();
       for (const auto& cluster : declared_clusters()) {
         const Projection p = project(r, cluster, o);

@@ -35,10 +35,13 @@ struct CompareRow {
   double first_loss = 0, final_loss = 0;
   std::vector<double> losses;
   bool measured_comm = true;  // false for jax (XLA's collectives are not counted)
+  // With a pp axis: the schedule's bubble (share of stage-ticks idle) and device 0's measured idle
+  // share of the schedule's time (median over the timed steps).
+  double bubble = 0, pipeline_idle = 0;
 };
 
-// A declared cluster: devices, the mesh it would run (mp as in the run, the rest dp) and the link
-// of each mesh axis.
+// A declared cluster: devices, the mesh it would run (every axis but dp as in the run, the rest dp)
+// and the link of each mesh axis.
 struct Cluster {
   std::string name;
   int devices = 8;
@@ -52,8 +55,8 @@ struct Projection {
   double compute_s = 0, comm_s = 0, step_s = 0, tokens_per_s = 0;
 };
 // Step time on `cluster` under weak scaling (each device keeps its share of the run's batch): the
-// model FLOPs at `mfu` of the cluster's peak, plus the counted collectives priced by the
-// alpha-beta model on the cluster's links (no overlap assumed).
+// model FLOPs at `mfu` of the cluster's peak (stretched by a pipeline's bubble), plus the counted
+// collectives priced by the alpha-beta model on the cluster's links (no overlap assumed).
 Projection project(const CompareRow& row, const Cluster& cluster, const CompareOptions& options);
 
 std::vector<CompareRow> compare(const CompareOptions& options, const TextData& data);

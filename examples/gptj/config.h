@@ -64,6 +64,7 @@ void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch);
 void check_sequence_layout(const nax::Mesh& mesh, std::int64_t seq, bool sequence_parallel, bool deterministic);
 // gptj commands without context parallelism, FSDP or pipelines (generation, export, the global
 // view) refuse a cp, fsdp or pp axis, naming `what`.
+bool dp_mp_only(const nax::Mesh& mesh);
 void check_dp_mp_only(const nax::Mesh& mesh, const char* what);
 
 // A lower bound of the host memory one training step needs over the whole mesh, in bytes: f32

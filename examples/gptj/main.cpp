@@ -303,10 +303,12 @@ void compare_help() {
       "usage: gptj compare [flags]\n"
       "Trains the hand-coded (per-shard) GPT-J and the same model in the global view (automatic sharding) on\n"
       "the same config, mesh, data and steps, their steps interleaved, and prints tokens/s, bytes and\n"
-      "collectives per step per device and mesh axis, peak memory, losses, and projected step times on\n"
-      "declared GPU clusters.\n\n"
+      "collectives per step per device and mesh axis, peak memory, losses, a pipeline's bubble, and\n"
+      "projected step times on declared GPU clusters. On a mesh with a pp, cp or fsdp axis (which the\n"
+      "automatic view does not place) the hand-coded model runs alone.\n\n"
       "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
-      "  --mesh SPEC        mesh axes dp and mp                           (default dp=2,mp=2)\n"
+      "  --mesh SPEC        mesh axes dp, mp, pp, cp and fsdp, as for gptj train (default dp=2,mp=2)\n"
+      "  --micro-batches N, --schedule 1f1b|gpipe, --remat, --zero        as for gptj train\n"
       "  --backend B        cpu or cuda, as for gptj train                (default cpu)\n"
       "  --dtype D          f32 or bf16, as for gptj train                (default f32)\n"
       "  --data FILE        a text file to train on (repeat for several)  (required)\n"
@@ -345,9 +347,13 @@ int run_compare(int argc, char** argv) {
                             {"--cost-model", set(c.cost_model)},
                             {"--mfu", set_double("--mfu", c.projected_mfu)},
                             {"--meshes", set(meshes)},
+                            {"--micro-batches", set_int("--micro-batches", o.micro_batches)},
+                            {"--schedule", set(o.schedule)},
                             {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }}}),
               compare_help,
               {{"--with-jax", set_true(c.with_jax)},
+               {"--remat", set_true(o.remat)},
+               {"--zero", set_true(o.zero)},
                {"--install-jax", set_true(c.install_jax)},
                {"--sequence-parallel", set_true(o.sequence_parallel)},
                {"--deterministic", set_true(o.deterministic)},

@@ -271,6 +271,19 @@ Tensor micro_major(const Tensor& batch, std::int64_t dp, std::int64_t micro) {
   return from_vector(batch.shape(), out, batch.dtype());
 }
 
+Tensor device_tokens(Shard& s, const Tensor& tokens, const AxisRules& rules) {
+  return s.shard(zigzag_order(tokens, context_devices(s.mesh())), rules);
+}
+
+std::pair<Tensor, Tensor> device_batch(Shard& s, const TextData& data, const TrainOptions& o, const AxisRules& rules, std::int64_t step) {
+  auto [inputs, targets] = data.batch(TextData::Split::train, step, o.batch, o.seq, o.seed);
+  if (o.deterministic) {
+    inputs = micro_major(inputs, data_parallel_devices(s.mesh()), o.micro_batches);
+    targets = micro_major(targets, data_parallel_devices(s.mesh()), o.micro_batches);
+  }
+  return {device_tokens(s, inputs, rules), device_tokens(s, targets, rules)};
+}
+
 RuntimeOptions runtime_options(Backend backend, bool deterministic) {
   RuntimeOptions options;
   options.backend = backend;
@@ -401,25 +414,13 @@ class DeviceRun {
     double total = 0;
     for (std::int64_t i = 0; i < o_.eval_batches; ++i) {
       auto [x, y] = data_.batch(TextData::Split::heldout, i, o_.batch, o_.seq, o_.seed);
-      total += learner_.loss(shard_tokens(x), shard_tokens(y)).item();
+      total += learner_.loss(device_tokens(s_, x, rules_), device_tokens(s_, y, rules_)).item();
     }
     return total / static_cast<double>(o_.eval_batches);
   }
 
   // The step's batch, this device's block of it.
-  std::pair<Tensor, Tensor> batch(std::int64_t step) {
-    auto [inputs, targets] = data_.batch(TextData::Split::train, step, o_.batch, o_.seq, o_.seed);
-    if (o_.deterministic) {
-      inputs = micro_major(inputs, data_parallel_devices(plan_.mesh), o_.micro_batches);
-      targets = micro_major(targets, data_parallel_devices(plan_.mesh), o_.micro_batches);
-    }
-    return {shard_tokens(inputs), shard_tokens(targets)};
-  }
-
-  // This device's block of [batch, seq] tokens: the sequence in the cp devices' order first.
-  Tensor shard_tokens(const Tensor& tokens) {
-    return s_.shard(zigzag_order(tokens, context_devices(plan_.mesh)), rules_);
-  }
+  std::pair<Tensor, Tensor> batch(std::int64_t step) { return device_batch(s_, data_, o_, rules_, step); }
 
   Learner::StepStats step(std::int64_t step, double lr) {
     trace::Span span("step", "step", [&] { return fmt::format("\"step\": {}, \"sharding\": {}", step, trace::quote(o_.sharding)); });

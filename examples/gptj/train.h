@@ -94,6 +94,14 @@ TrainResult train(const TrainOptions& options, const TextData& data);
 // The runtime options of a --backend.
 nax::RuntimeOptions runtime_options(nax::Backend backend, bool deterministic = false);
 
+// This device's block of [batch, seq] tokens as training feeds them: the sequence in the cp
+// devices' zigzag order (ring_attention.h).
+nax::Tensor device_tokens(nax::Shard& s, const nax::Tensor& tokens, const nax::AxisRules& rules);
+// This device's block of step `step`'s training batch (inputs, targets); in deterministic mode the
+// rows in micro-batch-major order (the same micro-batches summed in the same order on every mesh).
+std::pair<nax::Tensor, nax::Tensor> device_batch(nax::Shard& s, const TextData& data, const TrainOptions& o, const nax::AxisRules& rules,
+                                                 std::int64_t step);
+
 struct SampleOptions {
   nax::Backend backend = nax::Backend::cpu;
   std::string ckpt_dir;
