@@ -135,7 +135,9 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
   // (in_flight - 1 at most, fewer at the end), and from k = 1 on the sum of the gradients so far
   // beside the ones this backward makes.
   const double kept_stage = s.layers * kept_per_block + (s.last ? head_saved(s, e, false) : 0.0);
-  const double gathered = s.fsdp > 1 ? 2 * e * s.block_params * s.fsdp : 0.0;  // a block's parameters and their gradient, whole
+  // FSDP: a block's gradient whole until it is reduce-scattered, and its parameters whole (counted
+  // in kept_per_block already unless remat gathers them again in the backward).
+  const double gathered = s.fsdp > 1 ? (o.remat ? 2 : 1) * e * s.block_params * s.fsdp : 0.0;
   const double in_block = block_transient(s, e) + ring_transient(s, e) + gathered;
   p.activations = s.in_flight * s.layers * kept_per_block + head + recompute;
   const double state = p.parameters + p.optimizer;
