@@ -134,26 +134,26 @@ TEST_CASE("gptj plan's peak is within 10% of the measured peak on config small",
   }
 }
 
-TEST_CASE("gptj plan's peak is within 10% of the measured peak with context parallelism and FSDP", "[gptj][plan][memory][context_parallel][fsdp]") {
+TEST_CASE("gptj plan's peak is within 5% of the measured peak with context parallelism and FSDP", "[gptj][plan][memory][context_parallel][fsdp]") {
   // cp, seq 256: the activations, not the gradients' sum, set the peak; a device holds 1 / cp of
   // them. fsdp, seq 128: the parameters, gradients and moments are cut too.
   double previous = 0;
-  for (const std::string mesh : {"cp=2", "cp=4", "mp=2,cp=2", "fsdp=2", "fsdp=4", "dp=2,fsdp=2"}) {
-    const bool fsdp = mesh.find("fsdp") != std::string::npos;
-    gptj::TrainOptions o = nax::testing::tiny(mesh, 2);
-    o.config = "small", o.batch = 8, o.seq = fsdp ? 128 : 256;
+  for (const std::string mesh : {"cp=2", "cp=4", "mp=2,cp=2", "cp=2 remat", "fsdp=2", "fsdp=4", "dp=2,fsdp=2", "fsdp=2 remat"}) {
+    const bool fsdp = mesh.find("fsdp") != std::string::npos, remat = mesh.find(" remat") != std::string::npos;
+    gptj::TrainOptions o = nax::testing::tiny(mesh.substr(0, mesh.find(' ')), 2);
+    o.config = "small", o.batch = 8, o.seq = fsdp ? 128 : 256, o.remat = remat;
     const double measured = static_cast<double>(gptj::train(o, nax::testing::corpus()).peak_bytes);
     gptj::PlanOptions p;
-    p.config = o.config, p.mesh = o.mesh, p.batch = o.batch, p.seq = o.seq;
+    p.config = o.config, p.mesh = o.mesh, p.batch = o.batch, p.seq = o.seq, p.remat = remat;
     const gptj::MemoryPlan plan = gptj::plan_memory(p);
     INFO("mesh " << mesh << ": planned " << plan.peak << " bytes, measured " << measured);
-    REQUIRE(std::abs(plan.peak - measured) <= 0.1 * measured);
+    REQUIRE(std::abs(plan.peak - measured) <= 0.05 * measured);
     if (mesh == "cp=4" || mesh == "fsdp=4") REQUIRE(measured < previous);  // more devices, less on each
-    previous = measured;
+    if (!remat) previous = measured;
     if (fsdp) {
       gptj::PlanOptions one = p;
       one.mesh = "dp=1,mp=1";
-      REQUIRE(plan.parameters == Approx(gptj::plan_memory(one).parameters / gptj::fsdp_devices(gptj::model_mesh(mesh))).epsilon(0.01));
+      REQUIRE(plan.parameters == Approx(gptj::plan_memory(one).parameters / gptj::fsdp_devices(gptj::model_mesh(o.mesh))).epsilon(0.01));
     }
   }
 }

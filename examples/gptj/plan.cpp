@@ -92,10 +92,21 @@ double block_saved(const DeviceSizes& s, double e, bool bf16) {
 // products and sums, about 8 cp + 6 values of heads x head_dim / mp per position.
 double ring_transient(const DeviceSizes& s, double e) { return s.cp > 1 ? s.tokens * e * (8 * s.cp + 6) * s.attn : 0.0; }
 
-// The gradients alive inside one block's backward besides the parameters': d_ff-wide ones of the
-// MLP and d_model-wide ones, of the residual stream (cut with sequence parallelism) and of the
-// LayerNorm's output.
-double block_transient(const DeviceSizes& s, double e) { return s.tokens * e * (2 * s.ff + s.d + s.cut * s.d); }
+// The values alive inside one block's backward besides the parameters' gradients and what the
+// block saved. The MLP's backward runs first (it was recorded last): its d_ff-wide gradients beside
+// d_model-wide ones, of the residual stream (cut with sequence parallelism) and of the LayerNorm's
+// output.
+double mlp_transient(const DeviceSizes& s, double e) { return s.tokens * e * (2 * s.ff + s.d + s.cut * s.d); }
+
+// Then, with cp, the ring's backward: its recompute beside the d_model-wide gradients, when the
+// MLP's saved hidden values (3 x d_ff of what the block saved) are gone. Under remat the block's
+// recomputed MLP values and gradients were measured still there (the peak sits in the ring's
+// backward, 7 MB above the count without them on small cp=2): counted whole. Zero without cp
+// (plain attention's backward adds less than the MLP's).
+double ring_phase(const DeviceSizes& s, double e, bool remat) {
+  if (s.cp == 1) return 0.0;
+  return ring_transient(s, e) + (remat ? mlp_transient(s, e) : s.tokens * e * (s.d + s.cut * s.d - 3 * s.ff));
+}
 
 // The head: the final LayerNorm's output and statistics (and, with sequence parallelism, that
 // output on this device's positions before its all_gather), the logits before and after the bias
@@ -138,7 +149,7 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
   // FSDP: a block's gradient whole until it is reduce-scattered, and its parameters whole (counted
   // in kept_per_block already unless remat gathers them again in the backward).
   const double gathered = s.fsdp > 1 ? (o.remat ? 2 : 1) * e * s.block_params * s.fsdp : 0.0;
-  const double in_block = block_transient(s, e) + ring_transient(s, e) + gathered;
+  const double in_block = std::max(mlp_transient(s, e), ring_phase(s, e, o.remat)) + gathered;
   p.activations = s.in_flight * s.layers * kept_per_block + head + recompute;
   const double state = p.parameters + p.optimizer;
   // The others kept only fall as k grows and the sum is there from k = 1 on: k = 0 and k = 1 are
