@@ -27,38 +27,11 @@ for a in "$@"; do
   esac
 done
 
-has_jax() { [ -x "$1" ] || command -v "$1" >/dev/null 2>&1 || return 1; "$1" -c 'import jax, numpy' >/dev/null 2>&1; }
-
-find_python() {
-  local candidates=()
-  [ -n "${NAX_JAX_PYTHON:-}" ] && candidates+=("$NAX_JAX_PYTHON")
-  candidates+=("$venv/bin/python" python3 /usr/bin/python3)
-  for p in "${candidates[@]}"; do
-    if has_jax "$p"; then
-      echo "$p"
-      return 0
-    fi
-  done
-  return 1
-}
-
-if ! python="$(find_python)"; then
-  if [ "$install" -ne 1 ]; then
-    echo "jax_baseline: no Python with jax and numpy (tried \$NAX_JAX_PYTHON, .venv-jax/, python3, /usr/bin/python3); run with --install to make .venv-jax/" >&2
-    exit 77
-  fi
-  echo "jax_baseline: installing jax (CPU) and numpy into $venv" >&2
-  start=$(date +%s)
-  if [ ! -x "$venv/bin/python" ]; then
-    python3 -m venv "$venv" || { echo "jax_baseline: 'python3 -m venv' failed (on Debian: apt-get install python3-venv)" >&2; exit 1; }
-  fi
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2 || true
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "jax${NAX_JAX_VERSION:+==$NAX_JAX_VERSION}" numpy >&2 ||
-    { echo "jax_baseline: pip install of jax and numpy into $venv failed" >&2; exit 1; }
-  has_jax "$venv/bin/python" || { echo "jax_baseline: $venv/bin/python still cannot import jax" >&2; exit 1; }
-  python="$venv/bin/python"
-  echo "jax_baseline: installed jax $("$python" -c 'import jax; print(jax.__version__)') in $(($(date +%s) - start)) s" >&2
-fi
+# shellcheck source=scripts/python_with.sh
+source "$root/scripts/python_with.sh"
+status=0
+python="$(python_with jax_baseline "$venv" "${NAX_JAX_PYTHON:-}" "jax, numpy" "jax${NAX_JAX_VERSION:+==$NAX_JAX_VERSION} numpy" "$install")" || status=$?
+[ "$status" -eq 0 ] || exit "$status"
 
 if [ "$check" -eq 1 ]; then
   echo "jax_baseline: $python has jax $("$python" -c 'import jax; print(jax.__version__)')"

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""PyTorch eager on the run `gptj export` describes: the other baseline nax is compared with.
+
+Hugging Face's GPTJForCausalLM is loaded from the export folder (config.json, model.safetensors:
+the same initial parameters as nax's `gptj train`) and trained on the same batches
+(batches.safetensors) with the same optimizer (export.json): next-token cross-entropy on the
+export's targets, global-norm clipping, AdamW with decoupled weight decay on parameters of rank
+>= 2 only, warmup + cosine learning rate. On one process (no mesh): --threads sets PyTorch's
+intra-op threads, as nax's simulated devices each run one BLAS thread.
+
+--dtype bf16 runs the forward under torch.autocast("cpu", dtype=torch.bfloat16) (bf16 matmuls on
+the processor's bf16 instructions, f32 master weights and optimizer), the mixed precision that
+nax's `--dtype bf16` is compared with.
+
+Usage:
+    scripts/torch_baseline.sh [--install] --export DIR [--dtype f32|bf16] [--threads N] [--steps K]
+                              [--json FILE] [--expect-loss X] [--quiet]
+Exit status: 0 done, 2 bad arguments or export, 3 the first-step loss differs from --expect-loss
+by more than --loss-rtol (1e-4) relative.
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+
+def warmup_cosine(step, warmup, total, peak, final_ratio):
+    """nax::nn::warmup_cosine: linear warmup to peak, cosine decay to peak * final_ratio at total."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    if step >= total:
+        return peak * final_ratio
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (final_ratio + (1 - final_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description="GPT-J baseline in PyTorch eager (Hugging Face GPTJForCausalLM) on a `gptj export` folder.")
+    p.add_argument("--export", required=True, metavar="DIR", help="a folder written by `gptj export`")
+    p.add_argument("--dtype", choices=("f32", "bf16"), default="f32", help="f32, or bf16 autocast (default f32)")
+    p.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads (default 1)")
+    p.add_argument("--steps", type=int, help="training steps to run (default: all the export's batches)")
+    p.add_argument("--json", metavar="FILE", help="write the result row (one JSON object) there")
+    p.add_argument("--expect-loss", type=float, metavar="X", help="exit 3 unless the first-step loss is X to --loss-rtol")
+    p.add_argument("--loss-rtol", type=float, default=1e-4, help="relative tolerance of --expect-loss (default 1e-4)")
+    p.add_argument("--quiet", action="store_true", help="print only the summary")
+    return p.parse_args(argv)
+
+
+def main():
+    args = parse_args(sys.argv[1:])
+    try:
+        with open(os.path.join(args.export, "export.json")) as f:
+            info = json.load(f)
+        steps = info["steps"] if args.steps is None else args.steps
+        if not 1 <= steps <= info["steps"]:
+            raise ValueError(f"--steps {steps}: the export has batches for 1 to {info['steps']} steps")
+        if args.threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    except (OSError, ValueError, KeyError) as e:
+        print(f"torch_baseline: {e}", file=sys.stderr)
+        return 2
+
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
+    opt = info["optimizer"]
+    batch, seq = info["batch"], info["seq"]
+
+    model = transformers.GPTJForCausalLM.from_pretrained(args.export, torch_dtype=torch.float32)
+    model.train()
+    batches = load_file(os.path.join(args.export, "batches.safetensors"))
+    min_rank = opt.get("weight_decay_min_rank", 2)
+    decayed = [p for p in model.parameters() if p.dim() >= min_rank]
+    plain = [p for p in model.parameters() if p.dim() < min_rank]
+    optimizer = torch.optim.AdamW([{"params": decayed, "weight_decay": opt["weight_decay"]}, {"params": plain, "weight_decay": 0.0}],
+                                  lr=opt["lr"], betas=(opt["beta1"], opt["beta2"]), eps=opt["eps"])
+    total, final_ratio = opt["total_steps"], opt.get("final_lr_ratio", 0.1)
+    lrs = [warmup_cosine(k, opt["warmup"], total, opt["lr"], final_ratio) for k in range(steps)]
+
+    def step(ids, targets, lr):
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
+            logits = model(input_ids=ids).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), opt["clip"])
+        optimizer.step()
+        return float(loss), float(norm)
+
+    say(f"torch_baseline: torch {torch.__version__}, transformers {transformers.__version__}, config {info['config']}, "
+        f"{args.dtype}, {args.threads} thread(s), batch {batch} x seq {seq}, {steps} steps")
+    losses, rates = [], []
+    for k in range(steps):
+        ids, targets = batches[f"ids.{k}"].long(), batches[f"targets.{k}"].long()
+        t = time.perf_counter()
+        loss, norm = step(ids, targets, lrs[k])
+        elapsed = time.perf_counter() - t
+        losses.append(loss)
+        if k > 0 or steps == 1:
+            rates.append(batch * seq / elapsed)
+        say(f"step {k + 1}/{steps} | loss {loss:.6f} | grad norm {norm:.4f} | lr {lrs[k]:.3e} | {batch * seq / elapsed:.0f} tok/s")
+
+    tokens_per_s = statistics.median(rates)
+    print(f"torch: config {info['config']}, {args.dtype}, {args.threads} thread(s): first loss {losses[0]:.6f}, final loss "
+          f"{losses[-1]:.6f}, {tokens_per_s:.0f} tokens/s (median over steps after the first), torch {torch.__version__}")
+    row = {"sharding": "torch", "config": info["config"], "dtype": args.dtype, "threads": args.threads, "tokens_per_s": tokens_per_s,
+           "first_loss": losses[0], "final_loss": losses[-1], "losses": losses, "batch": batch, "seq": seq, "steps": steps,
+           "torch_version": torch.__version__, "transformers_version": transformers.__version__}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(row, f, indent=2)
+            f.write("\n")
+    if args.expect_loss is not None and abs(losses[0] - args.expect_loss) > args.loss_rtol * abs(args.expect_loss):
+        print(f"torch_baseline: first-step loss {losses[0]:.6f}, expected {args.expect_loss:.6f} (rtol {args.loss_rtol})", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
