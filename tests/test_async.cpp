@@ -188,7 +188,9 @@ TEST_CASE("gradients of started and blocking collectives agree", "[mesh][async][
 Tensor fsdp_loss(Shard& s, const Tensor& whole) {
   const Tensor rows = s.shard(random_normal(Shape{{"batch", 8}, {"b", 3}}, 9, "rows", 1.0, DType::f64), AxisRules{{"batch", "mp"}});
   const Tensor y = dot(rows, whole, "b");  // [batch, a], batch cut over mp
-  return psum(sum(y * y, {"batch", "a"}), "mp") + sum(whole * whole, {"a", "b"}) * 0.25;
+  // A term whose gradient varies over every mesh axis (dp too, where the parameter is Invariant).
+  const Tensor mixed = psum(sum(slice(whole, "a", 0, 4) * varying_input(s), {"a", "b"}), s.mesh().axis_names());
+  return psum(sum(y * y, {"batch", "a"}), "mp") + sum(whole * whole, {"a", "b"}) * 0.25 + mixed;
 }
 
 Tensor fsdp_parameter(Shard& s) {

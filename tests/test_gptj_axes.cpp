@@ -5,6 +5,7 @@
 // one device's (with dp and mp, with remat), training matches one device on up to 8 devices, a
 // checkpoint saved on such a mesh resumes on another, and what they do not go with is refused.
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -26,6 +27,17 @@ nax::testing::LossAndGrads loss_and_grads(const std::string& mesh, bool remat) {
   return nax::testing::loss_and_grads(mesh, [remat](gptj::Model& model) { model.set_remat(remat); });
 }
 
+// Counts, on the device threads it watches, the results that ops fill after returning: started
+// collectives'.
+struct StartedCount final : trace::Observer {
+  std::atomic<int> started{0};
+  void opened(std::string_view, std::string_view) override {}
+  void closed() override {}
+  void made(const Tensor&) override {}
+  void filled_later() override { ++started; }
+  void terms_kept(const Tensor&, const std::vector<Tensor>&) override {}
+};
+
 }  // namespace
 
 TEST_CASE("zigzag_order: device r holds chunks r and 2 cp - 1 - r", "[gptj][context_parallel]") {
@@ -46,6 +58,23 @@ TEST_CASE("gptj on cp and fsdp meshes: the loss and every parameter's gradient a
     nax::testing::require_close({cut.loss}, {one.loss}, 1e-5);
     REQUIRE(cut.grads.size() == specs.size());
     for (std::size_t i = 0; i < specs.size(); ++i) nax::testing::check_close_scaled(cut.grads[i], one.grads[i], 1e-5, specs[i].name);
+  }
+}
+
+TEST_CASE("gptj on fsdp without remat prefetches each next block's parameters; with remat it gathers them where used",
+          "[gptj][fsdp][mesh]") {
+  for (const bool remat : {false, true}) {
+    static StartedCount count;  // outlives the device threads that point to it
+    count.started = 0;
+    const auto got = nax::testing::loss_and_grads("fsdp=2", [&](gptj::Model& model) {
+      model.set_remat(remat);
+      trace::set_thread_observer(&count);
+    });
+    const auto want = loss_and_grads("dp=1,mp=1", false);
+    REQUIRE(std::abs(got.loss - want.loss) <= 1e-5 * std::abs(want.loss));
+    INFO("remat " << remat << ": " << count.started << " started collectives");
+    if (remat) REQUIRE(count.started == 0);
+    else REQUIRE(count.started > 0);
   }
 }
 
@@ -100,6 +129,30 @@ TEST_CASE("gptj compare on pp, cp and fsdp meshes: the hand-coded row alone, its
   jax.train = tiny("fsdp=2", 3);
   jax.with_jax = true;
   REQUIRE_THROWS_WITH(gptj::compare(jax, corpus()), Contains("--with-jax") && Contains("dp and mp only"));
+  gptj::CompareOptions uneven;  // 2 rows per device in 4 micro-batches
+  uneven.train = tiny("dp=2,pp=2", 3);
+  uneven.train.micro_batches = 4;
+  REQUIRE_THROWS_WITH(gptj::compare(uneven, corpus()), Contains("compare") && Contains("--micro-batches 4 does not divide"));
+  gptj::CompareOptions remat;
+  remat.train = tiny("dp=2,mp=2", 3);
+  remat.train.remat = true;
+  REQUIRE_THROWS_WITH(gptj::compare(remat, corpus()), Contains("--remat") && Contains("would not compare"));
+  // Projections against arithmetic of their own: per device, fsdp=2 computes what dp=2 does (half
+  // the batch, the whole model) and the cluster as fast; mp=2,cp=2 a quarter of one device's step;
+  // pp=2 half of it, stretched by the bubble.
+  auto projected = [](const std::string& mesh, double bubble) {
+    gptj::CompareOptions c;
+    c.train = tiny(mesh, 3);
+    gptj::CompareRow row;
+    row.bubble = bubble;
+    return gptj::project(row, gptj::declared_clusters()[1], c);
+  };
+  const double one = projected("dp=1,mp=1", 0).compute_s;
+  CHECK(projected("dp=2,mp=1", 0).compute_s == Approx(one / 2));
+  CHECK(projected("fsdp=2", 0).compute_s == Approx(one / 2));
+  CHECK(projected("fsdp=2", 0).tokens_per_s == Approx(projected("dp=2,mp=1", 0).tokens_per_s));
+  CHECK(projected("mp=2,cp=2", 0).compute_s == Approx(one / 4));
+  CHECK(projected("pp=2", 0.25).compute_s == Approx(one / 2 / 0.75));
 }
 
 TEST_CASE("gptj: a checkpoint saved on a cp or fsdp mesh resumes on another mesh", "[gptj][context_parallel][fsdp][checkpoint]") {

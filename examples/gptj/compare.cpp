@@ -91,7 +91,8 @@ CompareRow row_of(const std::string& sharding, const Track& t, const CompareOpti
   const Mesh mesh = model_mesh(o.train.mesh);
   if (pipeline_stages(mesh) > 1) {
     row.bubble = bubble_fraction(timetable(parse_schedule(o.train.schedule), pipeline_stages(mesh), o.train.micro_batches));
-    row.pipeline_idle = median(t.pipeline_idle);
+    const auto skip = std::min<std::ptrdiff_t>(o.timing_skip, static_cast<std::ptrdiff_t>(t.pipeline_idle.size()) - 1);
+    row.pipeline_idle = median(std::vector<double>(t.pipeline_idle.begin() + std::max<std::ptrdiff_t>(skip, 0), t.pipeline_idle.end()));
   }
   return row;
 }
@@ -157,9 +158,9 @@ Projection project(const CompareRow& row, const Cluster& cluster, const CompareO
     if (axis != "dp") kept *= sizes[axis] = run.axis_size(axis);
   sizes["dp"] = std::max(1, cluster.devices / kept);
   const int splitting = (sizes.count("mp") ? sizes.at("mp") : 1) * context_devices(run) * pipeline_stages(run);
-  const double tokens_per_device = static_cast<double>(o.train.batch * o.train.seq) / data_parallel_devices(run);
+  const double tokens_per_replica = static_cast<double>(o.train.batch * o.train.seq) / data_parallel_devices(run);
   Projection p{cluster.name, row.sharding};
-  p.compute_s = flops_per_token(config, o.train.seq) * tokens_per_device / splitting / (cluster.peak_flops * o.projected_mfu);
+  p.compute_s = flops_per_token(config, o.train.seq) * tokens_per_replica / splitting / (cluster.peak_flops * o.projected_mfu);
   if (row.bubble > 0) p.compute_s /= 1 - row.bubble;
   for (const auto& [group, stats] : row.comm_per_step) {
     int n = 1;
@@ -175,7 +176,7 @@ Projection project(const CompareRow& row, const Cluster& cluster, const CompareO
     }
   }
   p.step_s = p.compute_s + p.comm_s;
-  p.tokens_per_s = tokens_per_device * sizes.at("dp") * fsdp_devices(run) / p.step_s;
+  p.tokens_per_s = tokens_per_replica * sizes.at("dp") * fsdp_devices(run) / p.step_s;
   return p;
 }
 
@@ -183,8 +184,7 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   check_options(o.train);
   const Mesh mesh = model_mesh(o.train.mesh);
   const Config config = padded_for(config_by_name(o.train.config), mesh);
-  check_fits(config, mesh, o.train.batch);
-  check_sequence_layout(mesh, o.train.seq, o.train.sequence_parallel, o.train.deterministic);
+  check_run(config, mesh, o.train, "compare");
   // The automatic view places dp and mp; pp, cp and fsdp are hand-written only, so on such a mesh
   // the hand-coded model runs alone.
   const bool with_auto = dp_mp_only(mesh);
@@ -198,6 +198,10 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   TrainOptions hand = o.train, automatic = o.train;
   hand.sharding = "hand", automatic.sharding = "auto";
   automatic.sequence_parallel = false;  // a layout of the hand-coded model only
+  if (with_auto && o.train.remat)
+    fail("compare", "--remat: the automatic row (the global view) has no checkpointing, so the rows would not compare; use --remat "
+         "with gptj train, or on a mesh with a pp, cp or fsdp axis, where the hand-coded model runs alone");
+  if (with_auto) check_options(automatic);
   const AxisRules rules = axis_rules(mesh);
   Runtime rt = Runtime::from_env(mesh, runtime_options(o.train.backend, o.train.deterministic));
   Track hand_track, auto_track;
@@ -214,15 +218,9 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
       Track& at = s.device() == 0 ? auto_track : scratch;
       // Alternate which goes first, so that neither always follows the other's cache footprint.
       Learner* other = a ? &*a : nullptr;
-      if (!a) {
-        step_and_track(s, h, nullptr, ht, x, y, lr, step);
-      } else if (step % 2 == 0) {
-        step_and_track(s, h, other, ht, x, y, lr, step);
-        step_and_track(s, *a, &h, at, x, y, lr, step);
-      } else {
-        step_and_track(s, *a, &h, at, x, y, lr, step);
-        step_and_track(s, h, other, ht, x, y, lr, step);
-      }
+      if (a && step % 2 == 1) step_and_track(s, *a, &h, at, x, y, lr, step);
+      step_and_track(s, h, other, ht, x, y, lr, step);
+      if (a && step % 2 == 0) step_and_track(s, *a, &h, at, x, y, lr, step);
       if (s.device() == 0)
         progress.update(step, fmt::format("compare: step {}/{} | hand loss {:.4f} {:.0f} ms{}", step + 1, o.train.steps, ht.losses.back(),
                                           1e3 * ht.step_s.back(),

@@ -62,9 +62,10 @@ void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch);
 // refuses in deterministic mode on mp > 1 (sequence parallelism) or cp > 1 (ring attention):
 // docs/determinism.md says why. The two do not combine yet.
 void check_sequence_layout(const nax::Mesh& mesh, std::int64_t seq, bool sequence_parallel, bool deterministic);
+// Whether the mesh has no cp, fsdp or pp axis of more than one device.
+bool dp_mp_only(const nax::Mesh& mesh);
 // gptj commands without context parallelism, FSDP or pipelines (generation, export, the global
 // view) refuse a cp, fsdp or pp axis, naming `what`.
-bool dp_mp_only(const nax::Mesh& mesh);
 void check_dp_mp_only(const nax::Mesh& mesh, const char* what);
 
 // A lower bound of the host memory one training step needs over the whole mesh, in bytes: f32

@@ -48,9 +48,18 @@ namespace {
 // fsdp (after the cast, so that bf16 travels), the same on every device (Invariant); its gradient,
 // the devices' terms from their blocks of the batch, is reduce-scattered back to this device's
 // block. Under remat the gather runs again in the backward, as FSDP's does.
+bool cut_by_fsdp(const Tensor& p) { return !p.vary().split_mesh_axes("embed").empty(); }
+
 Tensor in_use(const Tensor& stored, DType compute) {
   const Tensor p = for_compute(stored, compute);
-  return p.vary().split_mesh_axes("embed").empty() ? p : all_gather_invariant(p, "fsdp", "embed");
+  return cut_by_fsdp(p) ? all_gather_invariant(p, "fsdp", "embed") : p;
+}
+
+// The same, started (the prefetch of stage_blocks).
+Pending<Tensor> start_in_use(const Tensor& stored, DType compute) {
+  const Tensor p = for_compute(stored, compute);
+  if (!cut_by_fsdp(p)) return Pending<Tensor>("whole already", [p] { return p; });
+  return start_all_gather_invariant(p, "fsdp", "embed");
 }
 
 BlockParams in_compute_dtype(const std::vector<Tensor>& stored, DType compute) {
@@ -86,11 +95,7 @@ Tensor Model::block_forward(const std::vector<Tensor>& values, std::int64_t i, c
 
 std::vector<Pending<Tensor>> Model::start_gathers(const std::vector<Tensor>& values, std::int64_t i) const {
   std::vector<Pending<Tensor>> gathers;
-  for (const Tensor& stored : stored_block(values, i)) {
-    const Tensor p = for_compute(stored, compute_);
-    if (p.vary().split_mesh_axes("embed").empty()) gathers.emplace_back("whole already", [p] { return p; });
-    else gathers.push_back(start_all_gather_invariant(p, "fsdp", "embed"));
-  }
+  for (const Tensor& stored : stored_block(values, i)) gathers.push_back(start_in_use(stored, compute_));
   return gathers;
 }
 
@@ -150,8 +155,8 @@ Tensor Model::logits(const Tensor& ids, std::vector<KVCache>* caches) const {
   const auto& values = params_.values();
   const BlockConfig bc = block_config_for(caches != nullptr);
   Tensor x = embed(values, ids, bc);
-  for (std::int64_t i = 0; i < config_.n_layers; ++i)
-    x = block_forward(values, i, x, bc, caches != nullptr ? &(*caches)[static_cast<std::size_t>(i)] : nullptr);
+  if (caches == nullptr) return head(values, stage_blocks(values, x, bc), bc);
+  for (std::int64_t i = 0; i < config_.n_layers; ++i) x = block_forward(values, i, x, bc, &(*caches)[static_cast<std::size_t>(i)]);
   return head(values, x, bc);
 }
 

@@ -100,9 +100,9 @@ double mlp_transient(const DeviceSizes& s, double e) { return s.tokens * e * (2 
 
 // Then, with cp, the ring's backward: its recompute beside the d_model-wide gradients, when the
 // MLP's saved hidden values (3 x d_ff of what the block saved) are gone. Under remat the block's
-// recomputed MLP values and gradients were measured still there (the peak sits in the ring's
-// backward, 7 MB above the count without them on small cp=2): counted whole. Zero without cp
-// (plain attention's backward adds less than the MLP's).
+// recomputed MLP values and gradients were measured still there (small, cp=2: the peak sits in the
+// ring's backward and matches only with them): counted whole. Zero without cp (plain attention's
+// backward adds less than the MLP's).
 double ring_phase(const DeviceSizes& s, double e, bool remat) {
   if (s.cp == 1) return 0.0;
   return ring_transient(s, e) + (remat ? mlp_transient(s, e) : s.tokens * e * (s.d + s.cut * s.d - 3 * s.ff));

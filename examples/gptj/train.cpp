@@ -313,23 +313,31 @@ Config config_of_run(const TrainOptions& o, const TextData& data, const Mesh& me
   return pretrained->config;
 }
 
+}  // namespace
+
+void check_run(const Config& config, const Mesh& mesh, const TrainOptions& o, const char* command) {
+  check_fits(config, mesh, o.batch);
+  check_sequence_layout(mesh, o.seq, o.sequence_parallel, o.deterministic);
+  if (o.sharding == "auto") check_dp_mp_only(mesh, "--sharding auto (the global view)");
+  if (pipeline_stages(mesh) > 1 && o.micro_batches < pipeline_stages(mesh) && !o.quiet && process_index() == 0)
+    fmt::print(stderr, "gptj {}: --micro-batches {} on pp={}: the stages mostly wait (bubble {:.0f}%); use at least {} micro-batches\n",
+               command, o.micro_batches, pipeline_stages(mesh),
+               100 * bubble_fraction(timetable(parse_schedule(o.schedule), pipeline_stages(mesh), o.micro_batches)), pipeline_stages(mesh));
+  check_memory(config, o.batch, o.seq);
+  const std::int64_t per_device = o.batch / data_parallel_devices(mesh);
+  if (per_device % o.micro_batches != 0)
+    fail(command, "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, per_device);
+  if (o.seq > config.max_seq) fail(command, "--seq {} exceeds the config's maximum {}", o.seq, config.max_seq);
+}
+
+namespace {
+
 void plan_run(RunPlan& plan, const TrainOptions& o, const TextData& data) {
   plan.mesh = model_mesh(o.mesh);
   if (!o.init_from.empty()) plan.pretrained.emplace(open_model(o.init_from, nonfinite_policy(o.allow_nonfinite)));
   plan.config = config_of_run(o, data, plan.mesh, plan.pretrained);
   const Config& config = plan.config;
-  check_fits(config, plan.mesh, o.batch);
-  check_sequence_layout(plan.mesh, o.seq, o.sequence_parallel, o.deterministic);
-  if (o.sharding == "auto") check_dp_mp_only(plan.mesh, "--sharding auto (the global view)");
-  if (pipeline_stages(plan.mesh) > 1 && o.micro_batches < pipeline_stages(plan.mesh) && !o.quiet && process_index() == 0)
-    fmt::print(stderr, "gptj train: --micro-batches {} on pp={}: the stages mostly wait (bubble {:.0f}%); use at least {} micro-batches\n",
-               o.micro_batches, pipeline_stages(plan.mesh),
-               100 * bubble_fraction(timetable(parse_schedule(o.schedule), pipeline_stages(plan.mesh), o.micro_batches)),
-               pipeline_stages(plan.mesh));
-  check_memory(config, o.batch, o.seq);
-  const std::int64_t per_device = o.batch / data_parallel_devices(plan.mesh);
-  if (per_device % o.micro_batches != 0) fail("train", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, per_device);
-  if (o.seq > config.max_seq) fail("train", "--seq {} exceeds the config's maximum {}", o.seq, config.max_seq);
+  check_run(config, plan.mesh, o, "train");
   plan.specs = parameter_specs(config);
   if (!o.ckpt_dir.empty() && process_index() == 0) {
     plan.folder.emplace(o.ckpt_dir);

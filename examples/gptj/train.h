@@ -94,6 +94,11 @@ TrainResult train(const TrainOptions& options, const TextData& data);
 // The runtime options of a --backend.
 nax::RuntimeOptions runtime_options(nax::Backend backend, bool deterministic = false);
 
+// The checks of a training run's shape that need no data: the mesh fits the config and the batch,
+// the sequence's cuts, micro-batches that divide each device's rows, the machine's memory; a
+// pipeline with fewer micro-batches than stages is warned about. `command` names the errors.
+void check_run(const Config& config, const nax::Mesh& mesh, const TrainOptions& o, const char* command);
+
 // This device's block of [batch, seq] tokens as training feeds them: the sequence in the cp
 // devices' zigzag order (ring_attention.h).
 nax::Tensor device_tokens(nax::Shard& s, const nax::Tensor& tokens, const nax::AxisRules& rules);

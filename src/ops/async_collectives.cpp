@@ -67,14 +67,19 @@ Pending<Tensor> with_gradient(const std::string& op, const Tensor& x, Pending<Te
   if (!autodiff::any_requires_grad({&x})) return forward;
   const CallSite site = detail::transposing_site(CallSite{where.file_name(), where.line(), where.column(), nullptr});
   // One transpose per gradient the wait receives: one, or, passing partial sums, one per set of
-  // mesh axes its terms still need a sum over (added here in the order they came, as for a value).
+  // mesh axes its terms still need a sum over. Each goes back to x as a contribution of its own (x
+  // is the start's input once per possible term), so that autodiff finishes each as it would have.
+  static constexpr std::size_t kTerms = 4;
   auto backward = std::make_shared<std::vector<Pending<Tensor>>>();
-  const Tensor token = autodiff::record(op + " (start)", full(Shape{}, 0.0), {x}, [backward](const Tensor&) {
+  const Tensor token = autodiff::record(op + " (start)", full(Shape{}, 0.0), std::vector<Tensor>(kTerms, x), [backward, op](const Tensor&) {
     if (backward->empty()) fail("grad", "the transpose of a started collective was never started");
-    Tensor g = backward->front().wait();
-    for (std::size_t i = 1; i < backward->size(); ++i) g = g + (*backward)[i].wait();
+    if (backward->size() > kTerms)
+      fail("grad", "{}'s gradient arrived as {} kinds of terms, more than the {} a started collective keeps apart", op, backward->size(),
+           kTerms);
+    std::vector<Tensor> terms(kTerms);
+    for (std::size_t i = 0; i < backward->size(); ++i) terms[i] = (*backward)[i].wait();
     backward->clear();
-    return std::vector<Tensor>{g};
+    return terms;
   });
   std::string what = forward.what();
   auto started = std::make_shared<Pending<Tensor>>(std::move(forward));

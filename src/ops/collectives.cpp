@@ -583,7 +583,7 @@ Tensor own_block(const Tensor& g, const Tensor& x, const Names& group, const std
   const Tensor mine = unstack(slice(g, axis, r * block, (r + 1) * block), x, axis);
   VaryType vary = mine.vary();  // this device's block, typed as x is over the group
   for (const auto& m : group.list()) {
-    if (x.vary().kind(m) == Vary::Split) vary.set_split(m, axis);
+    if (x.vary().kind(m) == Vary::Split) vary.set_split(m, x.vary().split_axis(m));
     else vary.set_varying(m);
   }
   return mine.with_vary(vary);
