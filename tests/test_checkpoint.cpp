@@ -231,6 +231,8 @@ TEST_CASE("checkpoint: a manifest lists a safetensors file by its own checksum, 
   };
   rewrite([](nlohmann::json& m) { m["files"]["w.safetensors"]["kind"] = "zip"; });
   REQUIRE_THROWS_WITH(verify_step_folder(folder), Contains("kind") && Contains("not \"safetensors\""));
+  rewrite([](nlohmann::json& m) { m["version"] = 1; });
+  REQUIRE_THROWS_WITH(verify_step_folder(folder), Contains("kind") && Contains("version-1 manifest"));
   // A version-1 manifest (every checksum the whole file's) is still read.
   rewrite([&](nlohmann::json& m) {
     m["version"] = 1;
@@ -239,6 +241,27 @@ TEST_CASE("checkpoint: a manifest lists a safetensors file by its own checksum, 
   verify_step_folder(folder);
   rewrite([](nlohmann::json& m) { m["version"] = 3; });
   REQUIRE_THROWS_WITH(verify_step_folder(folder), Contains("version"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: a safetensors file this process did not write is hashed whole at commit", "[unit][checkpoint]") {
+  const std::string dir = scratch("manifest_foreign"), outside = dir + "/outside.safetensors";
+  fs::create_directories(dir);
+  save_safetensors(outside, {{"w", random_normal(Shape{{"a", 8}}, 4, "w")}});
+  std::string bytes = testing::file_bytes(outside);
+  bytes[bytes.size() - 1] = static_cast<char>(bytes[bytes.size() - 1] ^ 0x01);  // its header's checksum no longer holds
+  {
+    RunFolder run(dir + "/run");
+    const std::string tmp = run.begin_step(1);
+    testing::replace_file(tmp + "/w.safetensors", bytes);  // copied in, not written by a writer here
+    run.commit_step(tmp, 1);
+  }
+  const std::string folder = step_folder(dir + "/run", 1);
+  const auto listed = nlohmann::json::parse(testing::file_bytes(folder + "/manifest.json")).at("files").at("w.safetensors");
+  REQUIRE_FALSE(listed.contains("kind"));
+  REQUIRE(listed.at("checksum") == file_checksum(folder + "/w.safetensors"));
+  verify_step_folder(folder);  // the manifest holds what was committed; the reader refuses its content
+  REQUIRE_THROWS_WITH(SafetensorsReader(folder + "/w.safetensors"), Contains("fails its checksum"));
   fs::remove_all(dir);
 }
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/sealed.h"
 #include "io/crash_point.h"
 #include "nax/checkpoint/safetensors.h"
 #include "nax/io/files.h"
@@ -27,17 +28,19 @@ using nlohmann::json;  // the manifest as written
 namespace {
 
 constexpr const char* kManifest = "manifest.json";
-// A manifest entry's "kind" for a safetensors file written by nax: its checksum is the file's own
-// (nax.checksum, taken while it was written), so the file is hashed once, not again at commit.
+// A manifest entry's "kind" for a safetensors file a writer of this process sealed: its checksum is
+// the file's own (nax.checksum, taken while it was written), so the file is hashed once, not again
+// at commit. Any other file is hashed whole.
 constexpr const char* kSafetensorsKind = "safetensors";
 
 // The manifest's entry for one file of a step being committed.
 json manifest_entry(const fs::directory_entry& entry) {
   const std::string path = entry.path().string();
   json listed = {{"bytes", entry.file_size()}};
-  if (entry.path().filename().string().ends_with(".safetensors")) {
-    if (const auto own = SafetensorsReader(path, ChecksumPolicy::verified).own_checksum()) {  // reads the header alone
-      listed["checksum"] = *own;
+  if (const auto sealed = detail::take_sealed(path)) {
+    // The header (read alone) must carry what the writer computed: a file replaced since is hashed.
+    if (SafetensorsReader(path, ChecksumPolicy::verified).own_checksum() == sealed) {
+      listed["checksum"] = *sealed;
       listed["kind"] = kSafetensorsKind;
       return listed;
     }
@@ -161,7 +164,7 @@ std::vector<std::int64_t> committed_steps(const std::string& dir) {
 namespace {
 
 // The manifest's entry for one file, checked against the file on disk.
-void verify_listed_file(const std::string& folder, const std::string& name, const io::JsonValue& entry) {
+void verify_listed_file(const std::string& folder, const std::string& name, const io::JsonValue& entry, std::int64_t version) {
   if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") entry.fail("does not name a file in the folder");
   const std::string file = folder + "/" + name;
   const auto bytes = static_cast<std::uint64_t>(entry.at("bytes").integer(0, INT64_MAX));
@@ -170,6 +173,7 @@ void verify_listed_file(const std::string& folder, const std::string& name, cons
   if (fs::file_size(file) != bytes)
     fail("checkpoint", "'{}' has {} bytes, its manifest says {} ('{}', field '{}.bytes')", file, fs::file_size(file), bytes, entry.file(), entry.path());
   if (const auto kind = entry.find("kind")) {
+    if (version < 2) kind->fail("is given in a version-{} manifest, which lists whole-file checksums only", version);
     if (!kind->is_string() || kind->string() != kSafetensorsKind) kind->fail("is {}, not \"{}\"", kind->brief(), kSafetensorsKind);
     // The reader hashes the whole file against the checksum in its header; the manifest holds the same.
     const std::string own = SafetensorsReader(file, ChecksumPolicy::required).own_checksum().value_or("");
@@ -195,7 +199,7 @@ void verify_step_folder(const std::string& folder) {
   if (!manifest.is_object()) manifest.fail("is {}, not an object", manifest.brief());
   const io::JsonValue format = manifest.at("format"), version = manifest.at("version");
   if (!format.is_string() || format.string() != "nax.checkpoint") format.fail("is {}, not \"nax.checkpoint\"", format.brief());
-  version.integer(1, 2);  // 1: every checksum is the whole file's; 2: a safetensors file's may be its own
+  const std::int64_t listing = version.integer(1, 2);  // 1: every checksum is the whole file's; 2: a safetensors file's may be its own
   const io::JsonValue step = manifest.at("step");
   const std::int64_t named = step_of_name(fs::path(folder).filename().string()), value = step.integer(0, INT64_MAX);
   if (named >= 0 && value != named) step.fail("is {}, the folder's name says {}", value, named);
@@ -203,7 +207,7 @@ void verify_step_folder(const std::string& folder) {
   if (!files.is_object() || files.size() == 0) files.fail("is {}, not an object listing the files", files.brief());
   std::set<std::string> listed{kManifest};
   files.for_each_member([&](const std::string& name, const io::JsonValue& entry) {
-    verify_listed_file(folder, name, entry);
+    verify_listed_file(folder, name, entry, listing);
     listed.insert(name);
   });
   for (const auto& entry : fs::directory_iterator(folder))

@@ -1,3 +1,4 @@
+#include "checkpoint/sealed.h"
 #include "nax/checkpoint/safetensors.h"
 
 #include <fcntl.h>
@@ -352,6 +353,7 @@ void SafetensorsWriter::commit() {
   const std::string digits = s.sum.hex();
   s.file.write_at(s.checksum_at, digits.data(), digits.size());
   s.file.commit();
+  detail::remember_sealed(s.file.path(), digits);
 }
 
 // --- reader ---
