@@ -61,6 +61,19 @@ TEST_CASE("gptj on cp and fsdp meshes: the loss and every parameter's gradient a
   }
 }
 
+TEST_CASE("gptj --sharding auto on fsdp meshes: the global view places the cut parameters and trains with one device's losses",
+          "[gptj][fsdp][global][mesh]") {
+  const auto reference = gptj::train(tiny("dp=1,mp=1", 3), corpus());
+  for (const std::string mesh : {"fsdp=2", "dp=2,fsdp=2", "mp=2,fsdp=2"}) {
+    INFO("mesh " << mesh);
+    auto o = tiny(mesh, 3);
+    o.sharding = "auto";
+    const auto result = gptj::train(o, corpus());
+    nax::testing::require_close(result.losses, reference.losses, 1e-5);
+    REQUIRE(result.bytes_per_step.count("fsdp") == 1);  // propagation moved the cut parameters (or their uses) over fsdp
+  }
+}
+
 TEST_CASE("gptj on fsdp without remat prefetches each next block's parameters; with remat it gathers them where used",
           "[gptj][fsdp][mesh]") {
   for (const bool remat : {false, true}) {
@@ -100,10 +113,12 @@ TEST_CASE("gptj compare on pp, cp and fsdp meshes: the hand-coded row alone, its
     c.train.micro_batches = 2;
     c.timing_skip = 1;
     const auto rows = gptj::compare(c, corpus());
-    REQUIRE(rows.size() == 1);  // the automatic view places dp and mp only
+    const bool placed = mesh == "fsdp=2";  // the automatic view places dp, mp and fsdp, not pp nor cp
+    REQUIRE(rows.size() == (placed ? 2u : 1u));
     const gptj::CompareRow& hand = rows[0];
     CHECK(hand.sharding == "hand");
     nax::testing::require_close(hand.losses, reference.losses, 1e-5);
+    if (placed) nax::testing::require_close(rows[1].losses, reference.losses, 1e-5);
     const std::string named = mesh == "fsdp=2" ? "fsdp" : mesh == "mp=2,cp=2" ? "cp" : "pp";
     CHECK(hand.bytes_by_axes.count(named) == 1);
     const bool pipeline = named == "pp";
@@ -122,7 +137,7 @@ TEST_CASE("gptj compare on pp, cp and fsdp meshes: the hand-coded row alone, its
     std::ifstream in(path);
     const auto json = nlohmann::json::parse(in);
     std::filesystem::remove(path);
-    REQUIRE(json.size() == 1);
+    REQUIRE(json.size() == rows.size());
     CHECK(json[0].contains("pipeline") == pipeline);
   }
   gptj::CompareOptions jax;
@@ -174,8 +189,6 @@ TEST_CASE("gptj on a cp mesh: what it does not go with is refused, naming why", 
   REQUIRE_THROWS_WITH(gptj::train(tiny("dp=1,mp=1,ep=2", 1), corpus()), Contains("axis 'ep'") && Contains("dp, mp, pp, cp and fsdp"));
   auto fsdp = tiny("dp=2,fsdp=4", 1);  // batch 4 over 8 data-parallel devices
   REQUIRE_THROWS_WITH(gptj::train(fsdp, corpus()), Contains("batch = 4 is not divisible by dp x fsdp = 8"));
-  fsdp = tiny("fsdp=2", 1), fsdp.sharding = "auto";
-  REQUIRE_THROWS_WITH(gptj::train(fsdp, corpus()), Contains("--sharding auto (the global view) has no FSDP"));
   REQUIRE_THROWS_WITH(gptj::check_dp_mp_only(gptj::model_mesh("cp=2"), "generation"),
                       Contains("generation has no context parallelism: the mesh dp=1,mp=1,cp=2 cuts the sequence over cp"));
   // dp and mp, which the model always names, join a mesh that leaves them out.

@@ -185,11 +185,11 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   const Mesh mesh = model_mesh(o.train.mesh);
   const Config config = padded_for(config_by_name(o.train.config), mesh);
   check_run(config, mesh, o.train, "compare");
-  // The automatic view places dp and mp; pp, cp and fsdp are hand-written only, so on such a mesh
+  // The automatic view places dp, mp and fsdp; pp and cp are hand-written only, so on such a mesh
   // the hand-coded model runs alone.
-  const bool with_auto = dp_mp_only(mesh);
+  const bool with_auto = placed_automatically(mesh);
   if (o.train.steps < 2) fail("compare", "--steps must be at least 2 (the first steps warm up)");
-  if (o.with_jax && !with_auto)
+  if (o.with_jax && !dp_mp_only(mesh))
     fail("compare", "--with-jax: the JAX baseline shards over dp and mp only, and mesh {} has a pp, cp or fsdp axis", mesh.str());
   if (o.with_jax && o.train.dtype != DType::f32)
     fail("compare", "--with-jax runs JAX in f32 and checks its first loss against nax's: use it with --dtype f32, not {}",
@@ -245,7 +245,7 @@ void print_comparison(const std::vector<CompareRow>& rows, const CompareOptions&
              o.train.sequence_parallel ? " (--sequence-parallel)" : "", alone ? "" : " vs automatic sharding", o.train.config, o.train.mesh,
              o.train.batch, o.train.seq, o.train.steps, dtype_name(o.train.dtype), o.timing_skip);
   if (alone)
-    fmt::print("(no automatic row: the automatic view places dp and mp, and this mesh's pp, cp or fsdp axis is hand-written only, "
+    fmt::print("(no automatic row: the automatic view places dp, mp and fsdp, and this mesh's pp or cp axis is hand-written only, "
                "docs/parallelism.md)\n");
   fmt::print("{:<8} {:>10} {:>10} {:>34} {:>12} {:>10} {:>11} {:>11}\n", "sharding", "tokens/s", "hand/this", "MB/step/device by axes",
              "collectives", "peak MiB", "first loss", "final loss");

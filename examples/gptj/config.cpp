@@ -74,6 +74,8 @@ void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch) {
 
 bool dp_mp_only(const nax::Mesh& mesh) { return context_devices(mesh) == 1 && fsdp_devices(mesh) == 1 && pipeline_stages(mesh) == 1; }
 
+bool placed_automatically(const nax::Mesh& mesh) { return context_devices(mesh) == 1 && pipeline_stages(mesh) == 1; }
+
 void check_dp_mp_only(const nax::Mesh& mesh, const char* what) {
   if (context_devices(mesh) > 1)
     nax::fail("mesh", "{} has no context parallelism: the mesh {} cuts the sequence over cp (use dp and mp)", what, mesh.str());

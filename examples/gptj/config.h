@@ -64,6 +64,9 @@ void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch);
 void check_sequence_layout(const nax::Mesh& mesh, std::int64_t seq, bool sequence_parallel, bool deterministic);
 // Whether the mesh has no cp, fsdp or pp axis of more than one device.
 bool dp_mp_only(const nax::Mesh& mesh);
+// Whether the global view (--sharding auto) can place the model on the mesh: dp, mp and fsdp (its
+// cut parameters are placements; propagation gathers them where used), not cp's ring nor pp's stages.
+bool placed_automatically(const nax::Mesh& mesh);
 // gptj commands without context parallelism, FSDP or pipelines (generation, export, the global
 // view) refuse a cp, fsdp or pp axis, naming `what`.
 void check_dp_mp_only(const nax::Mesh& mesh, const char* what);

@@ -318,7 +318,7 @@ Config config_of_run(const TrainOptions& o, const TextData& data, const Mesh& me
 void check_run(const Config& config, const Mesh& mesh, const TrainOptions& o, const char* command) {
   check_fits(config, mesh, o.batch);
   check_sequence_layout(mesh, o.seq, o.sequence_parallel, o.deterministic);
-  if (o.sharding == "auto") check_dp_mp_only(mesh, "--sharding auto (the global view)");
+  if (o.sharding == "auto" && !placed_automatically(mesh)) check_dp_mp_only(mesh, "--sharding auto (the global view)");
   if (pipeline_stages(mesh) > 1 && o.micro_batches < pipeline_stages(mesh) && !o.quiet && process_index() == 0)
     fmt::print(stderr, "gptj {}: --micro-batches {} on pp={}: the stages mostly wait (bubble {:.0f}%); use at least {} micro-batches\n",
                command, o.micro_batches, pipeline_stages(mesh),
