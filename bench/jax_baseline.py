@@ -42,6 +42,8 @@ import time
 
 import numpy as np
 
+from baseline_common import add_export_args, check_first_loss, learning_rates, write_row
+
 # ---------------------------------------------------------------------------------------------
 # Files written by `gptj export`
 # ---------------------------------------------------------------------------------------------
@@ -82,25 +84,10 @@ def parse_mesh(spec):
     return axes
 
 
-def warmup_cosine(step, warmup, total, peak, final_ratio):
-    """nax::nn::warmup_cosine: linear warmup to peak, cosine decay to peak * final_ratio at total."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    if step >= total:
-        return peak * final_ratio
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * (final_ratio + (1 - final_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 def parse_args(argv):
     p = argparse.ArgumentParser(description="GPT-J baseline in JAX (jit + NamedSharding on CPU devices) on a `gptj export` folder.")
-    p.add_argument("--export", required=True, metavar="DIR", help="a folder written by `gptj export`")
+    add_export_args(p)
     p.add_argument("--mesh", help="mesh axes dp and mp, e.g. dp=2,mp=2 (default: the export's)")
-    p.add_argument("--steps", type=int, help="training steps to run (default: all the export's batches)")
-    p.add_argument("--json", metavar="FILE", help="write the result row (one JSON object) there")
-    p.add_argument("--expect-loss", type=float, metavar="X", help="exit 3 unless the first-step loss is X to --loss-rtol")
-    p.add_argument("--loss-rtol", type=float, default=1e-4, help="relative tolerance of --expect-loss (default 1e-4)")
-    p.add_argument("--quiet", action="store_true", help="print only the summary")
     return p.parse_args(argv)
 
 
@@ -325,12 +312,7 @@ def main():
         (jax.device_put(host_batches[f"ids.{k}"], data_sharding), jax.device_put(host_batches[f"targets.{k}"], data_sharding))
         for k in range(steps)
     ]
-    total = opt["total_steps"]
-    final_ratio = opt.get("final_lr_ratio", 0.1)
-    lrs = [warmup_cosine(k, opt["warmup"], total, opt["lr"], final_ratio) for k in range(steps)]
-    for k, (ours, theirs) in enumerate(zip(lrs, info.get("lr_per_step", lrs))):
-        if not math.isclose(ours, theirs, rel_tol=1e-12):
-            raise ValueError(f"learning rate of step {k}: {ours} here, {theirs} in export.json")
+    lrs = learning_rates(info, steps)
 
     # One jitted step, parameters and state donated; compiled ahead so that no step times compilation.
     scalar = NamedSharding(mesh, P())
@@ -392,19 +374,8 @@ def main():
         "compile_s": compile_s,
         "jax_version": jax.__version__,
     }
-    if ARGS.json:
-        with open(ARGS.json, "w") as f:
-            json.dump(row, f, indent=2)
-            f.write("\n")
-
-    if ARGS.expect_loss is not None:
-        rel = abs(losses[0] - ARGS.expect_loss) / max(abs(ARGS.expect_loss), 1e-30)
-        if rel > ARGS.loss_rtol:
-            print(f"jax_baseline: first-step loss {losses[0]:.8f} differs from the expected {ARGS.expect_loss:.8f} "
-                  f"by {rel:.2e} relative (more than {ARGS.loss_rtol:g})", file=sys.stderr)
-            return 3
-        say(f"first-step loss matches the expected {ARGS.expect_loss:.8f} ({rel:.2e} relative)")
-    return 0
+    write_row(ARGS.json, row)
+    return check_first_loss("jax_baseline", losses[0], ARGS, say)
 
 
 if __name__ == "__main__":

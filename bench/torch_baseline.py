@@ -21,33 +21,19 @@ by more than --loss-rtol (1e-4) relative.
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
 import time
 
-
-def warmup_cosine(step, warmup, total, peak, final_ratio):
-    """nax::nn::warmup_cosine: linear warmup to peak, cosine decay to peak * final_ratio at total."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    if step >= total:
-        return peak * final_ratio
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * (final_ratio + (1 - final_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+from baseline_common import add_export_args, check_first_loss, learning_rates, write_row
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description="GPT-J baseline in PyTorch eager (Hugging Face GPTJForCausalLM) on a `gptj export` folder.")
-    p.add_argument("--export", required=True, metavar="DIR", help="a folder written by `gptj export`")
+    add_export_args(p)
     p.add_argument("--dtype", choices=("f32", "bf16"), default="f32", help="f32, or bf16 autocast (default f32)")
     p.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads (default 1)")
-    p.add_argument("--steps", type=int, help="training steps to run (default: all the export's batches)")
-    p.add_argument("--json", metavar="FILE", help="write the result row (one JSON object) there")
-    p.add_argument("--expect-loss", type=float, metavar="X", help="exit 3 unless the first-step loss is X to --loss-rtol")
-    p.add_argument("--loss-rtol", type=float, default=1e-4, help="relative tolerance of --expect-loss (default 1e-4)")
-    p.add_argument("--quiet", action="store_true", help="print only the summary")
     return p.parse_args(argv)
 
 
@@ -83,8 +69,7 @@ def main():
     plain = [p for p in model.parameters() if p.dim() < min_rank]
     optimizer = torch.optim.AdamW([{"params": decayed, "weight_decay": opt["weight_decay"]}, {"params": plain, "weight_decay": 0.0}],
                                   lr=opt["lr"], betas=(opt["beta1"], opt["beta2"]), eps=opt["eps"])
-    total, final_ratio = opt["total_steps"], opt.get("final_lr_ratio", 0.1)
-    lrs = [warmup_cosine(k, opt["warmup"], total, opt["lr"], final_ratio) for k in range(steps)]
+    lrs = learning_rates(info, steps)
 
     def step(ids, targets, lr):
         for group in optimizer.param_groups:
@@ -96,7 +81,7 @@ def main():
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), opt["clip"])
         optimizer.step()
-        return float(loss), float(norm)
+        return float(loss.detach()), float(norm)
 
     say(f"torch_baseline: torch {torch.__version__}, transformers {transformers.__version__}, config {info['config']}, "
         f"{args.dtype}, {args.threads} thread(s), batch {batch} x seq {seq}, {steps} steps")
@@ -117,14 +102,8 @@ def main():
     row = {"sharding": "torch", "config": info["config"], "dtype": args.dtype, "threads": args.threads, "tokens_per_s": tokens_per_s,
            "first_loss": losses[0], "final_loss": losses[-1], "losses": losses, "batch": batch, "seq": seq, "steps": steps,
            "torch_version": torch.__version__, "transformers_version": transformers.__version__}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(row, f, indent=2)
-            f.write("\n")
-    if args.expect_loss is not None and abs(losses[0] - args.expect_loss) > args.loss_rtol * abs(args.expect_loss):
-        print(f"torch_baseline: first-step loss {losses[0]:.6f}, expected {args.expect_loss:.6f} (rtol {args.loss_rtol})", file=sys.stderr)
-        return 3
-    return 0
+    write_row(args.json, row)
+    return check_first_loss("torch_baseline", losses[0], args, say)
 
 
 if __name__ == "__main__":

@@ -14,27 +14,7 @@
 # loss differs from --expect-loss; 2 bad arguments; 1 any other failure (including the install).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-venv="$root/.venv-jax"
-
-install=0
-check=0
-args=()
-for a in "$@"; do
-  case "$a" in
-    --install) install=1 ;;
-    --check) check=1 ;;
-    *) args+=("$a") ;;
-  esac
-done
-
 # shellcheck source=scripts/python_with.sh
 source "$root/scripts/python_with.sh"
-status=0
-python="$(python_with jax_baseline "$venv" "${NAX_JAX_PYTHON:-}" "jax, numpy" "jax${NAX_JAX_VERSION:+==$NAX_JAX_VERSION} numpy" "$install")" || status=$?
-[ "$status" -eq 0 ] || exit "$status"
-
-if [ "$check" -eq 1 ]; then
-  echo "jax_baseline: $python has jax $("$python" -c 'import jax; print(jax.__version__)')"
-  exit 0
-fi
-exec "$python" "$root/bench/jax_baseline.py" ${args[@]+"${args[@]}"}
+run_baseline jax_baseline "$root/.venv-jax" "${NAX_JAX_PYTHON:-}" "jax, numpy" "jax${NAX_JAX_VERSION:+==$NAX_JAX_VERSION} numpy" jax \
+  "$root/bench/jax_baseline.py" "$@"

@@ -37,3 +37,27 @@ python_with() {
   echo "$name: installed in $(($(date +%s) - start)) s" >&2
   echo "$venv/bin/python"
 }
+
+# run_baseline NAME VENV PREFERRED IMPORTS PACKAGES MODULE SCRIPT [ARGS...]: the whole of a baseline
+# script. --install and --check are its own flags (install when missing; only find the Python and
+# print MODULE's version); the other ARGS go to SCRIPT, run with the Python found. Exits with the
+# script's status, or python_with's.
+run_baseline() {
+  local name=$1 venv=$2 preferred=$3 imports=$4 packages=$5 module=$6 script=$7
+  shift 7
+  local install=0 check=0 args=() a python status=0
+  for a in "$@"; do
+    case "$a" in
+      --install) install=1 ;;
+      --check) check=1 ;;
+      *) args+=("$a") ;;
+    esac
+  done
+  python="$(python_with "$name" "$venv" "$preferred" "$imports" "$packages" "$install")" || status=$?
+  [ "$status" -eq 0 ] || exit "$status"
+  if [ "$check" -eq 1 ]; then
+    echo "$name: $python has $module $("$python" -c "import $module; print($module.__version__)")"
+    exit 0
+  fi
+  exec "$python" "$script" ${args[@]+"${args[@]}"}
+}

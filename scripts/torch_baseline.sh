@@ -14,24 +14,7 @@
 # --expect-loss; 2 bad arguments; 1 any other failure (including the install).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-install=0
-check=0
-args=()
-for a in "$@"; do
-  case "$a" in
-    --install) install=1 ;;
-    --check) check=1 ;;
-    *) args+=("$a") ;;
-  esac
-done
 # shellcheck source=scripts/python_with.sh
 source "$root/scripts/python_with.sh"
-status=0
-python="$(python_with torch_baseline "$root/.venv-torch" "${NAX_TORCH_PYTHON:-}" "torch, transformers, safetensors" \
-  "torch transformers safetensors numpy" "$install")" || status=$?
-[ "$status" -eq 0 ] || exit "$status"
-if [ "$check" -eq 1 ]; then
-  echo "torch_baseline: $python has torch $("$python" -c 'import torch; print(torch.__version__)')"
-  exit 0
-fi
-exec "$python" "$root/bench/torch_baseline.py" ${args[@]+"${args[@]}"}
+run_baseline torch_baseline "$root/.venv-torch" "${NAX_TORCH_PYTHON:-}" "torch, transformers, safetensors" \
+  "torch transformers safetensors numpy" torch "$root/bench/torch_baseline.py" "$@"
