@@ -46,6 +46,11 @@ nax::Mesh model_mesh(const std::string& spec) {
   return nax::Mesh(axes);
 }
 
+void check_micro_batches(const nax::Mesh& mesh, std::int64_t batch, std::int64_t micro, const char* command) {
+  const std::int64_t per_device = batch / data_parallel_devices(mesh);
+  if (micro < 1 || per_device % micro != 0) nax::fail(command, "--micro-batches {} does not divide the per-device batch {}", micro, per_device);
+}
+
 void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch) {
   for (const auto& axis : mesh.axis_names())
     if (axis != "dp" && axis != "mp" && axis != "cp" && axis != "fsdp" && axis != "pp")

@@ -56,6 +56,9 @@ inline int data_parallel_devices(const nax::Mesh& mesh) { return (mesh.has("dp")
 // and divides the model (heads, d_ff and vocab over mp, d_model over fsdp, a layer at least per pp
 // stage) and the batch (over dp and fsdp), with one clear message per failure.
 void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch);
+// Checks that `micro` micro-batches divide each data-parallel device's rows of the batch; errors
+// start with `command`.
+void check_micro_batches(const nax::Mesh& mesh, std::int64_t batch, std::int64_t micro, const char* command);
 
 // How the sequence of a training run is cut: over mp with sequence parallelism, over cp by context
 // parallelism (each device two chunks of 2 cp, zigzag). Checks that the cuts divide seq, and

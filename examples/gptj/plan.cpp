@@ -193,8 +193,7 @@ MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) 
   check_sequence_layout(mesh, o.seq, o.sequence_parallel, false);
   if (o.seq < 1 || o.seq > c.max_seq) fail("plan", "--seq must be in 1..{} for config {}, got {}", c.max_seq, c.name, o.seq);
   if (!(o.device_memory > 0)) fail("plan", "--device-memory must be positive");
-  if (o.micro_batches < 1 || (o.batch / data_parallel_devices(mesh)) % o.micro_batches != 0)
-    fail("plan", "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, o.batch / data_parallel_devices(mesh));
+  check_micro_batches(mesh, o.batch, o.micro_batches, "plan");
   const int stages = pipeline_stages(mesh);
   const Timetable schedule = timetable(parse_schedule(o.schedule), stages, o.micro_batches);
   MemoryPlan busiest;

@@ -324,9 +324,7 @@ void check_run(const Config& config, const Mesh& mesh, const TrainOptions& o, co
                command, o.micro_batches, pipeline_stages(mesh),
                100 * bubble_fraction(timetable(parse_schedule(o.schedule), pipeline_stages(mesh), o.micro_batches)), pipeline_stages(mesh));
   check_memory(config, o.batch, o.seq);
-  const std::int64_t per_device = o.batch / data_parallel_devices(mesh);
-  if (per_device % o.micro_batches != 0)
-    fail(command, "--micro-batches {} does not divide the per-device batch {}", o.micro_batches, per_device);
+  check_micro_batches(mesh, o.batch, o.micro_batches, command);
   if (o.seq > config.max_seq) fail(command, "--seq {} exceeds the config's maximum {}", o.seq, config.max_seq);
 }
 

@@ -130,13 +130,7 @@ void AdamW::update(Parameters& params, std::vector<Tensor> grads, double lr) {
     return;
   }
   check_gradients(params.values(), grads, [&](std::size_t i) { return fmt::format("parameter '{}'", params.specs()[i].name); });
-  prepare(params.values());
-  NoGrad no_grad;
-  const kernels::AdamWStep settings = step_settings(config_, steps_, lr);
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    Tensor updated = one_step(stop_gradient(params[i]), std::exchange(grads[i], Tensor()), m_[i], v_[i], for_param(settings, params[i].shape()));
-    params.assign(i, std::move(updated));
-  }
+  step_each(params.values(), std::move(grads), lr, [&](std::size_t i, Tensor updated) { params.assign(i, std::move(updated)); });
 }
 
 void AdamW::check_gradients(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
@@ -149,10 +143,10 @@ void AdamW::check_gradients(const std::vector<Tensor>& params, const std::vector
   }
 }
 
-// Makes the moments at the first step and counts the step (unsharded state).
-void AdamW::prepare(const std::vector<Tensor>& params) {
+void AdamW::step_each(const std::vector<Tensor>& params, std::vector<Tensor> grads, double lr,
+                      const std::function<void(std::size_t, Tensor)>& deliver) {
   NoGrad no_grad;
-  if (m_.empty()) {
+  if (m_.empty()) {  // the moments, at the first step
     for (const auto& p : params) {
       m_.push_back(zeros(p.shape(), p.dtype()).with_vary(p.vary()));
       v_.push_back(m_.back());
@@ -160,18 +154,17 @@ void AdamW::prepare(const std::vector<Tensor>& params) {
   }
   if (m_.size() != params.size()) fail("AdamW::step", "state for {} parameters, got {}", m_.size(), params.size());
   ++steps_;
+  const kernels::AdamWStep settings = step_settings(config_, steps_, lr);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    deliver(i, one_step(stop_gradient(params[i]), std::exchange(grads[i], Tensor()), m_[i], v_[i], for_param(settings, params[i].shape())));
 }
 
 std::vector<Tensor> AdamW::named_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
                                       const std::function<std::string(std::size_t)>& name_of) {
   check_gradients(params, grads, name_of);
   if (!config_.shard_state_over.empty()) return sharded_step(params, grads, lr);
-  prepare(params);
-  NoGrad no_grad;
-  const kernels::AdamWStep step = step_settings(config_, steps_, lr);
   std::vector<Tensor> updated;
-  for (std::size_t i = 0; i < params.size(); ++i)
-    updated.push_back(one_step(stop_gradient(params[i]), grads[i], m_[i], v_[i], for_param(step, params[i].shape())));
+  step_each(params, grads, lr, [&](std::size_t, Tensor t) { updated.push_back(std::move(t)); });
   return updated;
 }
 

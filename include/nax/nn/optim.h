@@ -64,7 +64,10 @@ class AdamW {
   std::vector<Tensor> sharded_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr);
   void check_gradients(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                        const std::function<std::string(std::size_t)>& name_of) const;  // shapes and vary types
-  void prepare(const std::vector<Tensor>& params);  // the moments at the first step; counts the step
+  // The unsharded step, one parameter at a time: `deliver(i, new value)` takes each as it is made,
+  // and each gradient goes once used.
+  void step_each(const std::vector<Tensor>& params, std::vector<Tensor> grads, double lr,
+                 const std::function<void(std::size_t, Tensor)>& deliver);
 
   AdamWConfig config_;
   std::int64_t steps_ = 0;
