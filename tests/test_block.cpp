@@ -167,11 +167,14 @@ AxisRules input_rules(const Mesh& mesh, bool sequence_parallel) {
 
 // Runs the block on `spec` and returns the gathered output and parameter gradients of
 // loss = sum(output * weights).
-Result run_block(const std::string& spec, DType dtype, BlockFn fn, bool sequence_parallel = false) {
-  Runtime rt = Runtime::local(Mesh::parse(spec));
+Result run_block(const std::string& spec, DType dtype, BlockFn fn, bool sequence_parallel = false, bool deterministic = false) {
+  RuntimeOptions options;
+  options.deterministic = deterministic;
+  Runtime rt = Runtime::local(Mesh::parse(spec), options);
   const AxisRules rules = input_rules(rt.mesh(), sequence_parallel);
   gptj::BlockConfig config = kConfig;
   config.sequence_parallel = sequence_parallel;
+  config.deterministic = deterministic;
   const auto shapes = gptj::block_parameter_shapes(kConfig);
   return rt.run([&](Shard& s) {
     std::vector<Tensor> params;
@@ -181,12 +184,13 @@ Result run_block(const std::string& spec, DType dtype, BlockFn fn, bool sequence
       params.push_back(parameter(is_scale ? p + 1.0 : p));
     }
     Tensor x = s.random_normal(kInput, rules, 6, "x", 1.0, dtype);
-    Tensor y = fn(gptj::BlockParams::from(params), x, config, nullptr);
     Tensor w = s.random_normal(kInput, rules, 7, "w", 1.0, dtype);
-    Tensor loss = sum(y * w, {"batch", "seq", "embed"});
-    if (rt.mesh().has("dp")) loss = psum(loss, "dp");
-    if (sequence_parallel) loss = psum(loss, "mp");  // each device summed its block of seq
-    auto grads = grad(loss, params);
+    // the gradients of loss = sum(y * w): the pullback of w (no sum over rows cut along seq, which
+    // deterministic mode refuses)
+    const Vjp block = vjp([&](const std::vector<Tensor>& p) { return std::vector<Tensor>{fn(gptj::BlockParams::from(p), x, config, nullptr)}; },
+                          params);
+    const Tensor& y = block.outputs[0];
+    const std::vector<Tensor> grads = block.pullback({w});
     Result r{s.gather(y).to_vector<double>(), {}, {}, s.gather(x).to_vector<double>(), s.gather(w).to_vector<double>()};
     for (const auto& g : grads) r.grads.push_back(s.gather(g).to_vector<double>());
     for (const auto& p : params) r.params.push_back(s.gather(p).to_vector<double>());
@@ -233,6 +237,24 @@ TEST_CASE("with sequence parallelism the GPT-J block matches the host reference 
 
 TEST_CASE("with sequence parallelism the Megatron-style block matches the host reference on every mesh", "[grad][block][mesh]") {
   require_mesh_independent(gptj::megatron_block, true, true);
+}
+
+// Deterministic mode: with sequence parallelism each block layout gives one device's bits (its
+// output and every gradient), as its sums over rows run over whole rows (block.h: normalized,
+// output_bias).
+TEST_CASE("with sequence parallelism in deterministic mode both blocks give one device's bits on every mesh", "[grad][block][mesh][deterministic]") {
+  for (auto [fn, name] : {std::pair{BlockFn{gptj::block}, "gpt-j"}, std::pair{BlockFn{gptj::megatron_block}, "megatron"}}) {
+    const Result serial = run_block("dp=1,mp=1", DType::f32, fn, false, true);  // the plain block
+    for (const std::string spec : {"dp=1,mp=1", "dp=1,mp=2", "dp=2,mp=2"}) {
+      INFO(name << " block on " << spec);
+      const Result cut = run_block(spec, DType::f32, fn, true, true);
+      REQUIRE(cut.output == serial.output);
+      for (std::size_t i = 0; i < serial.grads.size(); ++i) {
+        INFO("gradient of " << gptj::block_parameter_shapes(kConfig)[i].first);
+        REQUIRE(cut.grads[i] == serial.grads[i]);
+      }
+    }
+  }
 }
 
 // The collectives over mp (alone or with dp) that device 0 calls in one forward and backward of the

@@ -4,7 +4,9 @@
 // autodiff, one backward). Also the Megatron-style variant: sequential residual, two psums. With
 // sequence parallelism (Megatron-LM's) x is cut along seq over mp between blocks: the LayerNorm
 // runs on this device's block of the sequence, an all_gather along seq feeds the projections and
-// a psum_scatter along seq takes the psum's place.
+// a psum_scatter along seq takes the psum's place. In deterministic mode the LayerNorm runs after
+// the gather and the output bias is added as the own block of a whole-sequence bias, so that every
+// sum over the rows (batch, seq) runs over whole rows, as on one device (docs/determinism.md).
 #include <nax/nax.h>
 
 #include <cmath>
@@ -26,6 +28,9 @@ struct BlockConfig {
   // x: [batch, seq|mp, embed] instead of whole on every mp device (a training layout; generation
   // with a KV cache keeps x whole).
   bool sequence_parallel = false;
+  // RuntimeOptions::deterministic: with sequence_parallel, sums over rows see whole rows (see
+  // normalized and output_bias).
+  bool deterministic = false;
   // x: [batch, seq|cp, embed], the positions of this device's two zigzag chunks (ring_attention.h;
   // a training layout too).
   bool context_parallel = false;
@@ -120,23 +125,52 @@ inline nax::Tensor sum_over_mp(const nax::Tensor& partial, const BlockConfig& c,
   return c.sequence_parallel ? nax::psum_scatter(partial, "mp", "seq", where) : nax::psum(partial, "mp", where);
 }
 
-// ln(x) as the projections read it.
-inline nax::Tensor normalized(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c) {
-  return whole_sequence(nax::layer_norm(x, "embed", p.ln_scale, p.ln_bias, c.layer_norm_eps), c);
+// Deterministic sequence parallelism: a sum over rows cut along seq behind the batch holds no block
+// of the canonical tree, so the values whose gradients sum over rows are made whole first.
+inline bool rows_whole(const BlockConfig& c) { return c.sequence_parallel && c.deterministic; }
+
+// layer_norm(x) as the projections read it, over every position. Sequence parallel: normalized on
+// this device's block, then gathered; deterministic: gathered (invariant over mp, as in the plain
+// model), then normalized, so the scale and bias gradients sum whole rows and the cotangent is
+// psummed, not reduce-scattered.
+inline nax::Tensor normalized(const nax::Tensor& x, const nax::Tensor& scale, const nax::Tensor& bias, double eps, const BlockConfig& c,
+                              std::source_location where = std::source_location::current()) {
+  if (rows_whole(c)) return nax::layer_norm(nax::all_gather_invariant(x, "mp", "seq", where), "embed", scale, bias, eps);
+  return whole_sequence(nax::layer_norm(x, "embed", scale, bias, eps), c, where);
+}
+
+inline nax::Tensor normalized(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c,
+                              std::source_location where = std::source_location::current()) {
+  return normalized(x, p.ln_scale, p.ln_bias, c.layer_norm_eps, c, where);
+}
+
+// The output bias as added to x. Deterministic sequence parallelism: this device's block of seq
+// of the bias broadcast over every row (batch cut as x's), so its gradient is gathered along seq by
+// the slice's transpose (a psum of blocks that do not overlap: exact) and summed over whole rows.
+inline nax::Tensor output_bias(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c) {
+  using namespace nax;
+  if (!rows_whole(c)) return p.mlp_out_bias;
+  VaryType rows = x.vary();  // the batch as x's; the whole sequence on every mp device
+  rows.set_invariant("mp");
+  const std::int64_t block = x.size("seq");
+  const Shape whole{{"batch", x.size("batch")}, {"seq", block * axis_size("mp")}, {"embed", x.size("embed")}};
+  const Tensor every_row = zeros(whole, x.dtype()).with_vary(rows) + p.mlp_out_bias;
+  const Tensor start = axis_index("mp") * scalar(static_cast<double>(block), DType::i32);
+  return as_split(dynamic_slice(every_row, "seq", start, block), "mp", "seq");
 }
 
 // x: [batch, seq, embed], Invariant over mp ([batch, seq|mp, embed] with c.sequence_parallel).
 // The bias is added after the sum: once, not once per device.
 inline nax::Tensor block(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c, KVCache* cache = nullptr) {
   const nax::Tensor h = normalized(p, x, c);
-  return x + sum_over_mp(attention(p, h, c, cache) + mlp(p, h), c) + p.mlp_out_bias;
+  return x + sum_over_mp(attention(p, h, c, cache) + mlp(p, h), c) + output_bias(p, x, c);
 }
 
 // Megatron-LM's layout: sequential residual, a psum after attention and another after the MLP
 // (the same parameters; the one LayerNorm is applied before each half).
 inline nax::Tensor megatron_block(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c, KVCache* = nullptr) {
   const nax::Tensor a = x + sum_over_mp(attention(p, normalized(p, x, c), c), c);
-  return a + sum_over_mp(mlp(p, normalized(p, a, c)), c) + p.mlp_out_bias;
+  return a + sum_over_mp(mlp(p, normalized(p, a, c)), c) + output_bias(p, a, c);
 }
 
 }  // namespace gptj

@@ -106,21 +106,17 @@ void check_context_parallel(const nax::Mesh& mesh, std::int64_t seq, bool sequen
               "bits depend on the number of blocks (docs/determinism.md); drop --deterministic or the cp axis", cp);
 }
 
-void check_sequence_parallel(const nax::Mesh& mesh, std::int64_t seq, bool deterministic) {
+void check_sequence_parallel(const nax::Mesh& mesh, std::int64_t seq) {
   const std::int64_t mp = mesh.axis_size("mp");
   if (seq % mp != 0)
     nax::fail("mesh", "--sequence-parallel cuts the sequence over mp: seq = {} is not divisible by mp={} of mesh {}", seq, mp, mesh.str());
-  if (deterministic && mp > 1)
-    nax::fail("gptj", "--sequence-parallel and --deterministic on mp={}: deterministic mode sums the LayerNorms' and the biases' "
-              "gradients over (batch, seq) in one canonical tree, and a device holding a block of seq in every row of the batch "
-              "holds no block of that tree (docs/determinism.md); drop one of the two flags", mp);
 }
 
 }  // namespace
 
 void check_sequence_layout(const nax::Mesh& mesh, std::int64_t seq, bool sequence_parallel, bool deterministic) {
   check_context_parallel(mesh, seq, sequence_parallel, deterministic);
-  if (sequence_parallel) check_sequence_parallel(mesh, seq, deterministic);
+  if (sequence_parallel) check_sequence_parallel(mesh, seq);
 }
 
 std::int64_t parameter_count(const Config& c) {

@@ -119,6 +119,7 @@ BlockConfig Model::block_config_for(bool generating) const {
   BlockConfig bc = block_config(config_);
   bc.sequence_parallel = sequence_parallel_ && !generating && axis_size("mp") > 1;  // mp=1: nothing to cut
   bc.context_parallel = !generating && context_devices(Shard::current()->mesh()) > 1;
+  bc.deterministic = Shard::current()->deterministic();
   return bc;
 }
 
@@ -127,8 +128,8 @@ Tensor Model::embed(const std::vector<Tensor>& values, const Tensor& ids, const 
 }
 
 Tensor Model::head(const std::vector<Tensor>& values, const Tensor& x, const BlockConfig& bc) const {
-  Tensor h = layer_norm(x, "embed", param(values, "transformer.ln_f.weight"), param(values, "transformer.ln_f.bias"), config_.layer_norm_eps);
-  return dot(whole_sequence(h, bc), param(values, "lm_head.weight"), "embed") + param(values, "lm_head.bias");
+  const Tensor h = normalized(x, param(values, "transformer.ln_f.weight"), param(values, "transformer.ln_f.bias"), config_.layer_norm_eps, bc);
+  return dot(h, param(values, "lm_head.weight"), "embed") + param(values, "lm_head.bias");
 }
 
 Tensor Model::stage_forward(const std::vector<Tensor>& values, const Tensor& input, const Tensor& ids, const Tensor& targets) const {
