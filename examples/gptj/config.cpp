@@ -102,8 +102,9 @@ void check_context_parallel(const nax::Mesh& mesh, std::int64_t seq, bool sequen
     nax::fail("gptj", "--sequence-parallel on a mesh with cp={} (mesh {}): the sequence would be cut over both cp and mp, which the "
               "model does not do yet; use one of the two", cp, mesh.str());
   if (deterministic)
-    nax::fail("gptj", "--deterministic on cp={}: ring attention adds each query's keys block by block (an online softmax), so its "
-              "bits depend on the number of blocks (docs/determinism.md); drop --deterministic or the cp axis", cp);
+    nax::fail("gptj", "--deterministic on cp={}: each device holds two chunks of the sequence in every row, so the weights' gradients "
+              "(sums over the tokens) and ring attention's online softmax add in orders that depend on cp (docs/determinism.md); "
+              "drop --deterministic or the cp axis", cp);
 }
 
 void check_sequence_parallel(const nax::Mesh& mesh, std::int64_t seq) {
