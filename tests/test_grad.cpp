@@ -318,3 +318,71 @@ TEST_CASE("memory after many training steps equals memory after one", "[grad][me
     REQUIRE(rt.memory(d).peak_bytes_in_use == after_one[static_cast<std::size_t>(d)].peak_bytes_in_use);
   }
 }
+
+namespace {
+
+// The spans device 0 opens, in order: which ops ran after a bucket's psum had started.
+struct SpanOrder final : trace::Observer {
+  std::vector<std::string> spans;  // "category name"
+  void opened(std::string_view category, std::string_view name) override { spans.push_back(fmt::format("{} {}", category, name)); }
+  void closed() override {}
+  void made(const Tensor&) override {}
+  void filled_later() override {}
+  void terms_kept(const Tensor&, const std::vector<Tensor>&) override {}
+};
+
+struct Bucketed {
+  std::vector<std::vector<double>> grads;
+  std::size_t all_reduces = 0;  // over dp, device 0
+  std::vector<std::string> spans;
+};
+
+// Four tanh layers on a batch cut over dp=2, the weights replicated: their gradients are summed
+// over dp, with the given bucket size.
+Bucketed four_layers(std::size_t bucket_bytes) {
+  Runtime rt = Runtime::local(Mesh::parse("dp=2"));
+  const CommStats before = rt.comm_stats_by_axes(0)["dp"];
+  Bucketed out;
+  SpanOrder order;
+  auto results = rt.run([&](Shard& s) {
+    std::vector<Tensor> w;
+    for (int i = 0; i < 4; ++i)
+      w.push_back(parameter(s.random_normal(Shape{{"in", 16}, {"out", 16}}, {}, 1, fmt::format("w{}", i), 0.3, DType::f64)));
+    Tensor h = s.random_normal(Shape{{"batch", 8}, {"in", 16}}, {{"batch", "dp"}}, 2, "x", 1.0, DType::f64);
+    for (const auto& wi : w) h = rename(tanh(dot(h, wi, "in")), "out", "in");
+    const Tensor loss = pmean(mean(sum(h * h, {"in"}), {"batch"}), "dp");
+    if (s.device() == 0) trace::set_thread_observer(&order);
+    const auto grads = grad(loss, w, {.allow_varying_loss = false, .bucket_bytes = bucket_bytes});
+    if (s.device() == 0) trace::set_thread_observer(nullptr);
+    std::vector<std::vector<double>> values;
+    for (const auto& g : grads) values.push_back(g.to_vector<double>());
+    return values;
+  });
+  out.grads = results[0];
+  out.all_reduces = (rt.comm_stats_by_axes(0)["dp"] - before).calls[static_cast<std::size_t>(CollectiveKind::all_reduce)];
+  out.spans = order.spans;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("gradient buckets: each bucket's psum starts once the backward has used its parameters, overlapping the rest (DDP), "
+          "with the same gradients", "[grad][mesh][overlap]") {
+  const Bucketed at_end = four_layers(0), apart = four_layers(1), pairs = four_layers(2 * 16 * 16 * 8);
+  // all-reduces over dp: the loss's pmean, then the gradients' buckets
+  REQUIRE(at_end.all_reduces == 1 + 1);  // one bucket of the four, summed after the walk
+  REQUIRE(apart.all_reduces == 1 + 4);   // each weight in a bucket of its own
+  REQUIRE(pairs.all_reduces == 1 + 2);
+  REQUIRE(apart.grads == at_end.grads);  // each element summed over the same ranks in the same order
+  REQUIRE(pairs.grads == at_end.grads);
+  // The last layer's weight is complete first: its psum starts while the backward of the layers
+  // below still runs (their products come after the first psum), and each is waited for at the end.
+  auto dots_after_first_psum = [](const std::vector<std::string>& spans) {
+    const auto first = std::find(spans.begin(), spans.end(), "collective psum");
+    return std::count(first, spans.end(), "op dot");
+  };
+  REQUIRE(dots_after_first_psum(apart.spans) == 5);  // two per layer below the last, one (dh unused) for the first
+  REQUIRE(std::count(apart.spans.begin(), apart.spans.end(), "collective complete a started collective") == 4);
+  REQUIRE(dots_after_first_psum(at_end.spans) == 0);
+  REQUIRE(std::count(at_end.spans.begin(), at_end.spans.end(), "collective complete a started collective") == 0);
+}

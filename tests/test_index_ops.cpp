@@ -320,7 +320,7 @@ TEST_CASE("dynamic_slice at axis_index offsets: each device its block, Varying, 
       return 0;
     });
     // Each device's block scaled by its own weights; the loss sums over mp (and dp).
-    check_mesh_gradients(rt, [&](Shard& s, const std::vector<Tensor>& p) {
+    check_mesh_gradients(rt, [&](Shard&, const std::vector<Tensor>& p) {
       Tensor start = axis_index("mp") * static_cast<double>(block);
       Tensor mine = dynamic_slice(p[0], "s", start, block);
       Tensor scaled = dynamic_update_slice(p[0], mine * mine, "s", start);

@@ -251,7 +251,7 @@ TEST_CASE("locator: a tree of adds of partial sums is rebuilt as psum redoes it"
 }
 
 TEST_CASE("locator: a value scaled by an exact power of two is passed over with a note, another scale is a finding", "[mesh][locator]") {
-  auto program = [](Shard& s) {
+  auto program = [](Shard&) {
     const double n = axis_size("mp");
     const Tensor share = full(Shape{{"i", 3}}, 1.0) / n;  // 1 on one device, 1/2 on two: the mesh's own scale
     (void)(share + n);                                      // 2 and 2.5: not a scale, a difference

@@ -49,7 +49,7 @@ std::vector<Mistake> catalog() {
       {"pmean of a Split block", "mp=2", [](Shard& s) { pmean(split_over_mp(s), "mp"); }, {"pmean", "Split"}},
       {"psum over an unknown mesh axis", "mp=2", [](Shard& s) { psum(per_device(s), "tp"); }, {"psum", "tp"}},
       {"psum over a mesh axis the value is Invariant over (of two)", "dp=2,mp=2",
-       [](Shard& s) { psum(pvary(arange({"i", 4}), "mp"), {"dp", "mp"}); }, {"psum", "Invariant", "'dp'"}},
+       [](Shard&) { psum(pvary(arange({"i", 4}), "mp"), {"dp", "mp"}); }, {"psum", "Invariant", "'dp'"}},
       {"psum of a local mean (mean over an axis cut over dp)", "dp=2",
        [](Shard& s) { psum(mean(batch_split_over_dp(s), "batch"), "dp"); }, {"psum", "local mean", "'dp'", "pmean"}},
       {"psum of a scaled local mean", "dp=2,mp=2",

@@ -62,7 +62,7 @@ TEST_CASE("AdamW matches the update written out by hand, decaying only matrices"
   const double tolerance = dtype == DType::f64 ? 1e-12 : 2e-6;
   Tensor w = from_vector(Shape{{"a", 2}, {"b", 1}}, std::vector<double>{1.0, -2.0}, dtype);
   Tensor bias = from_vector(Shape{{"a", 2}}, std::vector<double>{0.5, 0.25}, dtype);
-  AdamW opt({.beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1});
+  AdamW opt({.beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1, .shard_state_over = ""});
   std::vector<double> m(4, 0), v(4, 0), p{1.0, -2.0, 0.5, 0.25};
   std::vector<Tensor> params{w, bias};
   for (int step = 1; step <= 3; ++step) {

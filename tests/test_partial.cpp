@@ -395,7 +395,7 @@ TEST_CASE("gradients through partial sums equal finite differences", "[partial][
     INFO("mesh " << spec);
     Runtime rt = Runtime::local(Mesh::parse(spec));
     const AxisRules rules = spec == "mp=2" ? AxisRules{{"mlp", "mp"}} : AxisRules{{"mlp", "mp"}, {"batch", "dp"}};
-    check_mesh_gradients(rt, [&](Shard& s, const std::vector<Tensor>& p) {
+    check_mesh_gradients(rt, [&](Shard&, const std::vector<Tensor>& p) {
       const Tensor partial = dot(p[0], p[1], "mlp");                    // partial over mp
       const Tensor weights = pvary(full(Shape{}, 1.0 + axis_index("mp").item(), DType::f64), "mp");
       Tensor acc = zeros_like(partial);

@@ -110,6 +110,46 @@ TEST_CASE("trace: four device tracks, every psum on all four, waits inside colle
   }
 }
 
+TEST_CASE("trace: a started collective's transfer is a slice on the device's transfers track, between its start and its wait",
+          "[mesh][trace]") {
+  const std::string path = temp_path("started.json");
+  Runtime rt = Runtime::local(Mesh::parse("dp=2"));
+  trace::start();
+  rt.run([](Shard& s) {
+    Tensor x = pvary(s.random_normal(Shape{{"b", 64}}, AxisRules{}, 3, "x"), "dp");
+    Pending<Tensor> sum = start_psum(x, "dp");
+    Tensor meanwhile = x * 2.0;
+    static_cast<void>(meanwhile);
+    static_cast<void>(sum.wait());
+  });
+  trace::stop();
+  trace::write(path, "test");
+  const json t = load(path);
+  std::filesystem::remove(path);
+  std::map<int, std::string> names;
+  for (const auto& e : t["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name") names[e["tid"].get<int>()] = e["args"]["name"].get<std::string>();
+  auto by_track = slices_by_device(t);
+  for (int d = 0; d < 2; ++d) {
+    INFO("device " << d);
+    const int tid = 2000 + d;
+    REQUIRE(names[tid] == fmt::format("device {} transfers", d));
+    std::vector<json> transfers;  // (the waits for peers inside it are there too)
+    for (const auto& e : by_track[tid])
+      if (e["cat"] == "collective") transfers.push_back(e);
+    REQUIRE(transfers.size() == 1);
+    const json& transfer = transfers[0];
+    REQUIRE(transfer["name"] == "all_reduce");
+    REQUIRE(transfer["args"]["bytes"] == 64 * 4);
+    REQUIRE(transfer["args"]["started"].get<std::string>().starts_with("start_psum("));
+    // it ends before the device's wait for it ends
+    const auto& own = by_track[d];
+    const auto done = std::find_if(own.begin(), own.end(), [](const json& e) { return e["name"] == "complete a started collective"; });
+    REQUIRE(done != own.end());
+    REQUIRE(end_of(transfer) <= end_of(*done) + 1e-3);
+  }
+}
+
 TEST_CASE("trace: off records nothing, and start clears the last recording", "[mesh][trace]") {
   Runtime rt = Runtime::local(Mesh::parse("mp=2"));
   trace::start();

@@ -53,7 +53,8 @@ Learner::Learner(Shard& s, const Config& config, const AxisRules& rules, const T
 bool Learner::pipelined() const { return model_.stage().count > 1; }
 
 StageProgram Learner::stage_program(const Tensor& ids, const Tensor& targets, std::int64_t micro) const {
-  StageProgram p{.stage = model_.stage()};
+  StageProgram p;
+  p.stage = model_.stage();
   p.forward = [this, ids, targets, micro](const std::vector<Tensor>& values, const Tensor& input, std::int64_t m) {
     return model_.stage_forward(values, input, micro_batch(ids, m, micro), micro_batch(targets, m, micro));
   };
@@ -96,7 +97,8 @@ Learner::Gradients Learner::gradients(const Tensor& ids, const Tensor& targets, 
       phase(stats.forward_s);
     }
     const trace::Span backward_span("phase", "backward");
-    acc.add(grad(l, model_.params().values()));
+    const auto bucket_bytes = static_cast<std::size_t>(options_.bucket_mb * (1 << 20));
+    acc.add(grad(l, model_.params().values(), {.allow_varying_loss = false, .bucket_bytes = bucket_bytes}));
     phase(stats.backward_s);
     const Tensor wide = cast(stop_gradient(l), DType::f64);
     loss_sum = loss_sum.defined() ? loss_sum + wide : wide;

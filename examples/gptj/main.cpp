@@ -192,6 +192,8 @@ void train_help() {
       "                     recompute its forward in backward (less memory, one more forward)\n"
       "  --zero             ZeRO-1: each dp rank keeps and updates 1/dp of the AdamW moments, then\n"
       "                     all-gathers the parameters (same steps; checkpoints as without)\n"
+      "  --bucket-mb MB     the gradients' sums over dp go in buckets of MB, each started as soon as\n"
+      "                     the backward has made it, as PyTorch DDP's; 0: one sum at the end (default 25)\n"
       "  --sequence-parallel  Megatron-style sequence parallelism: between blocks the activations are\n"
       "                     cut along seq over mp (LayerNorms and residuals on 1/mp of the positions,\n"
       "                     reduce-scatter and all-gather instead of the psums); --sharding hand, seq\n"
@@ -247,7 +249,8 @@ int run_train(int argc, char** argv) {
                             {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }},
                             {"--tokenizer", set(o.tokenizer)},
                             {"--init-from", set(o.init_from)},
-                            {"--token-cache", set(o.token_cache)}}),
+                            {"--token-cache", set(o.token_cache)},
+                            {"--bucket-mb", set_double("--bucket-mb", o.bucket_mb)}}),
               train_help,
               {{"--resume", set_true(o.resume)},
                {"--allow-extend-steps", set_true(o.allow_extend_steps)},
@@ -308,7 +311,7 @@ void compare_help() {
       "view does not place) the hand-coded model runs alone.\n\n"
       "  --config NAME      tiny | small | 125m | 350m | 1.3b | 6b      (default small)\n"
       "  --mesh SPEC        mesh axes dp, mp, pp, cp and fsdp, as for gptj train (default dp=2,mp=2)\n"
-      "  --micro-batches N, --schedule 1f1b|gpipe, --zero                  as for gptj train\n"
+      "  --micro-batches N, --schedule 1f1b|gpipe, --zero, --bucket-mb MB  as for gptj train\n"
       "  --remat            as for gptj train, on a mesh where the hand-coded model runs alone (the\n"
       "                     global view has no checkpointing)\n"
       "  --backend B        cpu or cuda, as for gptj train                (default cpu)\n"
@@ -351,6 +354,7 @@ int run_compare(int argc, char** argv) {
                             {"--meshes", set(meshes)},
                             {"--micro-batches", set_int("--micro-batches", o.micro_batches)},
                             {"--schedule", set(o.schedule)},
+                            {"--bucket-mb", set_double("--bucket-mb", o.bucket_mb)},
                             {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }}}),
               compare_help,
               {{"--with-jax", set_true(c.with_jax)},

@@ -51,6 +51,9 @@ struct TrainOptions {
   bool remat = false;
   // ZeRO-1: AdamW's moments cut over dp (nn::AdamWConfig::shard_state_over).
   bool zero = false;
+  // The gradients' psums over dp go in buckets of this size, each started as soon as the backward
+  // has produced it (nax::GradOptions::bucket_bytes, PyTorch DDP's bucket_cap_mb); 0: all at the end.
+  double bucket_mb = 25;
   // Megatron-style sequence parallelism over mp (Model::set_sequence_parallel; the hand sharding only).
   bool sequence_parallel = false;
   // nax::RuntimeOptions::deterministic: the same bits on every mesh (docs/determinism.md).

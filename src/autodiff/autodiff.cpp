@@ -8,6 +8,7 @@
 
 #include "autodiff/backward.h"
 #include "nax/autodiff/autodiff.h"
+#include "nax/ops/async_collectives.h"
 #include "nax/ops/collectives.h"
 #include "deterministic/deterministic.h"
 #include "ops/internal.h"
@@ -72,35 +73,48 @@ VaryType bucket_vary(const std::vector<Tensor>& parts, const std::vector<std::st
 // dp=1), so that the contributions are delivered as they are, with no bucket and no copy.
 bool alone_over(const std::vector<std::string>& axes) { return axes.empty() || axis_size(Names(axes)) == 1; }
 
-// The same tensors, laid end to end in one buffer, psummed together (the bucket), and cut apart.
-// It takes the parts (the caller keeps no other reference) and lets each go once it is in the
-// bucket, and the bucket once it is summed: at most two copies of the gradients at a time.
-std::vector<Tensor> psum_together(std::vector<Tensor> parts, const std::vector<std::string>& axes) {
-  if (parts.size() == 1) return {psum(parts[0], axes)};
+// Tensors laid end to end in one buffer typed for a psum over `axes`, and where each lies.
+struct EndToEnd {
+  Tensor flat;
+  std::vector<Shape> shapes;
+  std::vector<std::size_t> offsets;  // bytes
+};
+
+// Takes the parts (the caller keeps no other reference) and lets each go once it is in the buffer.
+EndToEnd lay_end_to_end(std::vector<Tensor> parts, const std::vector<std::string>& axes) {
   std::int64_t total = 0;
   for (const auto& t : parts) total += t.numel();
+  EndToEnd e;
   const VaryType varying = bucket_vary(parts, axes);
-  const DType dtype = parts[0].dtype();
-  const auto device = parts[0].device_ptr();
-  Tensor flat = Tensor::empty(Shape{{"bucket", total}}, dtype, device);
-  auto& kernels = flat.device().kernels();
-  std::vector<Shape> shapes;
+  e.flat = Tensor::empty(Shape{{"bucket", total}}, parts[0].dtype(), parts[0].device_ptr());
+  auto& kernels = e.flat.device().kernels();
   std::size_t offset = 0;
   for (Tensor& t : parts) {
-    kernels.copy_bytes(static_cast<char*>(flat.raw_mutable()) + offset, t.raw(), t.nbytes());
+    kernels.copy_bytes(static_cast<char*>(e.flat.raw_mutable()) + offset, t.raw(), t.nbytes());
+    e.shapes.push_back(t.shape()), e.offsets.push_back(offset);
     offset += t.nbytes();
-    shapes.push_back(t.shape());
     t = Tensor();
   }
-  const Tensor reduced = psum(std::exchange(flat, Tensor()).with_vary(varying), axes);
+  e.flat = e.flat.with_vary(varying);
+  return e;
+}
+
+// Piece i of a summed buffer laid out as `e`.
+Tensor piece_of(const Tensor& reduced, const EndToEnd& e, std::size_t i) {
+  Tensor piece = Tensor::empty(e.shapes[i], reduced.dtype(), reduced.device_ptr());
+  reduced.device().kernels().copy_bytes(piece.raw_mutable(), static_cast<const char*>(reduced.raw()) + e.offsets[i], piece.nbytes());
+  return piece;
+}
+
+// The same tensors, laid end to end in one buffer, psummed together (the bucket), and cut apart:
+// at most two copies of the gradients at a time (the parts go as they enter the bucket, and the
+// bucket once it is summed).
+std::vector<Tensor> psum_together(std::vector<Tensor> parts, const std::vector<std::string>& axes) {
+  if (parts.size() == 1) return {psum(parts[0], axes)};
+  EndToEnd e = lay_end_to_end(std::move(parts), axes);
+  const Tensor reduced = psum(std::exchange(e.flat, Tensor()), axes);
   std::vector<Tensor> out;
-  offset = 0;
-  for (const Shape& shape : shapes) {
-    Tensor piece = Tensor::empty(shape, dtype, device);
-    kernels.copy_bytes(piece.raw_mutable(), static_cast<const char*>(reduced.raw()) + offset, piece.nbytes());
-    offset += piece.nbytes();
-    out.push_back(piece);
-  }
+  for (std::size_t i = 0; i < e.shapes.size(); ++i) out.push_back(piece_of(reduced, e, i));
   return out;
 }
 
@@ -139,6 +153,22 @@ std::vector<Tensor> finish_in_order(const std::vector<Pending*>& pendings) {
 
 }  // namespace
 
+// A bucket whose psum the walk started: each piece is cut from the sum when its value is finished,
+// the first waiting for the psum; the sum goes once every piece is out.
+struct StartedBucket {
+  EndToEnd layout;
+  nax::Pending<Tensor> psum;
+  Tensor reduced;
+  std::size_t pieces_left = 0;
+
+  Tensor take(std::size_t i) {
+    if (!reduced.defined()) reduced = psum.wait();
+    Tensor piece = piece_of(reduced, layout, i);
+    if (--pieces_left == 0) reduced = Tensor();
+    return piece;
+  }
+};
+
 // Finished gradients. Where a value is Invariant over a mesh axis but a contribution varies (the
 // value met a varying one: an implicit pvary), that contribution is summed over the axis, once for
 // all the consumers that vary alike: pvary's transpose is psum. Several values' sums over the same
@@ -154,6 +184,7 @@ std::vector<Tensor> finish_bucketed(const std::vector<Pending*>& pendings) {
   std::map<std::pair<std::vector<std::string>, DType>, std::vector<std::pair<std::size_t, Tensor>>> buckets;
   for (std::size_t i = 0; i < pendings.size(); ++i) {
     if (pendings[i] == nullptr) continue;
+    for (auto& [bucket, piece] : std::exchange(pendings[i]->started, {})) deliver(i, bucket->take(piece));
     for (auto& [axes, sum] : std::exchange(pendings[i]->sums, {})) {
       if (alone_over(axes)) {
         deliver(i, sum);
@@ -220,11 +251,88 @@ std::vector<std::shared_ptr<Node>> reverse_topological(const std::shared_ptr<Nod
 
 }  // namespace
 
-Grads backpropagate(const Tensor& root, const Tensor& seed, const std::unordered_set<Node*>& wanted, std::uint64_t floor) {
+// DDP's overlap. The walk runs a value's readers before the value, so a parameter's gradient is
+// complete once the last node that read it has run: its sums still to psum then join the open
+// bucket of their mesh axes and dtype, and a bucket holding bucket_bytes has its psum started, to
+// run while the walk goes on. Every device walks the same graph in the same order, so the devices
+// of a group start the same buckets in the same order.
+class OverlappedBuckets {
+ public:
+  OverlappedBuckets(const std::vector<std::shared_ptr<Node>>& order, const std::unordered_set<Node*>& wanted, std::size_t bucket_bytes)
+      : bucket_bytes_(bucket_bytes), on_(bucket_bytes > 0 && !deterministic::on()) {
+    if (!on_) return;
+    for (const auto& node : order)
+      for (Node* param : params_read(node.get(), wanted)) ++readers_[param];
+  }
+
+  // Reads `node`'s inputs: call before the walk frees them.
+  std::vector<Node*> params_read(Node* node, const std::unordered_set<Node*>& wanted) const {
+    std::vector<Node*> params;
+    if (!on_ || node->leaf) return params;
+    for (const Tensor& input : node->inputs) {
+      if (!input.defined()) continue;
+      Node* child = input.grad_node().get();
+      if (child != nullptr && child->leaf && wanted.count(child)) params.push_back(child);
+    }
+    return params;
+  }
+
+  // After a node has run (or been skipped), with the parameters it read.
+  void ran(const std::vector<Node*>& params, Grads& grads) {
+    for (Node* param : params) {
+      auto count = readers_.find(param);
+      if (count == readers_.end() || --count->second > 0) continue;
+      readers_.erase(count);
+      auto it = grads.find(param);
+      if (it != grads.end()) complete(param, it->second, grads);
+    }
+  }
+
+ private:
+  using Key = std::pair<std::vector<std::string>, DType>;
+  struct Open {
+    std::vector<std::pair<Node*, std::vector<std::string>>> members;  // whose sums, over which axes
+    std::size_t bytes = 0;
+  };
+
+  void complete(Node* param, const Pending& pending, Grads& grads) {
+    std::vector<std::pair<Key, std::size_t>> joining;  // (starting a bucket takes sums out of `pending`)
+    for (const auto& [axes, sum] : pending.sums)
+      if (!alone_over(axes)) joining.push_back({{axes, sum.dtype()}, sum.nbytes()});
+    for (const auto& [key, bytes] : joining) {
+      Open& open = open_[key];
+      open.members.push_back({param, key.first});
+      open.bytes += bytes;
+      if (open.bytes >= bucket_bytes_) start(open_.extract(key).mapped(), key.first, grads);
+    }
+  }
+
+  void start(Open open, const std::vector<std::string>& axes, Grads& grads) {
+    auto bucket = std::make_shared<StartedBucket>();
+    std::vector<Tensor> parts;
+    for (std::size_t i = 0; i < open.members.size(); ++i) {
+      Pending& pending = grads.at(open.members[i].first);
+      auto sum = pending.sums.extract(open.members[i].second);
+      parts.push_back(std::move(sum.mapped()));
+      pending.started.push_back({bucket, i});
+    }
+    bucket->layout = lay_end_to_end(std::move(parts), axes);
+    bucket->pieces_left = open.members.size();
+    bucket->psum = start_psum(std::exchange(bucket->layout.flat, Tensor()), axes);
+  }
+
+  std::size_t bucket_bytes_;
+  bool on_;
+  std::unordered_map<Node*, int> readers_;  // nodes left to run that read each wanted parameter
+  std::map<Key, Open> open_;
+};
+
+Grads backpropagate(const Tensor& root, const Tensor& seed, const std::unordered_set<Node*>& wanted, std::uint64_t floor,
+                    std::size_t bucket_bytes) {
   Transposing transposing;
   Grads grads;
   const auto order = reverse_topological(root.grad_node(), floor);
-  grads[root.grad_node().get()] = Pending{.sums = {{{}, seed}}, .like = root, .terms = {}};
+  grads[root.grad_node().get()] = Pending{.sums = {{{}, seed}}, .like = root, .terms = {}, .started = {}};
 
   auto propagate = [&](Node* node, const Tensor& g) {
     std::vector<Tensor> input_grads = node->backward(g);
@@ -238,10 +346,15 @@ Grads backpropagate(const Tensor& root, const Tensor& seed, const std::unordered
       accumulate(pending, input_grads[i], node->op);
     }
   };
+  OverlappedBuckets buckets(order, wanted, bucket_bytes);
   for (const auto& owned : order) {
     Node* node = owned.get();
+    const std::vector<Node*> params_read = buckets.params_read(node, wanted);
     auto it = grads.find(node);
-    if (node->leaf || it == grads.end()) continue;
+    if (node->leaf || it == grads.end()) {
+      buckets.ran(params_read, grads);
+      continue;
+    }
     if (node->passes_partial_sums && !wanted.count(node) && !deterministic::on()) {
       const Pending pending = std::move(it->second);
       grads.erase(it);
@@ -255,6 +368,7 @@ Grads backpropagate(const Tensor& root, const Tensor& seed, const std::unordered
     node->backward = nullptr;  // free what the op saved
     node->inputs.clear();
     node->released = true;
+    buckets.ran(params_read, grads);
   }
   return grads;
 }
@@ -285,7 +399,8 @@ std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params, 
   NoGrad no_grad;  // backward computations are not recorded
   if (loss.device().index() >= 0 && Shard::current() == nullptr)
     fail("grad", "the loss lives on {}: call grad inside Runtime::run", loss.device().str());
-  auto grads = autodiff::backpropagate(loss, full(Shape{}, 1.0, loss.dtype()).with_vary(autodiff::gradient_vary(loss)), wanted, 0);
+  auto grads = autodiff::backpropagate(loss, full(Shape{}, 1.0, loss.dtype()).with_vary(autodiff::gradient_vary(loss)), wanted, 0,
+                                       options.bucket_bytes);
   return autodiff::gradients_of(std::move(grads), params);
 }
 

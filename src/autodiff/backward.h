@@ -3,6 +3,7 @@
 // its recompute down to the values it read from outside).
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -11,6 +12,8 @@
 #include "ops/tape.h"
 
 namespace nax::autodiff {
+
+struct StartedBucket;  // autodiff.cpp: a bucket of gradients whose psum the walk has started
 
 // A value's gradient while the contributions of its consumers come in: their sums so far, kept
 // apart by the mesh axes over which a contribution varies while the value is Invariant (those
@@ -23,6 +26,9 @@ struct Pending {
   // needs a psum over; finished by psum-ing each and adding them in that order, as one device
   // adds them (summing partial contributions before their psum would depend on the mesh).
   std::vector<std::pair<std::vector<std::string>, Tensor>> terms;
+  // Sums moved into buckets whose psum started during the walk (a parameter's, once complete): the
+  // bucket and this value's piece of it.
+  std::vector<std::pair<std::shared_ptr<StartedBucket>, std::size_t>> started;
 };
 
 using Grads = std::unordered_map<Node*, Pending>;
@@ -46,6 +52,11 @@ std::vector<Tensor> gradients_of(Grads grads, const std::vector<Tensor>& params)
 // Backpropagates `seed` (d loss / d root) through every node reachable from root and made at or
 // after `floor` (Node::sequence), freeing each; returns the gradients pending at the nodes it
 // stops at: leaves, `wanted` nodes (also propagated through), and nodes made before `floor`.
-Grads backpropagate(const Tensor& root, const Tensor& seed, const std::unordered_set<Node*>& wanted, std::uint64_t floor);
+// With bucket_bytes > 0 (outside deterministic mode), a wanted leaf's sums still to psum are laid
+// in a bucket as soon as no node left to run reads the leaf, and a bucket's psum is started once it
+// holds bucket_bytes, so that it overlaps the rest of the walk (PyTorch DDP's buckets); buckets
+// left under the size are summed by gradients_of, as all are with bucket_bytes = 0.
+Grads backpropagate(const Tensor& root, const Tensor& seed, const std::unordered_set<Node*>& wanted, std::uint64_t floor,
+                    std::size_t bucket_bytes = 0);
 
 }  // namespace nax::autodiff

@@ -2,28 +2,38 @@
 
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "nax/trace/trace.h"
 
 namespace nax::detail {
 
+namespace {
+thread_local std::uint64_t t_tickets = 0;
+}  // namespace
+
+Launch::Launch(std::string label) : label_(std::move(label)) {
+  if (start()) ticket_ = ++t_tickets;
+}
+
 void Launch::all_reduce(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
-  if (start()) request_ = c.start_all_reduce(send, recv, count, dtype, op, {label_, call.site}), started();
+  if (start()) request_ = c.start_all_reduce(send, recv, count, dtype, op, {label_, call.site, ticket_}), started();
   else c.all_reduce(send, recv, count, dtype, op, call);
 }
 
 void Launch::all_gather(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
-  if (start()) request_ = c.start_all_gather(send, recv, count, dtype, {label_, call.site}), started();
+  if (start()) request_ = c.start_all_gather(send, recv, count, dtype, {label_, call.site, ticket_}), started();
   else c.all_gather(send, recv, count, dtype, call);
 }
 
 void Launch::reduce_scatter(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
-  if (start()) request_ = c.start_reduce_scatter(send, recv, count, dtype, op, {label_, call.site}), started();
+  if (start()) request_ = c.start_reduce_scatter(send, recv, count, dtype, op, {label_, call.site, ticket_}), started();
   else c.reduce_scatter(send, recv, count, dtype, op, call);
 }
 
 void Launch::permute(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype,
                      const std::vector<std::pair<int, int>>& pairs, const Call& call) {
-  if (start()) request_ = c.start_permute(send, recv, count, dtype, pairs, {label_, call.site}), started();
+  if (start()) request_ = c.start_permute(send, recv, count, dtype, pairs, {label_, call.site, ticket_}), started();
   else c.permute(send, recv, count, dtype, pairs, call);
 }
 
@@ -53,7 +63,7 @@ Tensor Launch::then(std::function<Tensor()> finish) {
 
 Tensor Launch::complete() {
   // A started collective's slice covers its start; finishing it (Pending::wait) is a slice of its own.
-  const trace::Span span("collective", "complete a started collective");
+  const trace::Span span("collective", "complete a started collective", [&] { return fmt::format("\"ticket\": {}", ticket_); });
   std::exchange(request_, nullptr)->wait();
   release();
   kept_.clear();

@@ -40,15 +40,19 @@ class Launch {
   // (or nothing was sent); else an undefined Tensor, and complete() makes it later.
   Tensor then(std::function<Tensor()> finish);
   bool in_flight() const { return request_ != nullptr; }
+  // A started call's number on this thread, in the trace's slices of its start and its completion
+  // ("ticket"), which pair them (the replay of a timeline reads them); 0 for a blocking call.
+  std::uint64_t ticket() const { return ticket_; }
   // Waits for the started call and finishes the op.
   Tensor complete();
 
  private:
-  explicit Launch(std::string label) : label_(std::move(label)) {}
+  explicit Launch(std::string label);
   bool start() const { return !label_.empty(); }
   void started();  // marks the kept buffers pending under the label
   void release();  // clears those marks (the buffers stay kept)
   std::string label_;  // empty for a blocking call
+  std::uint64_t ticket_ = 0;
   std::vector<Tensor> kept_;
   std::function<Tensor()> finish_;
   std::unique_ptr<Communicator::Request> request_;  // last: destroyed (so waited for) before the buffers

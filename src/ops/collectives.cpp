@@ -36,6 +36,11 @@ trace::Span collective_span(std::string_view op, const Tensor* x, const Names& m
   });
 }
 
+// A started call's slice carries its ticket, which its completion's slice carries too.
+void note_started(Context& c, const detail::Launch& launch) {
+  if (launch.in_flight()) c.span.add_args(fmt::format("\"ticket\": {}", launch.ticket()));
+}
+
 // The running shard, after checking the operand and the mesh axes.
 Shard& checked_shard(std::string_view op, const Tensor* x, const Names& mesh_axes) {
   Shard* shard = Shard::current();
@@ -191,6 +196,7 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
   launch.keep({x});
   launch.all_reduce(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), reduce, c.call);
+  note_started(c, launch);
   return launch.then([out, dtype = x_in.dtype()] { return detail::narrow_to(out, dtype); });
 }
 
@@ -334,10 +340,12 @@ Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh
   launch.keep({x});
   if (outer == 1) {
     launch.all_gather(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), c.call);
+    note_started(c, launch);
     return launch.then([out] { return out; });
   }
   Tensor staging = Tensor::empty(Shape{{"rank", c.n}, {"block", x.numel()}}, x.dtype(), x.device_ptr());
   launch.all_gather(c.comm, x.raw(), staging.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), c.call);
+  note_started(c, launch);
   return launch.then([staging, out, outer, n = c.n, chunk = x.numel() / outer]() mutable {
     detail::regroup(staging, out, outer, n, chunk, true);
     return out;
@@ -422,11 +430,13 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
   if (outer == 1) {
     launch.keep({x});
     launch.reduce_scatter(c.comm, x.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum, c.call);
+    note_started(c, launch);
   } else {
     Tensor staging = Tensor::empty(Shape{{"rank", c.n}, {"block", out.numel()}}, x.dtype(), x.device_ptr());
     detail::regroup(x, staging, outer, c.n, out.numel() / outer, false);
     launch.keep({staging});
     launch.reduce_scatter(c.comm, staging.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum, c.call);
+    note_started(c, launch);
   }
   return launch.then([out, dtype = x_in.dtype()] { return detail::narrow_to(out, dtype); });
 }
@@ -475,6 +485,7 @@ Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vect
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
   launch.keep({x});
   launch.permute(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), pairs, c.call);
+  note_started(c, launch);
   return launch.then([out] { return out; });
 }
 

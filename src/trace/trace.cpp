@@ -28,7 +28,7 @@ struct Event {
   std::string_view category;
   std::string name, args;
   std::int64_t start_ns, duration_ns;
-  int device;
+  int device;  // its track: a device, -1 the host, -2 - d device d's transfers
 };
 
 struct ThreadBuffer {
@@ -72,8 +72,9 @@ std::int64_t now_ns() {
 
 std::string microseconds(std::int64_t ns) { return fmt::format("{}.{:03}", ns / 1000, ns % 1000); }
 
-// Host threads get tids after the devices' (tid = device).
+// Host threads get tids after the devices' (tid = device), transfers after the host's.
 constexpr int kHostTid = 1000;
+constexpr int kTransfersTid = 2000;  // + the device
 
 }  // namespace
 
@@ -122,7 +123,23 @@ std::size_t event_count() {
   return n;
 }
 
+std::vector<RecordedSlice> recorded() {
+  std::vector<RecordedSlice> out;
+  Recorder& r = recorder();
+  std::lock_guard lock(r.mutex);
+  for (auto& b : r.buffers) {
+    std::lock_guard buffer_lock(b->mutex);
+    if (b->generation != r.generation) continue;
+    for (const Event& e : b->events)
+      out.push_back({std::string(e.category), e.name, e.args, e.start_ns, e.duration_ns, e.device <= -2 ? -2 - e.device : e.device,
+                     e.device <= -2});
+  }
+  return out;
+}
+
 void set_thread_device(int device) { t_device = device; }
+void set_thread_transfers(int device) { t_device = -2 - device; }
+int thread_device() { return t_device >= 0 ? t_device : t_device <= -2 ? -2 - t_device : -1; }
 
 void set_process(int index, int count) {
   Recorder& r = recorder();
@@ -183,7 +200,7 @@ void write(const std::string& requested_path, std::string_view process) {
   const std::string path = process_path(requested_path);
   Recorder& r = recorder();
   std::string out = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
-  std::set<int> devices;
+  std::set<int> devices, transfers;
   bool host = false;
   int pid = 0;
   std::int64_t applied = 0, measured = 0;
@@ -195,9 +212,10 @@ void write(const std::string& requested_path, std::string_view process) {
       std::lock_guard buffer_lock(b->mutex);
       if (b->generation != r.generation) continue;
       for (const Event& e : b->events) {
-        const int tid = e.device >= 0 ? e.device : kHostTid;
+        const int tid = e.device >= 0 ? e.device : e.device == -1 ? kHostTid : kTransfersTid + (-2 - e.device);
         if (e.device >= 0) devices.insert(e.device);
-        else host = true;
+        else if (e.device == -1) host = true;
+        else transfers.insert(-2 - e.device);
         out += fmt::format("{{\"ph\": \"X\", \"cat\": \"{}\", \"name\": {}, \"pid\": {}, \"tid\": {}, \"ts\": {}, \"dur\": {}, \"args\": {{{}}}}},\n",
                            e.category, quote(e.name), pid, tid, microseconds(e.start_ns - applied), microseconds(e.duration_ns), e.args);
       }
@@ -209,7 +227,12 @@ void write(const std::string& requested_path, std::string_view process) {
                      pid, quote(fmt::format("{} (process {})", process, pid)), applied / 1e3, measured / 1e3);
   for (int d : devices) {
     out += fmt::format(",\n{{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": {}, \"tid\": {}, \"args\": {{\"name\": \"device {}\"}}}}", pid, d, d);
-    out += fmt::format(",\n{{\"ph\": \"M\", \"name\": \"thread_sort_index\", \"pid\": {}, \"tid\": {}, \"args\": {{\"sort_index\": {}}}}}", pid, d, d);
+    out += fmt::format(",\n{{\"ph\": \"M\", \"name\": \"thread_sort_index\", \"pid\": {}, \"tid\": {}, \"args\": {{\"sort_index\": {}}}}}", pid, d, 2 * d);
+  }
+  for (int d : transfers) {
+    const int tid = kTransfersTid + d;
+    out += fmt::format(",\n{{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": {}, \"tid\": {}, \"args\": {{\"name\": \"device {} transfers\"}}}}", pid, tid, d);
+    out += fmt::format(",\n{{\"ph\": \"M\", \"name\": \"thread_sort_index\", \"pid\": {}, \"tid\": {}, \"args\": {{\"sort_index\": {}}}}}", pid, tid, 2 * d + 1);
   }
   if (host) out += fmt::format(",\n{{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": {}, \"tid\": {}, \"args\": {{\"name\": \"host\"}}}}", pid, kHostTid);
   out += "\n]}\n";

@@ -3,6 +3,7 @@
 // walks the record backwards. Every op's backward sits next to its forward (src/ops/), and the
 // collectives use their transposes (nax/ops/collectives.h), so a replicated value feeding split
 // weights gets its gradient all-reduced exactly once, without f/g operators written by hand.
+#include <cstddef>
 #include <functional>
 #include <vector>
 
@@ -17,8 +18,16 @@ namespace nax {
 // A loss Varying over a mesh axis is refused: each device would differentiate only its own part
 // (gradients off by the axis size, or missing the other devices' terms); reduce it with pmean or
 // psum first, or opt out when per-device gradients are what you want.
+//
+// Gradients summed over mesh axes (a parameter Invariant over dp read by a batch cut over dp) go
+// in buckets, as PyTorch DDP's: a parameter's sums join a bucket as soon as the walk has run every
+// op that read the parameter, and a bucket's psum starts once it holds `bucket_bytes`, overlapping
+// the rest of the backward; what is left is summed in one bucket per set of axes at the end.
+// 0 sums everything at the end, as deterministic mode always does (it psums each contribution
+// apart, then adds them in arrival order). Bucketing never changes a gradient's value.
 struct GradOptions {
   bool allow_varying_loss = false;
+  std::size_t bucket_bytes = std::size_t{25} << 20;  // DDP's bucket_cap_mb = 25
 };
 std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& params, GradOptions options = {});
 

@@ -71,6 +71,9 @@ struct CallSite {
 struct Call {
   std::string origin;
   std::uint64_t site = 0;
+  // A started call's number on its device's thread (0: blocking): the trace's slices of its start,
+  // its transfer and its completion carry it, so that a replay pairs them.
+  std::uint64_t ticket = 0;
 };
 
 class Communicator {

@@ -45,9 +45,26 @@ std::string process_path(const std::string& path);
 // How many spans were recorded since start().
 std::size_t event_count();
 
+// A slice recorded since start(), as write() would write it: its track is a device's (`device`,
+// or that device's transfers when `transfers`), or the host's (device -1).
+struct RecordedSlice {
+  std::string category, name;
+  std::string args;  // a JSON object's members, without braces
+  std::int64_t start_ns = 0, duration_ns = 0;
+  int device = -1;
+  bool transfers = false;
+};
+// This process's slices since start(), in no particular order (a copy: recording may go on).
+std::vector<RecordedSlice> recorded();
+
 // The track the calling thread's spans go to: mesh device `device` (the runtimes set it on the
 // thread running that device's per-shard code); -1: the host (any other thread).
 void set_thread_device(int device);
+// The calling thread moves the data of collectives device `device` started (a communicator's
+// worker): its spans go to the track "device N transfers", beside the device's own.
+void set_thread_transfers(int device);
+// The device whose track the calling thread's spans go to (a transfers thread: its device), or -1.
+int thread_device();
 // This process among `count` (Runtime::mpi sets its rank and the world's size).
 void set_process(int index, int count);
 // The trace's clock (CLOCK_MONOTONIC, nanoseconds): one clock for the processes of a node.

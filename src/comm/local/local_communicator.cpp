@@ -8,6 +8,7 @@
 #include "comm/element_at.h"
 #include "comm/local/comm_worker.h"
 #include "kernels/cpu/kernels.h"
+#include "nax/trace/trace.h"
 
 namespace nax::local {
 
@@ -40,7 +41,7 @@ class LocalCommunicator final : public Communicator {
   std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                             const Call& call) override {
     record(CollectiveKind::all_reduce, count * dtype_size(dtype));
-    return started(signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)),
+    return started(signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)), call.ticket,
                    [=, this](const Signature& sig) { run_all_reduce(sig, send, recv, count, dtype, op, true); });
   }
 
@@ -52,7 +53,7 @@ class LocalCommunicator final : public Communicator {
 
   std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) override {
     record(CollectiveKind::all_gather, count * dtype_size(dtype));
-    return started(signature_of(call, CollectiveKind::all_gather, dtype, count),
+    return started(signature_of(call, CollectiveKind::all_gather, dtype, count), call.ticket,
                    [=, this](const Signature& sig) { run_all_gather(sig, send, recv, count, dtype, true); });
   }
 
@@ -66,7 +67,7 @@ class LocalCommunicator final : public Communicator {
   std::unique_ptr<Request> start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                                 const Call& call) override {
     record(CollectiveKind::reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(dtype));
-    return started(signature_of(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)),
+    return started(signature_of(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op)), call.ticket,
                    [=, this](const Signature& sig) { run_reduce_scatter(sig, send, recv, count, dtype, op, true); });
   }
 
@@ -92,7 +93,7 @@ class LocalCommunicator final : public Communicator {
                                          const std::vector<std::pair<int, int>>& pairs, const Call& call) override {
     check_permute_pairs(pairs, size(), "permute", group_->label());
     record(CollectiveKind::permute, count * dtype_size(dtype));
-    return started(signature_of(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)),
+    return started(signature_of(call, CollectiveKind::permute, dtype, count, 0, hash_pairs(pairs)), call.ticket,
                    [=, this](const Signature& sig) { run_permute(sig, send, recv, count, dtype, pairs, true); });
   }
 
@@ -151,10 +152,16 @@ class LocalCommunicator final : public Communicator {
   }
 
   // Queues `run(sig)` on the worker with its own copy of the origin (the caller's may be gone by then).
-  std::unique_ptr<Request> started(const Signature& sig, std::function<void(const Signature&)> run) {
-    return worker_.submit([sig, origin = sig.origin != nullptr ? *sig.origin : std::string(), run = std::move(run)] {
+  // Its transfer is a slice on the starting device's "transfers" track, beside the device's own.
+  std::unique_ptr<Request> started(const Signature& sig, std::uint64_t ticket, std::function<void(const Signature&)> run) {
+    return worker_.submit([sig, origin = sig.origin != nullptr ? *sig.origin : std::string(), run = std::move(run),
+                           device = trace::thread_device(), ticket] {
       Signature own = sig;
       own.origin = &origin;
+      trace::set_thread_transfers(device);
+      const trace::Span transfer("collective", collective_name(sig.kind), [&] {
+        return fmt::format("\"started\": {}, \"ticket\": {}, \"bytes\": {}", trace::quote(origin), ticket, sig.count * dtype_size(sig.dtype));
+      });
       run(own);
     });
   }
