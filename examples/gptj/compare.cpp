@@ -132,6 +132,34 @@ std::optional<CompareRow> run_jax(const CompareOptions& o, const TextData& data,
 
 std::string megabytes(double bytes) { return fmt::format("{:.2f}", bytes * 1e-6); }
 
+// Every device of the mesh gets here before any goes on (an all-reduce over every axis).
+void barrier(const Mesh& mesh) {
+  NoGrad no_grad;
+  const std::vector<std::string> axes = mesh.axis_names();
+  static_cast<void>(psum(pvary(scalar(0.0), axes), axes));
+}
+
+// The row's traced step (`step`, each device's "step" slice of this sharding) as timelines, the
+// links fitted to its collectives, its measured time and its replay on them.
+void attach_replay(CompareRow& row, const std::vector<trace::RecordedSlice>& slices, const Mesh& mesh, std::int64_t step) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> windows(static_cast<std::size_t>(mesh.size()), {0, -1});
+  for (const auto& s : slices) {
+    if (s.category != "step" || s.transfers || s.device < 0 || s.device >= mesh.size()) continue;
+    const auto args = nlohmann::json::parse("{" + s.args + "}");
+    if (args.value("sharding", "") == row.sharding && args.value("step", std::int64_t{-1}) == step)
+      windows[static_cast<std::size_t>(s.device)] = {s.start_ns, s.start_ns + s.duration_ns};
+  }
+  double measured = 0;
+  for (const auto& [begin, end] : windows) {
+    if (end < begin) return;  // a device's step is not in the trace
+    measured = std::max(measured, 1e-9 * static_cast<double>(end - begin));
+  }
+  row.timelines = timelines_of(slices, windows);
+  row.fitted_links = fit_links(row.timelines, mesh);
+  row.traced_step_s = measured;
+  row.replayed_step_s = replay(row.timelines, mesh, measured_costs(row.fitted_links, mesh)).step_s;
+}
+
 }  // namespace
 
 std::vector<Cluster> declared_clusters() {
@@ -149,34 +177,60 @@ std::vector<Cluster> declared_clusters() {
 // Weak scaling onto a cluster: every mesh axis but dp keeps its size in the run, dp takes the rest
 // of the devices, and each data-parallel device keeps its share of the batch. A replica's compute
 // is split over mp, cp and pp; a pipeline's stages idle for its bubble (no overlap is counted).
-Projection project(const CompareRow& row, const Cluster& cluster, const CompareOptions& o) {
-  const Mesh run = model_mesh(o.train.mesh);
-  const Config config = padded_for(config_by_name(o.train.config), run);
+namespace {
+
+// The cluster's mesh under weak scaling: every axis of the run but dp at its size, dp the rest.
+std::map<std::string, int> cluster_sizes(const Mesh& run, const Cluster& cluster) {
   std::map<std::string, int> sizes;
   int kept = 1;
   for (const auto& axis : run.axis_names())
     if (axis != "dp") kept *= sizes[axis] = run.axis_size(axis);
   sizes["dp"] = std::max(1, cluster.devices / kept);
+  return sizes;
+}
+
+// Seconds of one collective over the group of `axes` ("dp,mp") on the cluster: its size there, on
+// the slowest of the axes' links.
+double cluster_price(const Cluster& cluster, const std::map<std::string, int>& sizes, CollectiveKind kind, std::size_t bytes,
+                     const std::string& axes) {
+  int n = 1;
+  Link link = cluster.links.at("mp");
+  std::stringstream names(axes);
+  for (std::string m; std::getline(names, m, ',');) {
+    n *= sizes.count(m) ? sizes.at(m) : 1;
+    if (cluster.links.count(m) && cluster.links.at(m).bandwidth_Bps < link.bandwidth_Bps) link = cluster.links.at(m);
+  }
+  return CostModel::seconds(kind, bytes, n, link);
+}
+
+}  // namespace
+
+Projection project(const CompareRow& row, const Cluster& cluster, const CompareOptions& o) {
+  const Mesh run = model_mesh(o.train.mesh);
+  const Config config = padded_for(config_by_name(o.train.config), run);
+  const std::map<std::string, int> sizes = cluster_sizes(run, cluster);
   const int splitting = (sizes.count("mp") ? sizes.at("mp") : 1) * context_devices(run) * pipeline_stages(run);
   const double tokens_per_replica = static_cast<double>(o.train.batch * o.train.seq) / data_parallel_devices(run);
+  const double tokens_per_step = tokens_per_replica * sizes.at("dp") * fsdp_devices(run);
   Projection p{cluster.name, row.sharding};
-  p.compute_s = flops_per_token(config, o.train.seq) * tokens_per_replica / splitting / (cluster.peak_flops * o.projected_mfu);
-  if (row.bubble > 0) p.compute_s /= 1 - row.bubble;
-  for (const auto& [group, stats] : row.comm_per_step) {
-    int n = 1;
-    Link link = cluster.links.at("mp");
-    std::stringstream axes(group);
-    for (std::string m; std::getline(axes, m, ',');) {
-      n *= sizes.count(m) ? sizes.at(m) : 1;
-      if (cluster.links.count(m) && cluster.links.at(m).bandwidth_Bps < link.bandwidth_Bps) link = cluster.links.at(m);
-    }
+  const double flops_s = flops_per_token(config, o.train.seq) * tokens_per_replica / splitting / (cluster.peak_flops * o.projected_mfu);
+  p.compute_s = row.bubble > 0 ? flops_s / (1 - row.bubble) : flops_s;
+  for (const auto& [group, stats] : row.comm_per_step)
     for (int k = 0; k < kCollectiveKinds; ++k) {
       const std::size_t calls = stats.calls[static_cast<std::size_t>(k)], bytes = stats.bytes[static_cast<std::size_t>(k)];
-      if (calls > 0) p.comm_s += static_cast<double>(calls) * CostModel::seconds(static_cast<CollectiveKind>(k), bytes / calls, n, link);
+      if (calls > 0) p.comm_s += static_cast<double>(calls) * cluster_price(cluster, sizes, static_cast<CollectiveKind>(k), bytes / calls, group);
     }
-  }
   p.step_s = p.compute_s + p.comm_s;
-  p.tokens_per_s = tokens_per_replica * sizes.at("dp") * fsdp_devices(run) / p.step_s;
+  p.tokens_per_s = tokens_per_step / p.step_s;
+  if (!row.timelines.empty()) {
+    // The replay's compute is the run's, scaled so that the busiest device computes flops_s (the
+    // pipeline's idle ticks are in the timelines already, as waits).
+    const double measured_compute = replay(row.timelines, run, {1.0, [](CollectiveKind, std::size_t, const std::string&) { return 0.0; }}).compute_s;
+    const ReplayCosts costs{measured_compute > 0 ? flops_s / measured_compute : 0.0,
+                            [&](CollectiveKind kind, std::size_t bytes, const std::string& axes) { return cluster_price(cluster, sizes, kind, bytes, axes); }};
+    p.replayed_step_s = replay(row.timelines, run, costs).step_s;
+    p.replayed_tokens_per_s = p.replayed_step_s > 0 ? tokens_per_step / p.replayed_step_s : 0;
+  }
   return p;
 }
 
@@ -206,6 +260,10 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   Runtime rt = Runtime::from_env(mesh, runtime_options(o.train.backend, o.train.deterministic));
   Track hand_track, auto_track;
   Progress progress(o.train.quiet || process_index() != 0, o.train.steps);
+  // The last step is traced (the whole run is, with --trace) and replayed: in one process, where
+  // the trace sees every device.
+  const bool replayable = process_count() == 1;
+  bool traced_here = false;
   rt.run([&](Shard& s) {
     Learner h(s, config, rules, hand);
     std::optional<Learner> a;
@@ -213,6 +271,11 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
     for (std::int64_t step = 0; step < o.train.steps; ++step) {
       const double lr = nn::warmup_cosine(step, o.train.warmup, o.train.steps, o.train.lr);
       auto [x, y] = device_batch(s, data, o.train, rules, step);
+      if (replayable && step == o.train.steps - 1) {
+        barrier(mesh);
+        if (s.device() == 0 && !trace::enabled()) trace::start(), traced_here = true;
+        barrier(mesh);
+      }
       Track scratch;
       Track& ht = s.device() == 0 ? hand_track : scratch;
       Track& at = s.device() == 0 ? auto_track : scratch;
@@ -228,10 +291,14 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
     }
   });
   progress.finish();
+  std::vector<trace::RecordedSlice> slices;
+  if (replayable) slices = trace::recorded();
+  if (traced_here) trace::stop();
   std::vector<CompareRow> rows;
   if (process_index() != 0) return rows;
   rows.push_back(row_of("hand", hand_track, o));
   if (with_auto) rows.push_back(row_of("auto", auto_track, o));
+  for (auto& row : rows) attach_replay(row, slices, mesh, o.train.steps - 1);
   if (o.with_jax)
     if (auto jax = run_jax(o, data, rows[0].first_loss)) rows.push_back(*jax);
   return rows;
@@ -260,16 +327,28 @@ void print_comparison(const std::vector<CompareRow>& rows, const CompareOptions&
   if (rows[0].bubble > 0)
     fmt::print("pipeline: {} schedule, {} micro-batches: bubble {:.1f}% of the stage-ticks, device 0 idle {:.1f}% of the schedule\n",
                o.train.schedule, o.train.micro_batches, 100 * rows[0].bubble, 100 * rows[0].pipeline_idle);
+  for (const auto& r : rows) {
+    if (r.timelines.empty()) continue;
+    std::vector<std::string> links;
+    for (const auto& [axes, l] : r.fitted_links)
+      links.push_back(fmt::format("{} {:.1f} us + {:.2f} GB/s", axes, l.latency_s * 1e6, l.bandwidth_Bps * 1e-9));
+    fmt::print("{}: the last step took {:.1f} ms; its timeline replayed on the links fitted to its own collectives{}{}: {:.1f} ms ({:+.1f}%)\n",
+               r.sharding, 1e3 * r.traced_step_s, links.empty() ? "" : " (", fmt::format("{}{}", fmt::join(links, ", "), links.empty() ? "" : ")"),
+               1e3 * r.replayed_step_s, 100 * (r.replayed_step_s / r.traced_step_s - 1));
+  }
   fmt::print("\nprojected step time on declared clusters (weak scaling: each device keeps its share of the batch; compute at {:.0f}% "
-             "MFU of {:.0f} TFLOP/s; counted collectives priced by the alpha-beta model; no overlap)\n",
+             "MFU of {:.0f} TFLOP/s; collectives priced by the alpha-beta model; 'step ms' adds them up, 'replayed ms' replays the "
+             "traced step's timeline, so that what overlapped there overlaps)\n",
              100 * o.projected_mfu, kGpuPeakBf16Flops * 1e-12);
-  fmt::print("{:<46} {:<8} {:>11} {:>10} {:>10} {:>12}\n", "cluster", "sharding", "compute ms", "comm ms", "step ms", "tokens/s");
+  fmt::print("{:<46} {:<8} {:>11} {:>10} {:>10} {:>12} {:>12} {:>12}\n", "cluster", "sharding", "compute ms", "comm ms", "step ms", "tokens/s",
+             "replayed ms", "tokens/s");
   for (const auto& cluster : declared_clusters())
     for (const auto& r : rows) {
       if (!r.measured_comm) continue;
       const Projection p = project(r, cluster, o);
-      fmt::print("{:<46} {:<8} {:>11.3f} {:>10.3f} {:>10.3f} {:>12.0f}\n", p.cluster, p.sharding, 1e3 * p.compute_s, 1e3 * p.comm_s, 1e3 * p.step_s,
-                 p.tokens_per_s);
+      fmt::print("{:<46} {:<8} {:>11.3f} {:>10.3f} {:>10.3f} {:>12.0f} {:>12} {:>12}\n", p.cluster, p.sharding, 1e3 * p.compute_s, 1e3 * p.comm_s,
+                 1e3 * p.step_s, p.tokens_per_s, p.replayed_step_s > 0 ? fmt::format("{:.3f}", 1e3 * p.replayed_step_s) : "-",
+                 p.replayed_step_s > 0 ? fmt::format("{:.0f}", p.replayed_tokens_per_s) : "-");
     }
 }
 
@@ -290,8 +369,11 @@ void write_comparison_json(const std::vector<CompareRow>& rows, const CompareOpt
       for (const auto& cluster : declared_clusters()) {
         const Projection p = project(r, cluster, o);
         projections[cluster.name] = {{"compute_s", p.compute_s}, {"comm_s", p.comm_s}, {"step_s", p.step_s}, {"tokens_per_s", p.tokens_per_s}};
+        if (p.replayed_step_s > 0)
+          projections[cluster.name]["replayed"] = {{"step_s", p.replayed_step_s}, {"tokens_per_s", p.replayed_tokens_per_s}};
       }
       row["projected"] = projections;
+      if (!r.timelines.empty()) row["replay"] = {{"traced_step_s", r.traced_step_s}, {"replayed_step_s", r.replayed_step_s}};
     } else {
       row["bytes_per_step"] = nullptr;
       row["bytes_per_step_by_axes"] = nullptr;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "data.h"
+#include "replay.h"
 #include "train.h"
 
 namespace gptj {
@@ -38,6 +39,13 @@ struct CompareRow {
   // With a pp axis: the schedule's bubble (share of stage-ticks idle) and device 0's measured idle
   // share of the schedule's time (median over the timed steps).
   double bubble = 0, pipeline_idle = 0;
+  // The last step, traced: every device's timeline (replay.h), its measured time (the slowest
+  // device's step) and its replay with this machine's compute and the links fitted to its own
+  // collectives (how far the replay is from the run). Empty where the trace could not see every
+  // device (under mpirun) and for jax.
+  std::vector<Timeline> timelines;
+  std::map<std::string, nax::Link> fitted_links;  // by group of mesh axes
+  double traced_step_s = 0, replayed_step_s = 0;
 };
 
 // A declared cluster: devices, the mesh it would run (every axis but dp as in the run, the rest dp)
@@ -53,10 +61,14 @@ std::vector<Cluster> declared_clusters();
 struct Projection {
   std::string cluster, sharding;
   double compute_s = 0, comm_s = 0, step_s = 0, tokens_per_s = 0;
+  // The traced step replayed on the cluster (its compute scaled to compute_s, its collectives priced
+  // on the cluster's links): what overlapped in the run overlaps here. 0 without timelines.
+  double replayed_step_s = 0, replayed_tokens_per_s = 0;
 };
 // Step time on `cluster` under weak scaling (each device keeps its share of the run's batch): the
 // model FLOPs at `mfu` of the cluster's peak (stretched by a pipeline's bubble), plus the counted
-// collectives priced by the alpha-beta model on the cluster's links (no overlap assumed).
+// collectives priced by the alpha-beta model on the cluster's links (no overlap assumed); and the
+// replay of the row's traced step on the cluster, which counts the overlap.
 Projection project(const CompareRow& row, const Cluster& cluster, const CompareOptions& options);
 
 std::vector<CompareRow> compare(const CompareOptions& options, const TextData& data);

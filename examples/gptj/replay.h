@@ -1,0 +1,64 @@
+#pragma once
+// A step replayed from its trace: each device's timeline (its compute between collectives, its
+// blocking collectives, the collectives it started and where it waited for them), replayed with
+// the compute rescaled and every collective priced anew, so that what overlapped in the run
+// overlaps in the replay. `gptj compare` projects cluster step times with it (compare.h).
+#include <nax/nax.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace gptj {
+
+struct TimelineEvent {
+  enum class Kind {
+    compute,     // the device computes (ops, and whatever else ran outside collectives) for `seconds`
+    collective,  // a blocking collective: the device waits for its group, then for the transfer
+    start,       // a started collective: queued on its group's communicator, the device goes on
+    wait,        // the device waits for the started collective `ticket`
+  };
+  Kind kind = Kind::compute;
+  double seconds = 0;  // compute: as measured; collective, start: the transfer as measured (its waits for peers left out)
+  nax::CollectiveKind collective = nax::CollectiveKind::all_reduce;
+  std::size_t bytes = 0;      // as the trace's collective slices count them (the operand)
+  std::string mesh_axes;      // "dp", "dp,mp"
+  std::uint64_t ticket = 0;   // start and wait: which started collective
+};
+using Timeline = std::vector<TimelineEvent>;
+
+// Each device's timeline from a trace's slices: the device's slices inside its window [begin, end)
+// (a step's slice on its track), and its transfers track's. A collective over a group of one
+// moves nothing: it is compute.
+std::vector<Timeline> timelines_of(const std::vector<nax::trace::RecordedSlice>& slices,
+                                   const std::vector<std::pair<std::int64_t, std::int64_t>>& windows);
+
+struct ReplayCosts {
+  double compute_scale = 1;  // replayed compute seconds per measured second
+  // Seconds of one collective over the group of `mesh_axes`.
+  std::function<double(nax::CollectiveKind kind, std::size_t bytes, const std::string& mesh_axes)> price;
+};
+
+struct Replayed {
+  double step_s = 0;     // the last device's end
+  double compute_s = 0;  // the slowest device's compute
+};
+
+// Every device starts at 0; a collective begins when its whole group has reached it and the
+// group's earlier collectives are done (a communicator runs its calls in order), and lasts its
+// price; a started one runs while its devices go on, until their waits. `mesh` gives the groups
+// (the devices that share every coordinate but the collective's mesh axes).
+Replayed replay(const std::vector<Timeline>& timelines, const nax::Mesh& mesh, const ReplayCosts& costs);
+
+// The run's own costs: compute as measured, each collective priced on its group's link in `links`
+// (by group of mesh axes, as fit_links gives them) at its group's size on `mesh`.
+ReplayCosts measured_costs(const std::map<std::string, nax::Link>& links, const nax::Mesh& mesh);
+
+// Fits a link (latency per ring step, bandwidth) per group of mesh axes to the transfers measured
+// in the timelines, by least squares on CostModel::seconds' formula; groups with fewer than two
+// sizes of transfer get the bandwidth of their mean and no latency.
+std::map<std::string, nax::Link> fit_links(const std::vector<Timeline>& timelines, const nax::Mesh& mesh);
+
+}  // namespace gptj
