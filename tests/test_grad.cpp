@@ -333,6 +333,7 @@ struct SpanOrder final : trace::Observer {
 
 struct Bucketed {
   std::vector<std::vector<double>> grads;
+  std::size_t storages = 0;  // distinct storages the four gradients live in (device 0)
   std::size_t all_reduces = 0;  // over dp, device 0
   std::vector<std::string> spans;
 };
@@ -356,8 +357,14 @@ Bucketed four_layers(std::size_t bucket_bytes) {
     if (s.device() == 0) trace::set_thread_observer(nullptr);
     std::vector<std::vector<double>> values;
     for (const auto& g : grads) values.push_back(g.to_vector<double>());
+    std::size_t storages = 0;
+    for (std::size_t i = 0; i < grads.size(); ++i)
+      storages += std::none_of(grads.begin(), grads.begin() + static_cast<std::ptrdiff_t>(i), [&](const Tensor& o) { return o.same_storage(grads[i]); });
+    values.push_back({static_cast<double>(storages)});
     return values;
   });
+  out.storages = static_cast<std::size_t>(results[0].back()[0]);
+  results[0].pop_back();
   out.grads = results[0];
   out.all_reduces = (rt.comm_stats_by_axes(0)["dp"] - before).calls[static_cast<std::size_t>(CollectiveKind::all_reduce)];
   out.spans = order.spans;
@@ -374,6 +381,10 @@ TEST_CASE("gradient buckets: each bucket's psum starts once the backward has use
   REQUIRE(apart.all_reduces == 1 + 4);   // each weight in a bucket of its own
   REQUIRE(pairs.all_reduces == 1 + 2);
   REQUIRE(apart.grads == at_end.grads);  // each element summed over the same ranks in the same order
+  // A summed bucket hands its gradients out as pieces of itself, summed in place: no copy out.
+  REQUIRE(at_end.storages == 1);
+  REQUIRE(pairs.storages == 2);
+  REQUIRE(apart.storages == 4);
   REQUIRE(pairs.grads == at_end.grads);
   // The last layer's weight is complete first: its psum starts while the backward of the layers
   // below still runs (their products come after the first psum), and each is waited for at the end.

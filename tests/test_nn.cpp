@@ -203,6 +203,30 @@ TEST_CASE("AdamW::update replaces the parameters one at a time with step()'s val
   REQUIRE_THROWS_WITH(host.assign(9, host[0]), Catch::Matchers::Contains("parameter 9 of 4"));
 }
 
+TEST_CASE("AdamW::update with a gradient scale is clipping then updating, bit for bit, with and without ZeRO", "[nn][mesh]") {
+  for (const std::string zero : {"", "dp"}) {
+    INFO("shard_state_over '" << zero << "'");
+    Runtime::local(Mesh::parse("dp=2,mp=2")).run([&](Shard& s) {
+      Parameters clipped = Parameters::init(s, kSpecs, rules_for(s.mesh()), 3), scaled = Parameters::init(s, kSpecs, rules_for(s.mesh()), 3);
+      AdamW a({.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .shard_state_over = zero}), b(a);
+      for (int step = 0; step < 3; ++step) {
+        std::vector<Tensor> grads;
+        for (const auto& p : clipped.values()) grads.push_back(random_normal(p.shape(), 10 + step, "g", 3.0, p.dtype()).with_vary(p.vary()));
+        const Tensor norm = global_norm(grads);
+        std::vector<Tensor> copy = grads;
+        clip_to_norm_on_device(copy, norm, 0.5);  // the norm is well above 0.5: every gradient is scaled
+        a.update(clipped, copy, 0.01);
+        b.update(scaled, grads, 0.01, clip_scale(norm, 0.5));
+        for (std::size_t i = 0; i < kSpecs.size(); ++i) {
+          const auto got = scaled[i].to_vector<float>(), want = clipped[i].to_vector<float>();
+          NAX_EXPECT(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+        }
+      }
+      NAX_EXPECT(clip_scale(scalar(0.25), 0.5).item() == 1.0);  // under the bound: exactly 1
+    });
+  }
+}
+
 TEST_CASE("AdamW opt({}) is the default optimizer", "[nn]") {
   AdamW opt({});
   const std::vector<Tensor> p{ones(Shape{{"i", 2}, {"j", 2}})}, g{full(Shape{{"i", 2}, {"j", 2}}, 0.5)};

@@ -115,8 +115,8 @@ Learner::StepStats Learner::step(const Tensor& ids, const Tensor& targets, doubl
   const auto t0 = std::chrono::steady_clock::now();
   // With pp each stage holds its own parameters: the norm adds every stage's squares.
   stats.grad_norm = pipelined() ? nn::global_norm(g.grads, "pp") : nn::global_norm(g.grads);
-  nn::clip_to_norm_on_device(g.grads, stats.grad_norm, options_.clip);
-  optimizer_.update(model_.params(), std::move(g.grads), lr);  // one parameter's old and new values at a time
+  // clipped as each is used: one parameter's old and new values, and one scaled gradient, at a time
+  optimizer_.update(model_.params(), std::move(g.grads), lr, nn::clip_scale(stats.grad_norm, options_.clip));
   if (options_.time_phases) {
     shard_.synchronize();
     stats.optimizer_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -508,6 +508,7 @@ int run_plan(int argc, char** argv) {
                {"--seq", set_int("--seq", o.seq)},
                {"--micro-batches", set_int("--micro-batches", o.micro_batches)},
                {"--schedule", set(o.schedule)},
+               {"--bucket-mb", set_double("--bucket-mb", o.bucket_mb)},
                {"--dtype", [&](const std::string& v) { o.dtype = gptj::parse_compute_dtype(v); }},
                {"--device-memory", [&](const std::string& v) { o.device_memory = gptj::parse_bytes(v); }}},
               [] {
@@ -520,6 +521,7 @@ int run_plan(int argc, char** argv) {
                     "  --batch B          global batch, cut over dp and fsdp            (default 8)\n"
                     "  --seq T            tokens per sequence                           (default 128)\n"
                     "  --micro-batches M  as for gptj train: each holds batch / M      (default 1)\n"
+                    "  --bucket-mb MB     as for gptj train: the gradients' dp buckets   (default 25)\n"
                     "  --schedule S       with pp: 1f1b or gpipe, as for gptj train     (default 1f1b)\n"
                     "  --dtype D          f32 or bf16, as for gptj train                (default f32)\n"
                     "  --remat            activation checkpointing per block, as for gptj train\n"

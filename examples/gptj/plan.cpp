@@ -160,20 +160,22 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
     const double sum = k > 0 ? p.gradients : 0.0;
     // The backward's memory falls as it frees activations and rises as gradients arrive: its peak
     // is at the head (everything saved, the logits' gradients), at the last block (the head freed),
-    // at the first block (every gradient made) or after it, where the gradients' sum over dp goes as
-    // one bucket (autodiff.cpp), which lets each partial sum go once it is in the bucket and the
-    // bucket once it is reduced: at most two copies of the gradients at a time.
+    // at the first block (every gradient made) or after it, where the gradients' sums over dp go in
+    // buckets (autodiff.cpp): each partial sum goes once it is in its bucket, which is summed in
+    // place and hands its gradients out as pieces of itself, so beside one copy of the gradients
+    // only the bucket being laid out (at most --bucket-mb, or what is left at the end).
     const double at_head = others + s.layers * kept_per_block + head + (s.last ? head_transient(s) : 0.0);
     const double at_last_block = others + s.layers * kept_per_block + recompute + in_block + 4 * s.head_params + sum;
     // By the first block's backward every gradient is made; its own saved values (rebuilt under
     // remat) go as its backward's transients come, so the larger of the two counts.
     const double at_first_block = others + kept_per_block + std::max(recompute, in_block) + p.gradients + sum;
-    const double at_dp_sum = others + (s.dp * s.cp > 1 ? 2 : 1) * p.gradients + sum;  // summed over dp and cp alike
+    const double bucket = s.dp * s.cp > 1 ? std::min(p.gradients, o.bucket_mb * (1 << 20)) : 0.0;  // summed over dp and cp alike
+    const double at_dp_sum = others + p.gradients + bucket + sum;
     backward = std::max({backward, at_head, at_last_block, at_first_block, at_dp_sum});
   }
   p.backward_peak = state + backward;
-  // The step: the averaged gradients (the clipping replaces them one at a time) and, while the
-  // largest parameter is updated, its clipped gradient, its new value and its new moments beside the
+  // The step: the averaged gradients and, while the largest parameter is updated, its clipped
+  // gradient (AdamW::update scales each as it uses it), its new value and its new moments beside the
   // old ones (AdamW::update replaces one parameter at a time). With --zero every updated part lives
   // until the parts are gathered, with the largest parameter's part and gathered copy, beside the old
   // parameters.
@@ -193,6 +195,7 @@ MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) 
   check_sequence_layout(mesh, o.seq, o.sequence_parallel, false);
   if (o.seq < 1 || o.seq > c.max_seq) fail("plan", "--seq must be in 1..{} for config {}, got {}", c.max_seq, c.name, o.seq);
   if (!(o.device_memory > 0)) fail("plan", "--device-memory must be positive");
+  if (!(o.bucket_mb >= 0)) fail("plan", "--bucket-mb must be at least 0, got {}", o.bucket_mb);
   check_micro_batches(mesh, o.batch, o.micro_batches, "plan");
   const int stages = pipeline_stages(mesh);
   const Timetable schedule = timetable(parse_schedule(o.schedule), stages, o.micro_batches);

@@ -11,6 +11,8 @@
 #include "nax/ops/async_collectives.h"
 #include "nax/ops/collectives.h"
 #include "deterministic/deterministic.h"
+#include "comm/launch.h"
+#include "ops/collective_forward.h"
 #include "ops/internal.h"
 
 namespace nax {
@@ -99,20 +101,36 @@ EndToEnd lay_end_to_end(std::vector<Tensor> parts, const std::vector<std::string
   return e;
 }
 
-// Piece i of a summed buffer laid out as `e`.
-Tensor piece_of(const Tensor& reduced, const EndToEnd& e, std::size_t i) {
-  Tensor piece = Tensor::empty(e.shapes[i], reduced.dtype(), reduced.device_ptr());
-  reduced.device().kernels().copy_bytes(piece.raw_mutable(), static_cast<const char*>(reduced.raw()) + e.offsets[i], piece.nbytes());
-  return piece;
+// Piece i of a summed buffer laid out as `e`: the buffer's own storage, not a copy (the pieces
+// keep it alive together), typed for its gradient by the caller.
+Tensor piece_of(const Tensor& reduced, const EndToEnd& e, std::size_t i) { return reduced.piece(e.offsets[i], e.shapes[i]); }
+
+// psum(flat, axes), the sum written over flat's own storage: a bucket is autodiff's own buffer,
+// so summing it needs no second one.
+Tensor psum_over(const Tensor& flat, const std::vector<std::string>& axes) {
+  detail::Launch launch = detail::Launch::blocking();
+  launch.write_over_input();
+  return detail::launch_psum(flat, Names(axes), launch, std::source_location::current());
 }
 
-// The same tensors, laid end to end in one buffer, psummed together (the bucket), and cut apart:
-// at most two copies of the gradients at a time (the parts go as they enter the bucket, and the
-// bucket once it is summed).
+nax::Pending<Tensor> start_psum_over(const Tensor& flat, const std::vector<std::string>& axes,
+                                     std::source_location where = std::source_location::current()) {
+  const std::string what = detail::site_of(where).label(fmt::format("start_psum({}, {})", flat.str(), Names(axes).str()));
+  detail::Launch launch = detail::Launch::started(what);
+  launch.write_over_input();
+  const Tensor ready = detail::launch_psum(flat, Names(axes), launch, where);
+  if (!launch.in_flight()) return nax::Pending<Tensor>(what, [ready] { return ready; });
+  auto shared = std::make_shared<detail::Launch>(std::move(launch));
+  return nax::Pending<Tensor>(what, [shared] { return shared->complete(); });
+}
+
+// The same tensors, laid end to end in one buffer, psummed together in place (the bucket), and
+// handed out as pieces of it: two copies of the gradients only while they are laid out (the parts
+// go as they enter the bucket), one after.
 std::vector<Tensor> psum_together(std::vector<Tensor> parts, const std::vector<std::string>& axes) {
   if (parts.size() == 1) return {psum(parts[0], axes)};
   EndToEnd e = lay_end_to_end(std::move(parts), axes);
-  const Tensor reduced = psum(std::exchange(e.flat, Tensor()), axes);
+  const Tensor reduced = psum_over(std::exchange(e.flat, Tensor()), axes);
   std::vector<Tensor> out;
   for (std::size_t i = 0; i < e.shapes.size(); ++i) out.push_back(piece_of(reduced, e, i));
   return out;
@@ -153,8 +171,8 @@ std::vector<Tensor> finish_in_order(const std::vector<Pending*>& pendings) {
 
 }  // namespace
 
-// A bucket whose psum the walk started: each piece is cut from the sum when its value is finished,
-// the first waiting for the psum; the sum goes once every piece is out.
+// A bucket whose psum the walk started: each gradient is its piece of the summed bucket, handed
+// out when its value is finished, the first waiting for the psum.
 struct StartedBucket {
   EndToEnd layout;
   nax::Pending<Tensor> psum;
@@ -164,7 +182,7 @@ struct StartedBucket {
   Tensor take(std::size_t i) {
     if (!reduced.defined()) reduced = psum.wait();
     Tensor piece = piece_of(reduced, layout, i);
-    if (--pieces_left == 0) reduced = Tensor();
+    if (--pieces_left == 0) reduced = Tensor();  // the pieces hold the storage now
     return piece;
   }
 };
@@ -318,7 +336,7 @@ class OverlappedBuckets {
     }
     bucket->layout = lay_end_to_end(std::move(parts), axes);
     bucket->pieces_left = open.members.size();
-    bucket->psum = start_psum(std::exchange(bucket->layout.flat, Tensor()), axes);
+    bucket->psum = start_psum_over(std::exchange(bucket->layout.flat, Tensor()), axes);
   }
 
   std::size_t bucket_bytes_;

@@ -43,6 +43,10 @@ class Launch {
   // A started call's number on this thread, in the trace's slices of its start and its completion
   // ("ticket"), which pair them (the replay of a timeline reads them); 0 for a blocking call.
   std::uint64_t ticket() const { return ticket_; }
+  // An all-reduce that writes its result over its input (autodiff's gradient buckets, a buffer no
+  // one else holds): the op returns the input's storage, summed, instead of a fresh tensor.
+  void write_over_input() { over_input_ = true; }
+  bool over_input() const { return over_input_; }
   // Waits for the started call and finishes the op.
   Tensor complete();
 
@@ -53,6 +57,7 @@ class Launch {
   void release();  // clears those marks (the buffers stay kept)
   std::string label_;  // empty for a blocking call
   std::uint64_t ticket_ = 0;
+  bool over_input_ = false;
   std::vector<Tensor> kept_;
   std::function<Tensor()> finish_;
   std::unique_ptr<Communicator::Request> request_;  // last: destroyed (so waited for) before the buffers

@@ -38,6 +38,11 @@ Tensor op_by_op_step(const Tensor& p, const Tensor& g, Tensor& m, Tensor& v, con
   return (p - direction * step.lr).with_vary(p.vary());
 }
 
+// g times a scalar on the device (undefined: g itself), with g's vary type.
+Tensor scaled_gradient(const Tensor& g, const Tensor& scale) {
+  return scale.defined() ? mul(g, cast(scale, g.dtype())).with_vary(g.vary()) : g;
+}
+
 Tensor one_step(const Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const kernels::AdamWStep& step) {
   const bool fused = p.dtype() == DType::f32 && g.dtype() == DType::f32 && m.dtype() == DType::f32;
   return fused ? fused_step(p, g, m, v, step) : op_by_op_step(p, g, m, v, step);
@@ -95,7 +100,8 @@ void check_same_vary(const Tensor& p, const Tensor& g, const std::function<std::
 
 // Each segment of this device's chunk is updated as the whole parameter would be, element by
 // element (the same kernel on the same values), then the chunks are all-gathered.
-std::vector<Tensor> AdamW::sharded_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr) {
+std::vector<Tensor> AdamW::sharded_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
+                                        const Tensor& grad_scale) {
   NoGrad no_grad;
   if (zero_ == nullptr) {
     zero_ = std::make_shared<detail::ZeroLayout>(params, config_.shard_state_over);
@@ -110,7 +116,7 @@ std::vector<Tensor> AdamW::sharded_step(const std::vector<Tensor>& params, const
   std::vector<Tensor> updated;
   for (std::size_t k = 0; k < zero_->segments().size(); ++k) {
     const detail::Segment& seg = zero_->segments()[k];
-    const Tensor p = zero_->cut(stop_gradient(params[seg.param]), seg), g = zero_->cut(grads[seg.param], seg);
+    const Tensor p = zero_->cut(stop_gradient(params[seg.param]), seg), g = scaled_gradient(zero_->cut(grads[seg.param], seg), grad_scale);
     updated.push_back(one_step(p, g, m_[k], v_[k], for_param(step, params[seg.param].shape())));
   }
   return zero_->gather(updated);
@@ -124,13 +130,13 @@ std::vector<Tensor> AdamW::step(const Parameters& params, const std::vector<Tens
   return named_step(params.values(), grads, lr, [&](std::size_t i) { return fmt::format("parameter '{}'", params.specs()[i].name); });
 }
 
-void AdamW::update(Parameters& params, std::vector<Tensor> grads, double lr) {
+void AdamW::update(Parameters& params, std::vector<Tensor> grads, double lr, const Tensor& grad_scale) {
+  check_gradients(params.values(), grads, [&](std::size_t i) { return fmt::format("parameter '{}'", params.specs()[i].name); });
   if (!config_.shard_state_over.empty()) {
-    params.assign(step(params, grads, lr));
+    params.assign(sharded_step(params.values(), grads, lr, grad_scale));
     return;
   }
-  check_gradients(params.values(), grads, [&](std::size_t i) { return fmt::format("parameter '{}'", params.specs()[i].name); });
-  step_each(params.values(), std::move(grads), lr, [&](std::size_t i, Tensor updated) { params.assign(i, std::move(updated)); });
+  step_each(params.values(), std::move(grads), lr, [&](std::size_t i, Tensor updated) { params.assign(i, std::move(updated)); }, grad_scale);
 }
 
 void AdamW::check_gradients(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
@@ -144,7 +150,7 @@ void AdamW::check_gradients(const std::vector<Tensor>& params, const std::vector
 }
 
 void AdamW::step_each(const std::vector<Tensor>& params, std::vector<Tensor> grads, double lr,
-                      const std::function<void(std::size_t, Tensor)>& deliver) {
+                      const std::function<void(std::size_t, Tensor)>& deliver, const Tensor& grad_scale) {
   NoGrad no_grad;
   if (m_.empty()) {  // the moments, at the first step
     for (const auto& p : params) {
@@ -155,8 +161,10 @@ void AdamW::step_each(const std::vector<Tensor>& params, std::vector<Tensor> gra
   if (m_.size() != params.size()) fail("AdamW::step", "state for {} parameters, got {}", m_.size(), params.size());
   ++steps_;
   const kernels::AdamWStep settings = step_settings(config_, steps_, lr);
-  for (std::size_t i = 0; i < params.size(); ++i)
-    deliver(i, one_step(stop_gradient(params[i]), std::exchange(grads[i], Tensor()), m_[i], v_[i], for_param(settings, params[i].shape())));
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor g = scaled_gradient(std::exchange(grads[i], Tensor()), grad_scale);  // the unscaled one goes here
+    deliver(i, one_step(stop_gradient(params[i]), g, m_[i], v_[i], for_param(settings, params[i].shape())));
+  }
 }
 
 std::vector<Tensor> AdamW::named_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
@@ -303,12 +311,17 @@ Tensor clip_by_global_norm_on_device(std::vector<Tensor>& grads, double max_norm
   return norm;
 }
 
-void clip_to_norm_on_device(std::vector<Tensor>& grads, const Tensor& norm, double max_norm) {
+Tensor clip_scale(const Tensor& norm, double max_norm) {
   NoGrad no_grad;
   // over is 1 or 0, so the scale is max / (norm + 1e-6) or exactly 1, as the host version decides.
   const Tensor over = gt(norm, full_like(norm, max_norm));
-  const Tensor scale = over * (max_norm / (norm + 1e-6)) + (1.0 - over);
-  for (auto& g : grads) g = mul(g, cast(scale, g.dtype())).with_vary(g.vary());
+  return over * (max_norm / (norm + 1e-6)) + (1.0 - over);
+}
+
+void clip_to_norm_on_device(std::vector<Tensor>& grads, const Tensor& norm, double max_norm) {
+  NoGrad no_grad;
+  const Tensor scale = clip_scale(norm, max_norm);
+  for (auto& g : grads) g = scaled_gradient(g, scale);
 }
 
 double warmup_cosine(std::int64_t step, std::int64_t warmup_steps, std::int64_t total_steps, double peak, double final_ratio) {
@@ -337,6 +350,7 @@ void GradAccumulator::add(const std::vector<Tensor>& grads) {
 
 std::vector<Tensor> GradAccumulator::mean() const {
   if (count_ == 0) fail("GradAccumulator::mean", "no gradients were added");
+  if (count_ == 1) return sum_;  // x / 1 is x: no copy
   NoGrad no_grad;
   std::vector<Tensor> out;
   for (const auto& s : sum_) out.push_back((s / static_cast<double>(count_)).with_vary(s.vary()));

@@ -193,9 +193,13 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
   if (c.n == 1) return x_in.with_vary(vary);  // a group of one: nothing to reduce, nothing sent
   if (reduce == ReduceOp::sum && deterministic::on()) return deterministic::psum(c.comm, c.call, x_in, mesh_axes, vary, launch);
   Tensor x = reduce == ReduceOp::sum ? summed_form(x_in) : x_in;
-  Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
+  const bool over_input = launch.over_input() && x.same_storage(x_in);
+  Tensor out = over_input ? x.with_vary(vary) : detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
   launch.keep({x});
-  launch.all_reduce(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), reduce, c.call);
+  // (over the input: the caller's own buffer, which it has not handed to anyone; `x` was marked
+  // read by the op's checks, so its pointer is taken as it is)
+  void* recv = over_input ? const_cast<void*>(x.raw()) : out.raw_mutable();
+  launch.all_reduce(c.comm, x.raw(), recv, static_cast<std::size_t>(x.numel()), x.dtype(), reduce, c.call);
   note_started(c, launch);
   return launch.then([out, dtype = x_in.dtype()] { return detail::narrow_to(out, dtype); });
 }

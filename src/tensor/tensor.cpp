@@ -35,6 +35,7 @@ struct Tensor::Impl {
   VaryType vary;
   std::shared_ptr<Device> device;
   std::shared_ptr<Buffer> buffer;
+  std::size_t offset = 0;  // bytes into the buffer (a piece of another tensor's storage)
   std::shared_ptr<autodiff::Node> grad_node;
 };
 
@@ -74,7 +75,7 @@ std::size_t Tensor::nbytes() const { return static_cast<std::size_t>(numel()) * 
 
 const void* Tensor::raw() const {
   if (!impl_) undefined("Tensor::data");
-  return impl_->buffer->data;
+  return static_cast<const char*>(impl_->buffer->data) + impl_->offset;
 }
 void* Tensor::raw_mutable() {
   if (!impl_) undefined("Tensor::data");
@@ -87,7 +88,21 @@ void* Tensor::raw_mutable() {
          "recompute or a started collective may read it again): write a fresh tensor instead (Tensor::empty, or contiguous_copy "
          "of this one)", str());
   b.known_zero = false;
-  return b.data;
+  return static_cast<char*>(b.data) + impl_->offset;
+}
+
+Tensor Tensor::piece(std::size_t byte_offset, const Shape& shape) const {
+  if (!impl_) undefined("Tensor::piece");
+  const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(impl_->dtype);
+  if (impl_->offset + byte_offset + bytes > impl_->buffer->bytes || byte_offset % dtype_size(impl_->dtype) != 0)
+    fail("Tensor::piece", "{} bytes from byte {} lie outside {} ({} bytes)", bytes, byte_offset, str(), nbytes());
+  auto impl = std::make_shared<Impl>();
+  impl->shape = shape;
+  impl->dtype = impl_->dtype;
+  impl->device = impl_->device;
+  impl->buffer = impl_->buffer;
+  impl->offset = impl_->offset + byte_offset;
+  return Tensor(std::move(impl));
 }
 
 bool Tensor::known_zero() const { return impl_ && impl_->buffer->known_zero; }

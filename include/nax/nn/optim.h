@@ -47,7 +47,10 @@ class AdamW {
   // The same step, each parameter replaced in `params` as soon as its update is made and its
   // gradient let go (`grads` is consumed): the old and new values of one parameter at a time
   // instead of all of them. With shard_state_over, as step() (the updates are gathered together).
-  void update(Parameters& params, std::vector<Tensor> grads, double lr);
+  // `grad_scale` (a scalar on the device, e.g. clip_scale's; undefined: 1) multiplies each gradient
+  // just before its update, so that no scaled copy of every gradient is made (gradients that share
+  // a storage, as a summed bucket's do, free it only once all are let go).
+  void update(Parameters& params, std::vector<Tensor> grads, double lr, const Tensor& grad_scale = {});
   std::int64_t steps() const { return steps_; }
   // Moment estimates, in parameter order: first moments, then second moments, each shaped and cut
   // as its parameter whether or not the state is sharded (checkpoints do not depend on it). With
@@ -61,13 +64,14 @@ class AdamW {
  private:
   std::vector<Tensor> named_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
                                  const std::function<std::string(std::size_t)>& name_of);  // named only in errors
-  std::vector<Tensor> sharded_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr);
+  std::vector<Tensor> sharded_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, double lr,
+                                   const Tensor& grad_scale = {});
   void check_gradients(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                        const std::function<std::string(std::size_t)>& name_of) const;  // shapes and vary types
   // The unsharded step, one parameter at a time: `deliver(i, new value)` takes each as it is made,
   // and each gradient goes once used.
   void step_each(const std::vector<Tensor>& params, std::vector<Tensor> grads, double lr,
-                 const std::function<void(std::size_t, Tensor)>& deliver);
+                 const std::function<void(std::size_t, Tensor)>& deliver, const Tensor& grad_scale = {});
 
   AdamWConfig config_;
   std::int64_t steps_ = 0;
@@ -92,13 +96,16 @@ double clip_by_global_norm(std::vector<Tensor>& grads, double max_norm);
 Tensor clip_by_global_norm_on_device(std::vector<Tensor>& grads, double max_norm);
 // The same scaling by a norm computed before (e.g. global_norm over pipeline stages).
 void clip_to_norm_on_device(std::vector<Tensor>& grads, const Tensor& norm, double max_norm);
+// The factor that scaling applies, on the device: max_norm / (norm + 1e-6) where norm > max_norm,
+// else exactly 1 (for AdamW::update's grad_scale).
+Tensor clip_scale(const Tensor& norm, double max_norm);
 
 // Linear warmup from 0 to peak over warmup_steps, then cosine decay to peak * final_ratio at
 // total_steps (and flat after).
 double warmup_cosine(std::int64_t step, std::int64_t warmup_steps, std::int64_t total_steps, double peak,
                      double final_ratio = 0.1);
 
-// Sums gradients over micro-batches; mean() divides by their count.
+// Sums gradients over micro-batches; mean() divides by their count (one: the gradients as added, not copied).
 class GradAccumulator {
  public:
   void add(const std::vector<Tensor>& grads);

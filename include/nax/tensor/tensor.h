@@ -70,6 +70,9 @@ class Tensor {
   std::string format(int max_values = 64) const;   // str() plus the values
 
   bool same_storage(const Tensor& other) const;
+  // (internal) `shape`'s elements of this dtype from byte `byte_offset` on, in this tensor's storage
+  // (shared, not copied; Invariant, no gradient): autodiff hands out a summed bucket's gradients so.
+  Tensor piece(std::size_t byte_offset, const Shape& shape) const;
   // Every element is +0 by construction (zeros, full(0), full_like(x, 0)), until written: the
   // same on every device and a term of any sum, so a partial sum may be added to it.
   bool known_zero() const;
