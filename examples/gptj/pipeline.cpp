@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
 
 #include "model.h"
 
@@ -143,16 +144,17 @@ std::int64_t most_in_flight(const Timetable& t) {
 
 namespace {
 
-// One tick's exchange in one direction: the stages that send pass their tensor to their neighbour
-// (`step` +1: the next stage, -1: the previous), the others zeros; every device calls the ppermute
-// when any stage sends, so that the group's calls agree.
-Tensor exchange(const std::vector<Action>& row, Action::Kind kind, int step, const Tensor& mine) {
+// One tick's exchange in one direction, started: the stages that send pass their tensor to their
+// neighbour (`step` +1: the next stage, -1: the previous), the others zeros; every device starts the
+// ppermute when any stage sends, so that the group's calls agree. Nothing when no stage sends.
+std::optional<Pending<Tensor>> start_exchange(const std::vector<Action>& row, Action::Kind kind, int step, const Tensor& mine) {
   std::vector<std::pair<int, int>> pairs;
   for (std::size_t s = 0; s < row.size(); ++s) {
     const int to = static_cast<int>(s) + step;
     if (row[s].kind == kind && to >= 0 && to < static_cast<int>(row.size())) pairs.emplace_back(static_cast<int>(s), to);
   }
-  return pairs.empty() ? Tensor() : ppermute(mine, "pp", pairs);
+  if (pairs.empty()) return std::nullopt;
+  return start_ppermute(mine, "pp", pairs);
 }
 
 }  // namespace
@@ -183,6 +185,11 @@ class StageRun {
   }
 
   std::vector<Tensor> mean_grads() const { return acc_.count() > 0 ? acc_.mean() : std::vector<Tensor>{}; }
+  // The exchanges this stage started and received nothing from, waited for (every start needs its wait).
+  void finish_sends() {
+    for (auto& p : sends_) static_cast<void>(p.wait());
+    sends_.clear();
+  }
   const Tensor& loss_sum() const { return loss_sum_; }
   double busy_s = 0;
 
@@ -219,23 +226,27 @@ class StageRun {
   }
 
   // Forward: the activations go on; backward: the cotangents go back. A stage with nothing to send
-  // passes zeros shaped as an activation.
+  // passes zeros shaped as an activation. The ppermutes are started: a stage goes on to its next
+  // tick while its tensor travels, and the receiver waits for it where it takes it (take).
   void pass_on(const std::vector<Action>& row) {
+    finish_sends();  // the last tick's: one tick in flight at most
     const auto me = static_cast<std::size_t>(stage_.index);
     const auto any = [&](Action::Kind kind) { return std::any_of(row.begin(), row.end(), [&](const Action& x) { return x.kind == kind; }); };
-    if (any(Action::forward)) {
-      const Tensor got = exchange(row, Action::forward, 1, send_on_.defined() ? send_on_ : nothing_);
-      if (!stage_.first() && row[me - 1].kind == Action::forward) activations_[row[me - 1].micro] = got;
-    }
-    if (backward_ && any(Action::backward)) {
-      const Tensor got = exchange(row, Action::backward, -1, send_back_.defined() ? send_back_ : nothing_);
-      if (!stage_.last() && row[me + 1].kind == Action::backward) cotangents_[row[me + 1].micro] = got;
-    }
+    if (any(Action::forward))
+      if (auto sent = start_exchange(row, Action::forward, 1, send_on_.defined() ? send_on_ : nothing_)) {
+        if (!stage_.first() && row[me - 1].kind == Action::forward) activations_.emplace(row[me - 1].micro, std::move(*sent));
+        else sends_.push_back(std::move(*sent));
+      }
+    if (backward_ && any(Action::backward))
+      if (auto sent = start_exchange(row, Action::backward, -1, send_back_.defined() ? send_back_ : nothing_)) {
+        if (!stage_.last() && row[me + 1].kind == Action::backward) cotangents_.emplace(row[me + 1].micro, std::move(*sent));
+        else sends_.push_back(std::move(*sent));
+      }
     send_on_ = send_back_ = Tensor();
   }
 
-  static Tensor take(std::map<std::int64_t, Tensor>& received, std::int64_t m) {
-    Tensor t = std::move(received.at(m));
+  static Tensor take(std::map<std::int64_t, Pending<Tensor>>& received, std::int64_t m) {
+    Tensor t = received.at(m).wait();
     received.erase(m);
     return t;
   }
@@ -245,7 +256,8 @@ class StageRun {
   const std::vector<Tensor>& params_;
   const bool backward_;
   const Tensor nothing_;  // what a stage with nothing to send passes (a ppermute leaves its input as it is)
-  std::map<std::int64_t, Tensor> activations_, cotangents_;  // received, by micro-batch
+  std::map<std::int64_t, Pending<Tensor>> activations_, cotangents_;  // on their way, by micro-batch
+  std::vector<Pending<Tensor>> sends_;                                  // started, nothing to receive
   std::map<std::int64_t, Vjp> waiting_;                      // forwards whose pullback has not run
   Tensor send_on_, send_back_;
   Tensor loss_sum_ = pvary(scalar(0.0, DType::f64), "pp");
@@ -261,6 +273,7 @@ PipelineStep run_pipeline(const Timetable& t, const StageProgram& program, const
     const bool forwards = std::any_of(row.begin(), row.end(), [](const Action& a) { return a.kind == Action::forward; });
     if (backward || forwards) run.tick(row);  // an evaluation skips the ticks of backwards alone
   }
+  run.finish_sends();
   PipelineStep out;
   out.grads = backward ? run.mean_grads() : std::vector<Tensor>{};
   // The losses live on the last stage: every device takes its value (a gather, exact in every bit).
