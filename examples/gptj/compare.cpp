@@ -251,7 +251,6 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   if (!o.cost_model.empty()) set_cost_model(CostModel::from_file(o.cost_model));
   TrainOptions hand = o.train, automatic = o.train;
   hand.sharding = "hand", automatic.sharding = "auto";
-  automatic.sequence_parallel = false;  // a layout of the hand-coded model only
   if (with_auto && o.train.remat)
     fail("compare", "--remat: the automatic row (the global view) has no checkpointing, so the rows would not compare; use --remat "
          "with gptj train, or on a mesh with a pp, cp or fsdp axis, where the hand-coded model runs alone");

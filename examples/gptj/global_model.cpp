@@ -10,7 +10,7 @@ using namespace nax;
 GlobalTensor GlobalModel::block(std::int64_t layer, const GlobalTensor& x) const {
   auto p = [&](const char* name) { return param(fmt::format("transformer.h.{}.{}", layer, name)); };
   const std::int64_t rot = config_.rotary_dims;
-  GlobalTensor h = layer_norm(x, "embed", p("ln_1.weight"), p("ln_1.bias"), config_.layer_norm_eps);
+  GlobalTensor h = whole_sequence(layer_norm(x, "embed", p("ln_1.weight"), p("ln_1.bias"), config_.layer_norm_eps));
   GlobalTensor q = rotary(dot(h, p("attn.q_proj.weight"), "embed"), "seq", "head_dim", rot);
   GlobalTensor k = rotary(dot(h, p("attn.k_proj.weight"), "embed"), "seq", "head_dim", rot);
   GlobalTensor v = dot(h, p("attn.v_proj.weight"), "embed");
@@ -20,9 +20,39 @@ GlobalTensor GlobalModel::block(std::int64_t layer, const GlobalTensor& x) const
   return attn + ff + x;
 }
 
+namespace {
+
+// The activations' placement under sequence parallelism: the batch cut as the data is, the
+// sequence over mp when `seq_cut`, the rest whole.
+AxisRules activation_rules(const Mesh& mesh, bool seq_cut) {
+  AxisRules rules;
+  if (seq_cut) rules.set("seq", {"mp"});
+  std::vector<std::string> batch;
+  for (const auto* axis : {"dp", "fsdp"})
+    if (mesh.has(axis)) batch.push_back(axis);
+  if (!batch.empty()) rules.set("batch", batch);
+  return rules;
+}
+
+bool cuts_sequence(bool sequence_parallel) {
+  const Mesh& mesh = Shard::current()->mesh();
+  return sequence_parallel && mesh.has("mp") && mesh.axis_size("mp") > 1;
+}
+
+}  // namespace
+
+GlobalTensor GlobalModel::between_blocks(const GlobalTensor& x) const {
+  return cuts_sequence(sequence_parallel_) ? with_sharding_constraint(x, activation_rules(Shard::current()->mesh(), true)) : x;
+}
+
+// What the projections read: with sequence parallelism gathered once along seq for all four of them.
+GlobalTensor GlobalModel::whole_sequence(const GlobalTensor& h) const {
+  return cuts_sequence(sequence_parallel_) ? with_sharding_constraint(h, activation_rules(Shard::current()->mesh(), false)) : h;
+}
+
 GlobalTensor GlobalModel::logits(const GlobalTensor& ids) const {
-  GlobalTensor x = embedding(param("transformer.wte.weight"), ids, "vocab");
-  for (std::int64_t i = 0; i < config_.n_layers; ++i) x = block(i, x);
+  GlobalTensor x = between_blocks(embedding(param("transformer.wte.weight"), ids, "vocab"));
+  for (std::int64_t i = 0; i < config_.n_layers; ++i) x = between_blocks(block(i, x));
   GlobalTensor h = layer_norm(x, "embed", param("transformer.ln_f.weight"), param("transformer.ln_f.bias"), config_.layer_norm_eps);
   return dot(h, param("lm_head.weight"), "embed") + param("lm_head.bias");
 }

@@ -23,13 +23,21 @@ class GlobalModel {
   // The same from per-shard blocks, as the trainer holds them: an Invariant scalar.
   nax::Tensor loss(const nax::Tensor& ids, const nax::Tensor& targets) const;
 
+  // Sequence parallelism as a placement: the residual stream between blocks (the embedding's
+  // output, each block's) constrained to [batch as the data, seq over mp, embed whole]; propagation
+  // chooses the collectives around it (gptj --sharding auto --sequence-parallel).
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+
  private:
   nax::GlobalTensor param(const std::string& name) const { return for_compute(nax::GlobalTensor::from_local(params_[name]), compute_); }
   nax::GlobalTensor block(std::int64_t layer, const nax::GlobalTensor& x) const;
+  nax::GlobalTensor between_blocks(const nax::GlobalTensor& x) const;
+  nax::GlobalTensor whole_sequence(const nax::GlobalTensor& h) const;
 
   Config config_;
   const nax::nn::Parameters& params_;
   nax::DType compute_;
+  bool sequence_parallel_ = false;
 };
 
 }  // namespace gptj

@@ -48,6 +48,7 @@ Learner::Learner(Shard& s, const Config& config, const AxisRules& rules, const T
       eval_timetable_(timetable(Schedule::gpipe, model_.stage().count, 1)) {
   model_.set_remat(options.remat);
   model_.set_sequence_parallel(options.sequence_parallel);
+  global_.set_sequence_parallel(options.sequence_parallel);
 }
 
 bool Learner::pipelined() const { return model_.stage().count > 1; }
