@@ -154,10 +154,15 @@ void attach_replay(CompareRow& row, const std::vector<trace::RecordedSlice>& sli
     if (end < begin) return;  // a device's step is not in the trace
     measured = std::max(measured, 1e-9 * static_cast<double>(end - begin));
   }
-  row.timelines = timelines_of(slices, windows);
-  row.fitted_links = fit_links(row.timelines, mesh);
-  row.traced_step_s = measured;
-  row.replayed_step_s = replay(row.timelines, mesh, measured_costs(row.fitted_links, mesh)).step_s;
+  try {
+    row.timelines = timelines_of(slices, windows);
+    row.fitted_links = fit_links(row.timelines, mesh);
+    row.traced_step_s = measured;
+    row.replayed_step_s = replay(row.timelines, mesh, measured_costs(row.fitted_links, mesh)).step_s;
+  } catch (const Error& e) {  // a timeline the replay cannot follow: the rows stand without it
+    fmt::print(stderr, "compare: the {} row's step is not replayed: {}\n", row.sharding, e.what());
+    row.timelines.clear(), row.fitted_links.clear(), row.traced_step_s = row.replayed_step_s = 0;
+  }
 }
 
 }  // namespace
@@ -251,6 +256,8 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   if (!o.cost_model.empty()) set_cost_model(CostModel::from_file(o.cost_model));
   TrainOptions hand = o.train, automatic = o.train;
   hand.sharding = "hand", automatic.sharding = "auto";
+  // deterministic sequence parallelism is the hand-coded block's (the global view's is refused)
+  if (o.train.deterministic) automatic.sequence_parallel = false;
   if (with_auto && o.train.remat)
     fail("compare", "--remat: the automatic row (the global view) has no checkpointing, so the rows would not compare; use --remat "
          "with gptj train, or on a mesh with a pp, cp or fsdp axis, where the hand-coded model runs alone");

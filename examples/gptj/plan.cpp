@@ -169,7 +169,8 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
     // By the first block's backward every gradient is made; its own saved values (rebuilt under
     // remat) go as its backward's transients come, so the larger of the two counts.
     const double at_first_block = others + kept_per_block + std::max(recompute, in_block) + p.gradients + sum;
-    const double bucket = s.dp * s.cp > 1 ? std::min(p.gradients, o.bucket_mb * (1 << 20)) : 0.0;  // summed over dp and cp alike
+    // (a bucket starts once it holds --bucket-mb: up to that plus the gradient that filled it)
+    const double bucket = s.dp * s.cp > 1 ? std::min(p.gradients, o.bucket_mb * (1 << 20) + 4 * s.largest) : 0.0;  // over dp and cp alike
     const double at_dp_sum = others + p.gradients + bucket + sum;
     backward = std::max({backward, at_head, at_last_block, at_first_block, at_dp_sum});
   }

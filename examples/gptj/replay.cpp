@@ -100,7 +100,7 @@ Timeline timeline_of(const std::vector<const Slice*>& own, const std::vector<con
       compute(end_of(*c));
       e.kind = TimelineEvent::Kind::start;
       e.ticket = args.at("ticket").get<std::uint64_t>();
-      e.seconds = transferred.count(e.ticket) ? transferred.at(e.ticket) : 0;
+      e.seconds = transferred.count(e.ticket) ? transferred.at(e.ticket) : -1;  // no transfers track (MPI, NCCL): unknown
     } else {
       compute(c->start_ns);
       e.kind = TimelineEvent::Kind::collective;
@@ -250,7 +250,7 @@ std::map<std::string, Link> fit_links(const std::vector<Timeline>& timelines, co
   std::map<std::string, Sums> sums;
   for (const auto& timeline : timelines)
     for (const auto& e : timeline) {
-      if (e.kind != TimelineEvent::Kind::collective && e.kind != TimelineEvent::Kind::start) continue;
+      if ((e.kind != TimelineEvent::Kind::collective && e.kind != TimelineEvent::Kind::start) || e.seconds < 0) continue;
       const int n = group_size(mesh, e.mesh_axes);
       const double l = CostModel::seconds(e.collective, e.bytes, n, Link{"", 1.0, 1e300});
       const double w = CostModel::seconds(e.collective, e.bytes, n, Link{"", 0.0, 1.0});
@@ -260,8 +260,9 @@ std::map<std::string, Link> fit_links(const std::vector<Timeline>& timelines, co
   std::map<std::string, Link> out;
   for (const auto& [axes, s] : sums) {
     const double det = s.ll * s.ww - s.lw * s.lw;
-    double latency = det > 1e-30 * s.ll * s.ww ? (s.lt * s.ww - s.wt * s.lw) / det : 0;
-    double inverse = det > 1e-30 * s.ll * s.ww ? (s.wt * s.ll - s.lt * s.lw) / det : 0;
+    const bool apart = det > 1e-9 * s.ll * s.ww;  // else every transfer had one size: no latency to tell apart
+    double latency = apart ? (s.lt * s.ww - s.wt * s.lw) / det : 0;
+    double inverse = apart ? (s.wt * s.ll - s.lt * s.lw) / det : 0;
     if (latency < 0 || inverse <= 0) latency = 0, inverse = s.w > 0 ? s.t / s.w : 0;  // the mean rate, no latency
     out[axes] = Link{axes, latency, inverse > 0 ? 1 / inverse : 1e300};
   }

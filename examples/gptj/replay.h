@@ -21,7 +21,9 @@ struct TimelineEvent {
     wait,        // the device waits for the started collective `ticket`
   };
   Kind kind = Kind::compute;
-  double seconds = 0;  // compute: as measured; collective, start: the transfer as measured (its waits for peers left out)
+  // compute: as measured; collective, start: the transfer as measured, its waits for peers left out
+  // (-1 for a start whose transfer the trace did not see: only the thread runtime records it)
+  double seconds = 0;
   nax::CollectiveKind collective = nax::CollectiveKind::all_reduce;
   std::size_t bytes = 0;      // as the trace's collective slices count them (the operand)
   std::string mesh_axes;      // "dp", "dp,mp"

@@ -194,18 +194,16 @@ struct StartedBucket {
 // fewer, larger collectives (each element is summed over the same devices in the same order).
 std::vector<Tensor> finish_bucketed(const std::vector<Pending*>& pendings) {
   if (deterministic::on()) return finish_in_order(pendings);
-  std::vector<Tensor> out(pendings.size());
-  auto deliver = [&](std::size_t i, const Tensor& sum) {
-    const Tensor whole = sum.with_vary(gradient_vary(pendings[i]->like));
-    out[i] = out[i].defined() ? add(out[i], whole) : whole;
-  };
+  // Each value's finished sums by the mesh axes they were kept under, added in that order at the
+  // end: the same additions whichever of them went in buckets started during the walk.
+  std::vector<std::map<std::vector<std::string>, Tensor>> finished(pendings.size());
   std::map<std::pair<std::vector<std::string>, DType>, std::vector<std::pair<std::size_t, Tensor>>> buckets;
   for (std::size_t i = 0; i < pendings.size(); ++i) {
     if (pendings[i] == nullptr) continue;
-    for (auto& [bucket, piece] : std::exchange(pendings[i]->started, {})) deliver(i, bucket->take(piece));
+    for (auto& started : std::exchange(pendings[i]->started, {})) finished[i][started.axes] = started.bucket->take(started.piece);
     for (auto& [axes, sum] : std::exchange(pendings[i]->sums, {})) {
       if (alone_over(axes)) {
-        deliver(i, sum);
+        finished[i][axes] = sum;
         continue;
       }
       const DType dtype = sum.dtype();
@@ -216,8 +214,14 @@ std::vector<Tensor> finish_bucketed(const std::vector<Pending*>& pendings) {
     std::vector<Tensor> parts;
     for (auto& entry : entries) parts.push_back(std::move(entry.second));
     parts = psum_together(std::move(parts), key.first);
-    for (std::size_t e = 0; e < entries.size(); ++e) deliver(entries[e].first, parts[e]);
+    for (std::size_t e = 0; e < entries.size(); ++e) finished[entries[e].first][key.first] = parts[e];
   }
+  std::vector<Tensor> out(pendings.size());
+  for (std::size_t i = 0; i < pendings.size(); ++i)
+    for (auto& [axes, sum] : finished[i]) {
+      const Tensor whole = sum.with_vary(gradient_vary(pendings[i]->like));
+      out[i] = out[i].defined() ? add(out[i], whole) : whole;
+    }
   return out;
 }
 
@@ -332,7 +336,7 @@ class OverlappedBuckets {
       Pending& pending = grads.at(open.members[i].first);
       auto sum = pending.sums.extract(open.members[i].second);
       parts.push_back(std::move(sum.mapped()));
-      pending.started.push_back({bucket, i});
+      pending.started.push_back({bucket, i, open.members[i].second});
     }
     bucket->layout = lay_end_to_end(std::move(parts), axes);
     bucket->pieces_left = open.members.size();

@@ -27,8 +27,13 @@ struct Pending {
   // adds them (summing partial contributions before their psum would depend on the mesh).
   std::vector<std::pair<std::vector<std::string>, Tensor>> terms;
   // Sums moved into buckets whose psum started during the walk (a parameter's, once complete): the
-  // bucket and this value's piece of it.
-  std::vector<std::pair<std::shared_ptr<StartedBucket>, std::size_t>> started;
+  // bucket, this value's piece of it and the mesh axes it was kept under in `sums`.
+  struct Started {
+    std::shared_ptr<StartedBucket> bucket;
+    std::size_t piece = 0;
+    std::vector<std::string> axes;
+  };
+  std::vector<Started> started;
 };
 
 using Grads = std::unordered_map<Node*, Pending>;

@@ -191,7 +191,11 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
            "whole; {} over '{}' first", x_in.str(), x_in.vary().local_mean(m) ? "mean" : "sum", m, op.substr(1), op.substr(1),
            x_in.vary().local_mean(m) ? "pmean" : "psum", m);
   if (c.n == 1) return x_in.with_vary(vary);  // a group of one: nothing to reduce, nothing sent
-  if (reduce == ReduceOp::sum && deterministic::on()) return deterministic::psum(c.comm, c.call, x_in, mesh_axes, vary, launch);
+  if (reduce == ReduceOp::sum && deterministic::on()) {
+    Tensor summed = deterministic::psum(c.comm, c.call, x_in, mesh_axes, vary, launch);
+    note_started(c, launch);
+    return summed;
+  }
   Tensor x = reduce == ReduceOp::sum ? summed_form(x_in) : x_in;
   const bool over_input = launch.over_input() && x.same_storage(x_in);
   Tensor out = over_input ? x.with_vary(vary) : detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
@@ -430,7 +434,11 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
   Tensor out = detail::make_result(Shape(axes), x.dtype(), vary, x.device_ptr());
   const std::int64_t outer = outer_size(x.shape(), axis);
   const std::size_t block = static_cast<std::size_t>(out.numel());
-  if (deterministic::on()) return deterministic::psum_scatter(c.comm, c.call, x_in, mesh_axes, out, outer, launch);
+  if (deterministic::on()) {
+    Tensor scattered = deterministic::psum_scatter(c.comm, c.call, x_in, mesh_axes, out, outer, launch);
+    note_started(c, launch);
+    return scattered;
+  }
   if (outer == 1) {
     launch.keep({x});
     launch.reduce_scatter(c.comm, x.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum, c.call);

@@ -94,7 +94,7 @@ void* Tensor::raw_mutable() {
 Tensor Tensor::piece(std::size_t byte_offset, const Shape& shape) const {
   if (!impl_) undefined("Tensor::piece");
   const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(impl_->dtype);
-  if (impl_->offset + byte_offset + bytes > impl_->buffer->bytes || byte_offset % dtype_size(impl_->dtype) != 0)
+  if (byte_offset + bytes > nbytes() || byte_offset % dtype_size(impl_->dtype) != 0)
     fail("Tensor::piece", "{} bytes from byte {} lie outside {} ({} bytes)", bytes, byte_offset, str(), nbytes());
   auto impl = std::make_shared<Impl>();
   impl->shape = shape;

@@ -24,7 +24,9 @@ namespace nax {
 // op that read the parameter, and a bucket's psum starts once it holds `bucket_bytes`, overlapping
 // the rest of the backward; what is left is summed in one bucket per set of axes at the end.
 // 0 sums everything at the end, as deterministic mode always does (it psums each contribution
-// apart, then adds them in arrival order). Bucketing never changes a gradient's value.
+// apart, then adds them in arrival order). Bucketing never changes a gradient's value. A bucket is
+// summed in place and its gradients are pieces of it: like every tensor an op has read, they are
+// immutable (write a copy).
 struct GradOptions {
   bool allow_varying_loss = false;
   std::size_t bucket_bytes = std::size_t{25} << 20;  // DDP's bucket_cap_mb = 25
