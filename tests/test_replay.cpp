@@ -131,3 +131,17 @@ TEST_CASE("replay: a traced GPT-J step replayed on this machine's own constants 
     }
   }
 }
+
+// A deterministic FSDP run (started gathers, their transposes, the mode's tree psums) is replayed:
+// every wait pairs with its start.
+TEST_CASE("replay: deterministic FSDP steps are replayed (every wait pairs with its start)", "[e2e][replay][deterministic]") {
+  gptj::CompareOptions o;
+  o.train = nax::testing::tiny("mp=2,fsdp=2", 3);
+  o.train.deterministic = true;
+  o.timing_skip = 1;
+  const auto rows = gptj::compare(o, nax::testing::corpus());
+  REQUIRE(!rows.empty());
+  const auto& t0 = rows[0].timelines.at(0);
+  REQUIRE(std::count_if(t0.begin(), t0.end(), [](const TimelineEvent& e) { return e.kind == Kind::start; }) > 0);
+  REQUIRE(rows[0].replayed_step_s > 0);
+}
