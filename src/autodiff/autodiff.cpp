@@ -8,10 +8,8 @@
 
 #include "autodiff/backward.h"
 #include "nax/autodiff/autodiff.h"
-#include "nax/ops/async_collectives.h"
 #include "nax/ops/collectives.h"
 #include "deterministic/deterministic.h"
-#include "comm/launch.h"
 #include "ops/collective_forward.h"
 #include "ops/internal.h"
 
@@ -105,32 +103,13 @@ EndToEnd lay_end_to_end(std::vector<Tensor> parts, const std::vector<std::string
 // keep it alive together), typed for its gradient by the caller.
 Tensor piece_of(const Tensor& reduced, const EndToEnd& e, std::size_t i) { return reduced.piece(e.offsets[i], e.shapes[i]); }
 
-// psum(flat, axes), the sum written over flat's own storage: a bucket is autodiff's own buffer,
-// so summing it needs no second one.
-Tensor psum_over(const Tensor& flat, const std::vector<std::string>& axes) {
-  detail::Launch launch = detail::Launch::blocking();
-  launch.write_over_input();
-  return detail::launch_psum(flat, Names(axes), launch, std::source_location::current());
-}
-
-nax::Pending<Tensor> start_psum_over(const Tensor& flat, const std::vector<std::string>& axes,
-                                     std::source_location where = std::source_location::current()) {
-  const std::string what = detail::site_of(where).label(fmt::format("start_psum({}, {})", flat.str(), Names(axes).str()));
-  detail::Launch launch = detail::Launch::started(what);
-  launch.write_over_input();
-  const Tensor ready = detail::launch_psum(flat, Names(axes), launch, where);
-  if (!launch.in_flight()) return nax::Pending<Tensor>(what, [ready] { return ready; });
-  auto shared = std::make_shared<detail::Launch>(std::move(launch));
-  return nax::Pending<Tensor>(what, [shared] { return shared->complete(); });
-}
-
 // The same tensors, laid end to end in one buffer, psummed together in place (the bucket), and
 // handed out as pieces of it: two copies of the gradients only while they are laid out (the parts
 // go as they enter the bucket), one after.
 std::vector<Tensor> psum_together(std::vector<Tensor> parts, const std::vector<std::string>& axes) {
   if (parts.size() == 1) return {psum(parts[0], axes)};
   EndToEnd e = lay_end_to_end(std::move(parts), axes);
-  const Tensor reduced = psum_over(std::exchange(e.flat, Tensor()), axes);
+  const Tensor reduced = detail::psum_over_input(std::exchange(e.flat, Tensor()), Names(axes));
   std::vector<Tensor> out;
   for (std::size_t i = 0; i < e.shapes.size(); ++i) out.push_back(piece_of(reduced, e, i));
   return out;
@@ -340,7 +319,7 @@ class OverlappedBuckets {
     }
     bucket->layout = lay_end_to_end(std::move(parts), axes);
     bucket->pieces_left = open.members.size();
-    bucket->psum = start_psum_over(std::exchange(bucket->layout.flat, Tensor()), axes);
+    bucket->psum = detail::start_psum_over_input(std::exchange(bucket->layout.flat, Tensor()), Names(axes));
   }
 
   std::size_t bucket_bytes_;

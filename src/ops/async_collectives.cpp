@@ -106,6 +106,24 @@ Pending<Tensor> start_psum(const Tensor& x, const Names& mesh_axes, std::source_
   });
 }
 
+namespace detail {
+
+Tensor psum_over_input(const Tensor& x, const Names& mesh_axes, std::source_location where) {
+  Launch launch = Launch::blocking();
+  launch.write_over_input();
+  return launch_psum(x, mesh_axes, launch, where);
+}
+
+Pending<Tensor> start_psum_over_input(const Tensor& x, const Names& mesh_axes, std::source_location where) {
+  const std::string what = describe(fmt::format("start_psum({}, {})", x.str(), mesh_axes.str()), where);
+  Launch launch = Launch::started(what);
+  launch.write_over_input();
+  const Tensor ready = launch_psum(x, mesh_axes, launch, where);
+  return pending_of(what, std::move(launch), ready);
+}
+
+}  // namespace detail
+
 Pending<Tensor> start_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
   const std::string what = describe(fmt::format("start_all_gather({}, {}, {})", x.str(), mesh_axes.str(), axis), where);
   detail::Launch launch = detail::Launch::started(what);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "nax/core/names.h"
+#include "nax/ops/async_collectives.h"
 #include "comm/launch.h"
 
 namespace nax::detail {
@@ -32,6 +33,12 @@ class BackwardOf {
 
 // `where`: the user's call, part of the signature the group compares.
 Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch, std::source_location where);
+// psum(x, m), blocking or started, written over x's own storage (Launch::write_over_input): for a
+// buffer its caller made and handed to no one (autodiff's gradient buckets), so that summing it
+// takes no second one. No gradient is recorded.
+Tensor psum_over_input(const Tensor& x, const Names& mesh_axes, std::source_location where = std::source_location::current());
+Pending<Tensor> start_psum_over_input(const Tensor& x, const Names& mesh_axes,
+                                      std::source_location where = std::source_location::current());
 Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch, std::source_location where);
 Tensor launch_all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch,
                                    std::source_location where);

@@ -36,11 +36,6 @@ trace::Span collective_span(std::string_view op, const Tensor* x, const Names& m
   });
 }
 
-// A started call's slice carries its ticket, which its completion's slice carries too.
-void note_started(Context& c, const detail::Launch& launch) {
-  if (launch.in_flight()) c.span.add_args(fmt::format("\"ticket\": {}", launch.ticket()));
-}
-
 // The running shard, after checking the operand and the mesh axes.
 Shard& checked_shard(std::string_view op, const Tensor* x, const Names& mesh_axes) {
   Shard* shard = Shard::current();
@@ -97,7 +92,9 @@ Tensor with_transpose(const char* op, const Tensor& x, const Tensor& out, const 
 
 // The checked shard and the communicator of the group, told which named collective calls it and
 // from where: the one place that builds what the group compares.
-Context enter(std::string_view op, const Tensor* x, const Names& mesh_axes, const CallSite& site, std::string_view extra = {}) {
+// `launch`: a started call's slice carries its ticket, which its completion's slice carries too.
+Context enter(std::string_view op, const Tensor* x, const Names& mesh_axes, const CallSite& site, const detail::Launch* launch,
+              std::string_view extra = {}) {
   trace::Span span = collective_span(op, x, mesh_axes);
   Shard& shard = checked_shard(op, x, mesh_axes);
   Communicator& comm = shard.comm(mesh_axes);
@@ -107,6 +104,7 @@ Context enter(std::string_view op, const Tensor* x, const Names& mesh_axes, cons
   with_arguments.arguments = std::hash<std::string>{}(call);
   if (site.backward_of == nullptr) t_last_call = comm.count_call();
   if (span.active()) span.add_args(fmt::format("\"group_size\": {}", comm.size()));
+  if (span.active() && launch != nullptr && launch->ticket() > 0) span.add_args(fmt::format("\"ticket\": {}", launch->ticket()));
   return {shard, comm, comm.size(), Call{site.label(call), with_arguments.hash()}, std::move(span)};
 }
 
@@ -171,7 +169,7 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
                          detail::Launch& launch) {
   // The value must vary over every reduced mesh axis, and is invariant after.
   const Names mesh_axes = reduce == ReduceOp::sum ? deterministic::in_mesh_order(named_axes) : named_axes;
-  Context c = enter(op, &x_in, mesh_axes, site);
+  Context c = enter(op, &x_in, mesh_axes, site, &launch);
   VaryType vary = x_in.vary();
   for (const auto& m : mesh_axes.list()) {
     if (x_in.vary().kind(m) == Vary::Invariant)
@@ -191,11 +189,7 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
            "whole; {} over '{}' first", x_in.str(), x_in.vary().local_mean(m) ? "mean" : "sum", m, op.substr(1), op.substr(1),
            x_in.vary().local_mean(m) ? "pmean" : "psum", m);
   if (c.n == 1) return x_in.with_vary(vary);  // a group of one: nothing to reduce, nothing sent
-  if (reduce == ReduceOp::sum && deterministic::on()) {
-    Tensor summed = deterministic::psum(c.comm, c.call, x_in, mesh_axes, vary, launch);
-    note_started(c, launch);
-    return summed;
-  }
+  if (reduce == ReduceOp::sum && deterministic::on()) return deterministic::psum(c.comm, c.call, x_in, mesh_axes, vary, launch);
   Tensor x = reduce == ReduceOp::sum ? summed_form(x_in) : x_in;
   const bool over_input = launch.over_input() && x.same_storage(x_in);
   Tensor out = over_input ? x.with_vary(vary) : detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
@@ -204,7 +198,6 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
   // read by the op's checks, so its pointer is taken as it is)
   void* recv = over_input ? const_cast<void*>(x.raw()) : out.raw_mutable();
   launch.all_reduce(c.comm, x.raw(), recv, static_cast<std::size_t>(x.numel()), x.dtype(), reduce, c.call);
-  note_started(c, launch);
   return launch.then([out, dtype = x_in.dtype()] { return detail::narrow_to(out, dtype); });
 }
 
@@ -327,7 +320,7 @@ void check_gatherable(std::string_view op, const Tensor& x, const Names& mesh_ax
 Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh_axes, const std::string& axis, bool invariant,
                          const CallSite& site, bool stack, detail::Launch& launch) {
   check_gatherable(op, x, mesh_axes, axis, stack);
-  Context c = enter(op, &x, mesh_axes, site, fmt::format(", {}", axis));
+  Context c = enter(op, &x, mesh_axes, site, &launch, fmt::format(", {}", axis));
   const auto& group_axes = mesh_axes.list();
   VaryType vary = x.vary();
   // Split(axis) over the gathered mesh axes is consumed; any other cut over them becomes Varying.
@@ -348,12 +341,10 @@ Tensor gather_collective(std::string_view op, const Tensor& x, const Names& mesh
   launch.keep({x});
   if (outer == 1) {
     launch.all_gather(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), c.call);
-    note_started(c, launch);
     return launch.then([out] { return out; });
   }
   Tensor staging = Tensor::empty(Shape{{"rank", c.n}, {"block", x.numel()}}, x.dtype(), x.device_ptr());
   launch.all_gather(c.comm, x.raw(), staging.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), c.call);
-  note_started(c, launch);
   return launch.then([staging, out, outer, n = c.n, chunk = x.numel() / outer]() mutable {
     detail::regroup(staging, out, outer, n, chunk, true);
     return out;
@@ -409,7 +400,7 @@ namespace {
 
 Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const std::string& axis, const CallSite& site,
                             detail::Launch& launch) {
-  Context c = enter("psum_scatter", &x_in, mesh_axes, site, fmt::format(", {}", axis));
+  Context c = enter("psum_scatter", &x_in, mesh_axes, site, &launch, fmt::format(", {}", axis));
   const int i = x_in.shape().require(axis, "psum_scatter");
   const std::int64_t size = x_in.shape()[i].size;
   if (size % c.n != 0)
@@ -434,21 +425,15 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
   Tensor out = detail::make_result(Shape(axes), x.dtype(), vary, x.device_ptr());
   const std::int64_t outer = outer_size(x.shape(), axis);
   const std::size_t block = static_cast<std::size_t>(out.numel());
-  if (deterministic::on()) {
-    Tensor scattered = deterministic::psum_scatter(c.comm, c.call, x_in, mesh_axes, out, outer, launch);
-    note_started(c, launch);
-    return scattered;
-  }
+  if (deterministic::on()) return deterministic::psum_scatter(c.comm, c.call, x_in, mesh_axes, out, outer, launch);
   if (outer == 1) {
     launch.keep({x});
     launch.reduce_scatter(c.comm, x.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum, c.call);
-    note_started(c, launch);
   } else {
     Tensor staging = Tensor::empty(Shape{{"rank", c.n}, {"block", out.numel()}}, x.dtype(), x.device_ptr());
     detail::regroup(x, staging, outer, c.n, out.numel() / outer, false);
     launch.keep({staging});
     launch.reduce_scatter(c.comm, staging.raw(), out.raw_mutable(), block, x.dtype(), ReduceOp::sum, c.call);
-    note_started(c, launch);
   }
   return launch.then([out, dtype = x_in.dtype()] { return detail::narrow_to(out, dtype); });
 }
@@ -481,7 +466,7 @@ namespace {
 
 Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vector<std::pair<int, int>>& pairs, const CallSite& site,
                         detail::Launch& launch) {
-  Context c = enter("ppermute", &x, mesh_axes, site, fmt::format(", pairs [{}]", detail::pairs_text(pairs)));
+  Context c = enter("ppermute", &x, mesh_axes, site, &launch, fmt::format(", pairs [{}]", detail::pairs_text(pairs)));
   check_permute_pairs(pairs, c.n, "ppermute", "the group over " + mesh_axes.str(), [&] { return x.str(); });
   // A partial sum's terms may change places, but none may be lost (an unmatched rank gets zeros).
   for (const auto& m : mesh_axes.list())
@@ -497,7 +482,6 @@ Tensor ppermute_forward(const Tensor& x, const Names& mesh_axes, const std::vect
   Tensor out = detail::make_result(x.shape(), x.dtype(), vary, x.device_ptr());
   launch.keep({x});
   launch.permute(c.comm, x.raw(), out.raw_mutable(), static_cast<std::size_t>(x.numel()), x.dtype(), pairs, c.call);
-  note_started(c, launch);
   return launch.then([out] { return out; });
 }
 
@@ -518,7 +502,7 @@ namespace {
 
 Tensor all_to_all_forward(const Tensor& x, const Names& mesh_axes, const std::string& split_axis, const std::string& concat_axis,
                           const CallSite& site) {
-  Context c = enter("all_to_all", &x, mesh_axes, site, fmt::format(", {}, {}", split_axis, concat_axis));
+  Context c = enter("all_to_all", &x, mesh_axes, site, nullptr, fmt::format(", {}, {}", split_axis, concat_axis));
   const int is = x.shape().require(split_axis, "all_to_all");
   x.shape().require(concat_axis, "all_to_all");
   const std::int64_t split_size = x.shape()[is].size;
