@@ -1,10 +1,12 @@
 """What the baselines (jax_baseline.py, torch_baseline.py) share about a `gptj export` run: the
 flags every baseline takes, the learning rates (nax::nn::warmup_cosine, checked against the ones
-export.json lists), the result row's file and the first-step loss check."""
+export.json lists), the timed steps, the result row's file and the first-step loss check."""
 
 import json
 import math
+import statistics
 import sys
+import time
 
 
 def warmup_cosine(step, warmup, total, peak, final_ratio):
@@ -36,6 +38,22 @@ def learning_rates(info, steps):
         if not math.isclose(ours, theirs, rel_tol=1e-12):
             raise ValueError(f"learning rate of step {k}: {ours} here, {theirs} in export.json")
     return lrs
+
+
+def timed_steps(steps, tokens_per_step, lrs, run_step, say):
+    """Runs run_step(k, lr) -> (loss, grad norm), returning once step k is done, for every step;
+    returns the losses and the median tokens/s over the steps after the first (the first
+    compiles or warms caches)."""
+    losses, rates = [], []
+    for k in range(steps):
+        t = time.perf_counter()
+        loss, norm = run_step(k, lrs[k])
+        elapsed = time.perf_counter() - t
+        losses.append(loss)
+        if k > 0 or steps == 1:
+            rates.append(tokens_per_step / elapsed)
+        say(f"step {k + 1}/{steps} | loss {loss:.6f} | grad norm {norm:.4f} | lr {lrs[k]:.3e} | {tokens_per_step / elapsed:.0f} tok/s")
+    return losses, statistics.median(rates)
 
 
 def write_row(path, row):

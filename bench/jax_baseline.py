@@ -36,13 +36,12 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
 import numpy as np
 
-from baseline_common import add_export_args, check_first_loss, learning_rates, write_row
+from baseline_common import add_export_args, check_first_loss, learning_rates, timed_steps, write_row
 
 # ---------------------------------------------------------------------------------------------
 # Files written by `gptj export`
@@ -338,20 +337,17 @@ def main():
 
     say(f"jax_baseline: jax {jax.__version__}, config {info['config']}, mesh {mesh_str} ({N_DEVICES} CPU devices), "
         f"batch {batch} x seq {seq}, {steps} steps, compiled in {compile_s:.1f} s")
-    losses, rates = [], []
-    for k in range(steps):
-        ids, targets = batches[k]
-        t = time.perf_counter()
-        params, state, loss, norm = compiled(params, state, ids, targets, jax.device_put(np.float32(lrs[k]), scalar))
-        loss = float(loss)  # waits for the step
-        jax.block_until_ready(params)
-        elapsed = time.perf_counter() - t
-        losses.append(loss)
-        if k > 0 or steps == 1:
-            rates.append(batch * seq / elapsed)
-        say(f"step {k + 1}/{steps} | loss {loss:.6f} | grad norm {float(norm):.4f} | lr {lrs[k]:.3e} | {batch * seq / elapsed:.0f} tok/s")
+    trained = {"params": params, "state": state}
 
-    tokens_per_s = statistics.median(rates)
+    def run_step(k, lr):
+        ids, targets = batches[k]
+        trained["params"], trained["state"], loss, norm = compiled(trained["params"], trained["state"], ids, targets,
+                                                                  jax.device_put(np.float32(lr), scalar))
+        loss = float(loss)  # waits for the step
+        jax.block_until_ready(trained["params"])
+        return loss, float(norm)
+
+    losses, tokens_per_s = timed_steps(steps, batch * seq, lrs, run_step, say)
     print(f"jax: config {info['config']}, mesh {mesh_str}: first loss {losses[0]:.6f}, final loss {losses[-1]:.6f}, "
           f"{tokens_per_s:.0f} tokens/s (median over steps after the first), jax {jax.__version__}")
     row = {

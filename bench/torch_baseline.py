@@ -22,11 +22,9 @@ by more than --loss-rtol (1e-4) relative.
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
-from baseline_common import add_export_args, check_first_loss, learning_rates, write_row
+from baseline_common import add_export_args, check_first_loss, learning_rates, timed_steps, write_row
 
 
 def parse_args(argv):
@@ -85,18 +83,10 @@ def main():
 
     say(f"torch_baseline: torch {torch.__version__}, transformers {transformers.__version__}, config {info['config']}, "
         f"{args.dtype}, {args.threads} thread(s), batch {batch} x seq {seq}, {steps} steps")
-    losses, rates = [], []
-    for k in range(steps):
-        ids, targets = batches[f"ids.{k}"].long(), batches[f"targets.{k}"].long()
-        t = time.perf_counter()
-        loss, norm = step(ids, targets, lrs[k])
-        elapsed = time.perf_counter() - t
-        losses.append(loss)
-        if k > 0 or steps == 1:
-            rates.append(batch * seq / elapsed)
-        say(f"step {k + 1}/{steps} | loss {loss:.6f} | grad norm {norm:.4f} | lr {lrs[k]:.3e} | {batch * seq / elapsed:.0f} tok/s")
+    def run_step(k, lr):
+        return step(batches[f"ids.{k}"].long(), batches[f"targets.{k}"].long(), lr)
 
-    tokens_per_s = statistics.median(rates)
+    losses, tokens_per_s = timed_steps(steps, batch * seq, lrs, run_step, say)
     print(f"torch: config {info['config']}, {args.dtype}, {args.threads} thread(s): first loss {losses[0]:.6f}, final loss "
           f"{losses[-1]:.6f}, {tokens_per_s:.0f} tokens/s (median over steps after the first), torch {torch.__version__}")
     row = {"sharding": "torch", "config": info["config"], "dtype": args.dtype, "threads": args.threads, "tokens_per_s": tokens_per_s,

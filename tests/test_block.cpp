@@ -248,10 +248,10 @@ TEST_CASE("with sequence parallelism in deterministic mode both blocks give one 
     for (const std::string spec : {"dp=1,mp=1", "dp=1,mp=2", "dp=2,mp=2"}) {
       INFO(name << " block on " << spec);
       const Result cut = run_block(spec, DType::f32, fn, true, true);
-      REQUIRE(cut.output == serial.output);
+      nax::testing::require_close(cut.output, serial.output, 0.0);  // to the bit (a NaN anywhere fails)
       for (std::size_t i = 0; i < serial.grads.size(); ++i) {
         INFO("gradient of " << gptj::block_parameter_shapes(kConfig)[i].first);
-        REQUIRE(cut.grads[i] == serial.grads[i]);
+        nax::testing::require_close(cut.grads[i], serial.grads[i], 0.0);
       }
     }
   }

@@ -158,7 +158,7 @@ void attach_replay(CompareRow& row, const std::vector<trace::RecordedSlice>& sli
     row.timelines = timelines_of(slices, windows);
     row.fitted_links = fit_links(row.timelines, mesh);
     row.traced_step_s = measured;
-    row.replayed_step_s = replay(row.timelines, mesh, measured_costs(row.fitted_links, mesh)).step_s;
+    row.replayed_step_s = replay(row.timelines, mesh, measured_costs(row.fitted_links, mesh));
   } catch (const Error& e) {  // a timeline the replay cannot follow: the rows stand without it
     fmt::print(stderr, "compare: the {} row's step is not replayed: {}\n", row.sharding, e.what());
     row.timelines.clear(), row.fitted_links.clear(), row.traced_step_s = row.replayed_step_s = 0;
@@ -179,9 +179,6 @@ std::vector<Cluster> declared_clusters() {
   };
 }
 
-// Weak scaling onto a cluster: every mesh axis but dp keeps its size in the run, dp takes the rest
-// of the devices, and each data-parallel device keeps its share of the batch. A replica's compute
-// is split over mp, cp and pp; a pipeline's stages idle for its bubble (no overlap is counted).
 namespace {
 
 // The cluster's mesh under weak scaling: every axis of the run but dp at its size, dp the rest.
@@ -194,22 +191,32 @@ std::map<std::string, int> cluster_sizes(const Mesh& run, const Cluster& cluster
   return sizes;
 }
 
-// Seconds of one collective over the group of `axes` ("dp,mp") on the cluster: its size there, on
-// the slowest of the axes' links.
+// Seconds of one collective over the group of `axes` on the cluster: its size there, on the
+// slowest of the axes' links.
 double cluster_price(const Cluster& cluster, const std::map<std::string, int>& sizes, CollectiveKind kind, std::size_t bytes,
-                     const std::string& axes) {
+                     const std::vector<std::string>& axes) {
   int n = 1;
   Link link = cluster.links.at("mp");
-  std::stringstream names(axes);
-  for (std::string m; std::getline(names, m, ',');) {
+  for (const auto& m : axes) {
     n *= sizes.count(m) ? sizes.at(m) : 1;
     if (cluster.links.count(m) && cluster.links.at(m).bandwidth_Bps < link.bandwidth_Bps) link = cluster.links.at(m);
   }
   return CostModel::seconds(kind, bytes, n, link);
 }
 
+// A group of the communication counts ("dp,mp") as its mesh axes.
+std::vector<std::string> axes_of_group(const std::string& group) {
+  std::vector<std::string> axes;
+  std::stringstream names(group);
+  for (std::string m; std::getline(names, m, ',');) axes.push_back(m);
+  return axes;
+}
+
 }  // namespace
 
+// Weak scaling onto a cluster: every mesh axis but dp keeps its size in the run, dp takes the rest
+// of the devices, and each data-parallel device keeps its share of the batch. A replica's compute
+// is split over mp, cp and pp; a pipeline's stages idle for its bubble.
 Projection project(const CompareRow& row, const Cluster& cluster, const CompareOptions& o) {
   const Mesh run = model_mesh(o.train.mesh);
   const Config config = padded_for(config_by_name(o.train.config), run);
@@ -223,17 +230,20 @@ Projection project(const CompareRow& row, const Cluster& cluster, const CompareO
   for (const auto& [group, stats] : row.comm_per_step)
     for (int k = 0; k < kCollectiveKinds; ++k) {
       const std::size_t calls = stats.calls[static_cast<std::size_t>(k)], bytes = stats.bytes[static_cast<std::size_t>(k)];
-      if (calls > 0) p.comm_s += static_cast<double>(calls) * cluster_price(cluster, sizes, static_cast<CollectiveKind>(k), bytes / calls, group);
+      if (calls > 0)
+        p.comm_s += static_cast<double>(calls) * cluster_price(cluster, sizes, static_cast<CollectiveKind>(k), bytes / calls, axes_of_group(group));
     }
   p.step_s = p.compute_s + p.comm_s;
   p.tokens_per_s = tokens_per_step / p.step_s;
   if (!row.timelines.empty()) {
     // The replay's compute is the run's, scaled so that the busiest device computes flops_s (the
     // pipeline's idle ticks are in the timelines already, as waits).
-    const double measured_compute = replay(row.timelines, run, {1.0, [](CollectiveKind, std::size_t, const std::string&) { return 0.0; }}).compute_s;
+    const double measured_compute = busiest_compute_s(row.timelines);
     const ReplayCosts costs{measured_compute > 0 ? flops_s / measured_compute : 0.0,
-                            [&](CollectiveKind kind, std::size_t bytes, const std::string& axes) { return cluster_price(cluster, sizes, kind, bytes, axes); }};
-    p.replayed_step_s = replay(row.timelines, run, costs).step_s;
+                            [&](CollectiveKind kind, std::size_t bytes, const std::vector<std::string>& axes) {
+                              return cluster_price(cluster, sizes, kind, bytes, axes);
+                            }};
+    p.replayed_step_s = replay(row.timelines, run, costs);
     p.replayed_tokens_per_s = p.replayed_step_s > 0 ? tokens_per_step / p.replayed_step_s : 0;
   }
   return p;
@@ -337,7 +347,7 @@ void print_comparison(const std::vector<CompareRow>& rows, const CompareOptions&
     if (r.timelines.empty()) continue;
     std::vector<std::string> links;
     for (const auto& [axes, l] : r.fitted_links)
-      links.push_back(fmt::format("{} {:.1f} us + {:.2f} GB/s", axes, l.latency_s * 1e6, l.bandwidth_Bps * 1e-9));
+      links.push_back(fmt::format("{} {:.1f} us + {:.2f} GB/s", l.name, l.latency_s * 1e6, l.bandwidth_Bps * 1e-9));
     fmt::print("{}: the last step took {:.1f} ms; its timeline replayed on the links fitted to its own collectives{}{}: {:.1f} ms ({:+.1f}%)\n",
                r.sharding, 1e3 * r.traced_step_s, links.empty() ? "" : " (", fmt::format("{}{}", fmt::join(links, ", "), links.empty() ? "" : ")"),
                1e3 * r.replayed_step_s, 100 * (r.replayed_step_s / r.traced_step_s - 1));

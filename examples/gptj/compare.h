@@ -44,7 +44,7 @@ struct CompareRow {
   // collectives (how far the replay is from the run). Empty where the trace could not see every
   // device (under mpirun) and for jax.
   std::vector<Timeline> timelines;
-  std::map<std::string, nax::Link> fitted_links;  // by group of mesh axes
+  Links fitted_links;  // by group of mesh axes
   double traced_step_s = 0, replayed_step_s = 0;
 };
 

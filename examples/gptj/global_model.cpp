@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "model.h"
+
 namespace gptj {
 
 using namespace nax;
@@ -10,7 +12,8 @@ using namespace nax;
 GlobalTensor GlobalModel::block(std::int64_t layer, const GlobalTensor& x) const {
   auto p = [&](const char* name) { return param(fmt::format("transformer.h.{}.{}", layer, name)); };
   const std::int64_t rot = config_.rotary_dims;
-  GlobalTensor h = whole_sequence(layer_norm(x, "embed", p("ln_1.weight"), p("ln_1.bias"), config_.layer_norm_eps));
+  // what the projections read: with sequence parallelism, gathered once along seq for all four
+  GlobalTensor h = placed(layer_norm(x, "embed", p("ln_1.weight"), p("ln_1.bias"), config_.layer_norm_eps), false);
   GlobalTensor q = rotary(dot(h, p("attn.q_proj.weight"), "embed"), "seq", "head_dim", rot);
   GlobalTensor k = rotary(dot(h, p("attn.k_proj.weight"), "embed"), "seq", "head_dim", rot);
   GlobalTensor v = dot(h, p("attn.v_proj.weight"), "embed");
@@ -20,39 +23,21 @@ GlobalTensor GlobalModel::block(std::int64_t layer, const GlobalTensor& x) const
   return attn + ff + x;
 }
 
-namespace {
-
-// The activations' placement under sequence parallelism: the batch cut as the data is, the
-// sequence over mp when `seq_cut`, the rest whole.
-AxisRules activation_rules(const Mesh& mesh, bool seq_cut) {
-  AxisRules rules;
-  if (seq_cut) rules.set("seq", {"mp"});
-  std::vector<std::string> batch;
-  for (const auto* axis : {"dp", "fsdp"})
-    if (mesh.has(axis)) batch.push_back(axis);
-  if (!batch.empty()) rules.set("batch", batch);
-  return rules;
-}
-
-bool cuts_sequence(bool sequence_parallel) {
+// Sequence parallelism's placements: the batch cut as the data is (axis_rules), the sequence over
+// mp when `seq_cut`, the rest whole. Without it (or on mp=1) x is left to propagation.
+GlobalTensor GlobalModel::placed(const GlobalTensor& x, bool seq_cut) const {
   const Mesh& mesh = Shard::current()->mesh();
-  return sequence_parallel && mesh.has("mp") && mesh.axis_size("mp") > 1;
-}
-
-}  // namespace
-
-GlobalTensor GlobalModel::between_blocks(const GlobalTensor& x) const {
-  return cuts_sequence(sequence_parallel_) ? with_sharding_constraint(x, activation_rules(Shard::current()->mesh(), true)) : x;
-}
-
-// What the projections read: with sequence parallelism gathered once along seq for all four of them.
-GlobalTensor GlobalModel::whole_sequence(const GlobalTensor& h) const {
-  return cuts_sequence(sequence_parallel_) ? with_sharding_constraint(h, activation_rules(Shard::current()->mesh(), false)) : h;
+  if (!sequence_parallel_ || !mesh.has("mp") || mesh.axis_size("mp") == 1) return x;
+  const AxisRules data = axis_rules(mesh);
+  AxisRules rules;
+  if (!data.mesh_axes("batch").empty()) rules.set("batch", data.mesh_axes("batch"));
+  if (seq_cut) rules.set("seq", {"mp"});
+  return with_sharding_constraint(x, rules);
 }
 
 GlobalTensor GlobalModel::logits(const GlobalTensor& ids) const {
-  GlobalTensor x = between_blocks(embedding(param("transformer.wte.weight"), ids, "vocab"));
-  for (std::int64_t i = 0; i < config_.n_layers; ++i) x = between_blocks(block(i, x));
+  GlobalTensor x = placed(embedding(param("transformer.wte.weight"), ids, "vocab"), true);
+  for (std::int64_t i = 0; i < config_.n_layers; ++i) x = placed(block(i, x), true);
   GlobalTensor h = layer_norm(x, "embed", param("transformer.ln_f.weight"), param("transformer.ln_f.bias"), config_.layer_norm_eps);
   return dot(h, param("lm_head.weight"), "embed") + param("lm_head.bias");
 }

@@ -31,8 +31,7 @@ class GlobalModel {
  private:
   nax::GlobalTensor param(const std::string& name) const { return for_compute(nax::GlobalTensor::from_local(params_[name]), compute_); }
   nax::GlobalTensor block(std::int64_t layer, const nax::GlobalTensor& x) const;
-  nax::GlobalTensor between_blocks(const nax::GlobalTensor& x) const;
-  nax::GlobalTensor whole_sequence(const nax::GlobalTensor& h) const;
+  nax::GlobalTensor placed(const nax::GlobalTensor& x, bool seq_cut) const;
 
   Config config_;
   const nax::nn::Parameters& params_;

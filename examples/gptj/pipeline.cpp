@@ -230,19 +230,22 @@ class StageRun {
   // tick while its tensor travels, and the receiver waits for it where it takes it (take).
   void pass_on(const std::vector<Action>& row) {
     finish_sends();  // the last tick's: one tick in flight at most
-    const auto me = static_cast<std::size_t>(stage_.index);
     const auto any = [&](Action::Kind kind) { return std::any_of(row.begin(), row.end(), [&](const Action& x) { return x.kind == kind; }); };
-    if (any(Action::forward))
-      if (auto sent = start_exchange(row, Action::forward, 1, send_on_.defined() ? send_on_ : nothing_)) {
-        if (!stage_.first() && row[me - 1].kind == Action::forward) activations_.emplace(row[me - 1].micro, std::move(*sent));
-        else sends_.push_back(std::move(*sent));
-      }
-    if (backward_ && any(Action::backward))
-      if (auto sent = start_exchange(row, Action::backward, -1, send_back_.defined() ? send_back_ : nothing_)) {
-        if (!stage_.last() && row[me + 1].kind == Action::backward) cotangents_.emplace(row[me + 1].micro, std::move(*sent));
-        else sends_.push_back(std::move(*sent));
-      }
+    if (any(Action::forward)) send(row, Action::forward, 1, send_on_, activations_);
+    if (backward_ && any(Action::backward)) send(row, Action::backward, -1, send_back_, cotangents_);
     send_on_ = send_back_ = Tensor();
+  }
+
+  // One direction's exchange: what this stage receives (from the stage `step` before it, when that
+  // one sent) goes in `into` by micro-batch; a start it receives nothing from waits in sends_.
+  void send(const std::vector<Action>& row, Action::Kind kind, int step, const Tensor& mine, std::map<std::int64_t, Pending<Tensor>>& into) {
+    auto sent = start_exchange(row, kind, step, mine.defined() ? mine : nothing_);
+    if (!sent) return;
+    const int from = stage_.index - step;
+    if (from >= 0 && from < static_cast<int>(row.size()) && row[static_cast<std::size_t>(from)].kind == kind)
+      into.emplace(row[static_cast<std::size_t>(from)].micro, std::move(*sent));
+    else
+      sends_.push_back(std::move(*sent));
   }
 
   static Tensor take(std::map<std::int64_t, Pending<Tensor>>& received, std::int64_t m) {

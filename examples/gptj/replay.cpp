@@ -36,22 +36,7 @@ double transfer_seconds(const Slice& c, const std::vector<const Slice*>& waits) 
   return seconds(std::max<std::int64_t>(c.duration_ns - waited, 0));
 }
 
-std::string axes_of(const nlohmann::json& args) {
-  std::vector<std::string> axes;
-  for (const auto& a : args.at("mesh_axes")) axes.push_back(a.get<std::string>());
-  return fmt::format("{}", fmt::join(axes, ","));
-}
-
-// Whether mesh axis `name` is one of `axes` ("dp,mp").
-bool among(const std::string& name, const std::string& axes) {
-  std::size_t from = 0;
-  while (from <= axes.size()) {
-    const std::size_t comma = std::min(axes.find(',', from), axes.size());
-    if (axes.compare(from, comma - from, name) == 0) return true;
-    from = comma + 1;
-  }
-  return false;
-}
+std::vector<std::string> axes_of(const nlohmann::json& args) { return args.at("mesh_axes").get<std::vector<std::string>>(); }
 
 Timeline timeline_of(const std::vector<const Slice*>& own, const std::vector<const Slice*>& transfers, std::int64_t begin,
                      std::int64_t end) {
@@ -62,15 +47,13 @@ Timeline timeline_of(const std::vector<const Slice*>& own, const std::vector<con
     if (s->category == "wait") waits.push_back(s);
   }
   std::sort(collectives.begin(), collectives.end(), [](const Slice* a, const Slice* b) { return a->start_ns < b->start_ns; });
+  std::vector<const Slice*> transfer_waits;
+  for (const Slice* w : transfers)
+    if (w->category == "wait") transfer_waits.push_back(w);
   std::map<std::uint64_t, double> transferred;  // by ticket: the started transfers' own time
   for (const Slice* t : transfers)
-    if (t->category == "collective") {
-      const auto args = nlohmann::json::parse("{" + t->args + "}");
-      std::vector<const Slice*> inner;
-      for (const Slice* w : transfers)
-        if (w->category == "wait") inner.push_back(w);
-      transferred[args.at("ticket").get<std::uint64_t>()] = transfer_seconds(*t, inner);
-    }
+    if (t->category == "collective")
+      transferred[nlohmann::json::parse("{" + t->args + "}").at("ticket").get<std::uint64_t>()] = transfer_seconds(*t, transfer_waits);
   Timeline out;
   std::int64_t cursor = begin;
   auto compute = [&](std::int64_t until) {
@@ -113,33 +96,32 @@ Timeline timeline_of(const std::vector<const Slice*>& own, const std::vector<con
   return out;
 }
 
-// The devices of `device`'s group over `axes` ("dp,mp") and its key among the mesh's groups.
-std::string group_key(const Mesh& mesh, int device, const std::string& axes) {
-  std::string key = fmt::format("{}|", axes);
-  const auto coords = mesh.coords(device);
-  const auto names = mesh.axis_names();
-  for (std::size_t i = 0; i < names.size(); ++i)
-    if (!among(names[i], axes)) key += fmt::format("{}={},", names[i], coords[i]);
-  return key;
-}
-
-int group_size(const Mesh& mesh, const std::string& axes) {
-  int n = 1;
-  for (const auto& name : mesh.axis_names())
-    if (among(name, axes)) n *= mesh.axis_size(name);
-  return n;
-}
-
-// A group's calls, in the order its devices make them (each device's k-th call is the group's k-th).
+// A group's calls, in the order its devices make them (each device's k-th call is the group's k-th);
+// they run one after the other, each once its whole group has arrived.
 struct Group {
   struct Call {
     std::map<int, double> arrived;
-    double price = 0;  // seconds, once the whole group is there
+    double price = 0;  // seconds
     std::optional<double> end;
   };
+  std::size_t size = 0;
   std::vector<Call> calls;
   std::map<int, std::size_t> made;  // calls each device has made
+  std::size_t resolved = 0;         // the calls before this one have their end
+  double free = 0;                  // when the last resolved call ended
+
+  void resolve() {
+    for (; resolved < calls.size() && calls[resolved].arrived.size() == size; ++resolved) {
+      Call& call = calls[resolved];
+      double begin = free;
+      for (const auto& [device, t] : call.arrived) begin = std::max(begin, t);
+      call.end = free = begin + call.price;
+    }
+  }
 };
+
+// A call of a group: the group's key (its mesh axes and first device) and the call's place.
+using CallRef = std::pair<std::pair<std::vector<std::string>, int>, std::size_t>;
 
 }  // namespace
 
@@ -160,39 +142,37 @@ std::vector<Timeline> timelines_of(const std::vector<trace::RecordedSlice>& slic
   return out;
 }
 
-Replayed replay(const std::vector<Timeline>& timelines, const Mesh& mesh, const ReplayCosts& costs) {
+double busiest_compute_s(const std::vector<Timeline>& timelines) {
+  double busiest = 0;
+  for (const auto& timeline : timelines) {
+    double computed = 0;
+    for (const auto& e : timeline)
+      if (e.kind == TimelineEvent::Kind::compute) computed += e.seconds;
+    busiest = std::max(busiest, computed);
+  }
+  return busiest;
+}
+
+double replay(const std::vector<Timeline>& timelines, const Mesh& mesh, const ReplayCosts& costs) {
   const int devices = static_cast<int>(timelines.size());
   if (devices != mesh.size()) fail("replay", "{} timelines for the {} devices of mesh {}", devices, mesh.size(), mesh.str());
-  std::vector<double> clock(timelines.size(), 0), computed(timelines.size(), 0);
+  std::vector<double> clock(timelines.size(), 0);
   std::vector<std::size_t> next(timelines.size(), 0);
-  std::map<std::string, Group> groups;
-  std::map<std::pair<int, std::uint64_t>, std::pair<std::string, std::size_t>> tickets;  // (device, ticket) -> its call
+  std::map<CallRef::first_type, Group> groups;
+  std::map<std::pair<int, std::uint64_t>, CallRef> started;  // (device, ticket) -> its call
+  std::vector<std::optional<CallRef>> blocked(timelines.size());  // the blocking call a device is in
 
-  // A group's calls resolve in order: each begins when all its devices have arrived and the one
-  // before has ended.
-  auto resolve = [&](const std::string& key, int n) {
-    Group& g = groups[key];
-    double free = 0;
-    for (auto& call : g.calls) {
-      if (call.end) {
-        free = *call.end;
-        continue;
-      }
-      if (static_cast<int>(call.arrived.size()) < n) return;
-      double begin = free;
-      for (const auto& [device, t] : call.arrived) begin = std::max(begin, t);
-      call.end = free = begin + call.price;
-    }
-  };
   auto arrive = [&](int device, const TimelineEvent& e) {
-    const std::string key = group_key(mesh, device, e.mesh_axes);
+    const std::vector<int> members = mesh.group(device, e.mesh_axes);
+    const CallRef::first_type key{e.mesh_axes, members.front()};
     Group& g = groups[key];
+    g.size = members.size();
     const std::size_t k = g.made[device]++;
     if (g.calls.size() <= k) g.calls.resize(k + 1);
     g.calls[k].arrived[device] = clock[static_cast<std::size_t>(device)];
     g.calls[k].price = costs.price(e.collective, e.bytes, e.mesh_axes);
-    resolve(key, group_size(mesh, e.mesh_axes));
-    return std::pair{key, k};
+    g.resolve();
+    return CallRef{key, k};
   };
 
   for (bool progress = true; progress;) {
@@ -202,24 +182,23 @@ Replayed replay(const std::vector<Timeline>& timelines, const Mesh& mesh, const 
       while (next[i] < timelines[i].size()) {
         const TimelineEvent& e = timelines[i][next[i]];
         if (e.kind == TimelineEvent::Kind::compute) {
-          clock[i] += e.seconds * costs.compute_scale, computed[i] += e.seconds * costs.compute_scale;
+          clock[i] += e.seconds * costs.compute_scale;
         } else if (e.kind == TimelineEvent::Kind::start) {
-          tickets[{d, e.ticket}] = arrive(d, e);
+          started[{d, e.ticket}] = arrive(d, e);
         } else {
-          std::pair<std::string, std::size_t> call;
+          const CallRef* call = nullptr;
           if (e.kind == TimelineEvent::Kind::collective) {
-            auto& pending = tickets[{d, 0}];  // a blocking call arrives once, then waits for its end
-            if (pending.first.empty()) pending = arrive(d, e);
-            call = pending;
+            if (!blocked[i]) blocked[i] = arrive(d, e);  // arrives once, then waits for the call's end
+            call = &*blocked[i];
           } else {
-            auto it = tickets.find({d, e.ticket});
-            if (it == tickets.end()) fail("replay", "device {} waits for started collective {}, which it never started", d, e.ticket);
-            call = it->second;
+            const auto it = started.find({d, e.ticket});
+            if (it == started.end()) fail("replay", "device {} waits for started collective {}, which it never started", d, e.ticket);
+            call = &it->second;
           }
-          const auto& end = groups[call.first].calls[call.second].end;
+          const auto& end = groups[call->first].calls[call->second].end;
           if (!end) break;  // its group is not all there yet
           clock[i] = std::max(clock[i], *end);
-          if (e.kind == TimelineEvent::Kind::collective) tickets.erase({d, 0});
+          blocked[i].reset();
         }
         ++next[i];
         progress = true;
@@ -230,41 +209,40 @@ Replayed replay(const std::vector<Timeline>& timelines, const Mesh& mesh, const 
     if (next[static_cast<std::size_t>(d)] < timelines[static_cast<std::size_t>(d)].size())
       fail("replay", "device {} is stuck at event {} of {}: its group's devices made different collectives", d, next[static_cast<std::size_t>(d)],
            timelines[static_cast<std::size_t>(d)].size());
-  return {*std::max_element(clock.begin(), clock.end()), *std::max_element(computed.begin(), computed.end())};
+  return *std::max_element(clock.begin(), clock.end());
 }
 
-ReplayCosts measured_costs(const std::map<std::string, Link>& links, const Mesh& mesh) {
-  return {1.0, [links, mesh](CollectiveKind kind, std::size_t bytes, const std::string& axes) {
+ReplayCosts measured_costs(const Links& links, const Mesh& mesh) {
+  return {1.0, [links, mesh](CollectiveKind kind, std::size_t bytes, const std::vector<std::string>& axes) {
             const auto link = links.find(axes);
-            if (link == links.end()) fail("replay", "no link fitted for mesh axes '{}'", axes);
-            return CostModel::seconds(kind, bytes, group_size(mesh, axes), link->second);
+            if (link == links.end()) fail("replay", "no link fitted for mesh axes {}", fmt::join(axes, ","));
+            return CostModel::seconds(kind, bytes, mesh.group_size(axes), link->second);
           }};
 }
 
-std::map<std::string, Link> fit_links(const std::vector<Timeline>& timelines, const Mesh& mesh) {
+Links fit_links(const std::vector<Timeline>& timelines, const Mesh& mesh) {
   // per group of axes: sums for least squares of seconds = latency * L + (1 / bandwidth) * W
   struct Sums {
     double ll = 0, lw = 0, ww = 0, lt = 0, wt = 0, t = 0, w = 0;
-    std::size_t count = 0;
   };
-  std::map<std::string, Sums> sums;
+  std::map<std::vector<std::string>, Sums> sums;
   for (const auto& timeline : timelines)
     for (const auto& e : timeline) {
       if ((e.kind != TimelineEvent::Kind::collective && e.kind != TimelineEvent::Kind::start) || e.seconds < 0) continue;
-      const int n = group_size(mesh, e.mesh_axes);
+      const int n = mesh.group_size(e.mesh_axes);
       const double l = CostModel::seconds(e.collective, e.bytes, n, Link{"", 1.0, 1e300});
       const double w = CostModel::seconds(e.collective, e.bytes, n, Link{"", 0.0, 1.0});
       Sums& s = sums[e.mesh_axes];
-      s.ll += l * l, s.lw += l * w, s.ww += w * w, s.lt += l * e.seconds, s.wt += w * e.seconds, s.t += e.seconds, s.w += w, ++s.count;
+      s.ll += l * l, s.lw += l * w, s.ww += w * w, s.lt += l * e.seconds, s.wt += w * e.seconds, s.t += e.seconds, s.w += w;
     }
-  std::map<std::string, Link> out;
+  Links out;
   for (const auto& [axes, s] : sums) {
     const double det = s.ll * s.ww - s.lw * s.lw;
     const bool apart = det > 1e-9 * s.ll * s.ww;  // else every transfer had one size: no latency to tell apart
     double latency = apart ? (s.lt * s.ww - s.wt * s.lw) / det : 0;
     double inverse = apart ? (s.wt * s.ll - s.lt * s.lw) / det : 0;
     if (latency < 0 || inverse <= 0) latency = 0, inverse = s.w > 0 ? s.t / s.w : 0;  // the mean rate, no latency
-    out[axes] = Link{axes, latency, inverse > 0 ? 1 / inverse : 1e300};
+    out[axes] = Link{fmt::format("{}", fmt::join(axes, ",")), latency, inverse > 0 ? 1 / inverse : 1e300};
   }
   return out;
 }

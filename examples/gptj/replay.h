@@ -26,7 +26,7 @@ struct TimelineEvent {
   double seconds = 0;
   nax::CollectiveKind collective = nax::CollectiveKind::all_reduce;
   std::size_t bytes = 0;      // as the trace's collective slices count them (the operand)
-  std::string mesh_axes;      // "dp", "dp,mp"
+  std::vector<std::string> mesh_axes;  // the group's, as the collective named them
   std::uint64_t ticket = 0;   // start and wait: which started collective
 };
 using Timeline = std::vector<TimelineEvent>;
@@ -40,27 +40,28 @@ std::vector<Timeline> timelines_of(const std::vector<nax::trace::RecordedSlice>&
 struct ReplayCosts {
   double compute_scale = 1;  // replayed compute seconds per measured second
   // Seconds of one collective over the group of `mesh_axes`.
-  std::function<double(nax::CollectiveKind kind, std::size_t bytes, const std::string& mesh_axes)> price;
+  std::function<double(nax::CollectiveKind kind, std::size_t bytes, const std::vector<std::string>& mesh_axes)> price;
 };
 
-struct Replayed {
-  double step_s = 0;     // the last device's end
-  double compute_s = 0;  // the slowest device's compute
-};
+// The busiest device's compute, as measured.
+double busiest_compute_s(const std::vector<Timeline>& timelines);
 
 // Every device starts at 0; a collective begins when its whole group has reached it and the
 // group's earlier collectives are done (a communicator runs its calls in order), and lasts its
 // price; a started one runs while its devices go on, until their waits. `mesh` gives the groups
-// (the devices that share every coordinate but the collective's mesh axes).
-Replayed replay(const std::vector<Timeline>& timelines, const nax::Mesh& mesh, const ReplayCosts& costs);
+// (Mesh::group). Returns the step's seconds: the last device's end.
+double replay(const std::vector<Timeline>& timelines, const nax::Mesh& mesh, const ReplayCosts& costs);
+
+// A link per group of mesh axes (its name: the axes, "dp,mp").
+using Links = std::map<std::vector<std::string>, nax::Link>;
 
 // The run's own costs: compute as measured, each collective priced on its group's link in `links`
-// (by group of mesh axes, as fit_links gives them) at its group's size on `mesh`.
-ReplayCosts measured_costs(const std::map<std::string, nax::Link>& links, const nax::Mesh& mesh);
+// at its group's size on `mesh`.
+ReplayCosts measured_costs(const Links& links, const nax::Mesh& mesh);
 
 // Fits a link (latency per ring step, bandwidth) per group of mesh axes to the transfers measured
 // in the timelines, by least squares on CostModel::seconds' formula; groups with fewer than two
 // sizes of transfer get the bandwidth of their mean and no latency.
-std::map<std::string, nax::Link> fit_links(const std::vector<Timeline>& timelines, const nax::Mesh& mesh);
+Links fit_links(const std::vector<Timeline>& timelines, const nax::Mesh& mesh);
 
 }  // namespace gptj
