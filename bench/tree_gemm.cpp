@@ -4,7 +4,10 @@
 // (interleaved). Reports GFLOP/s (median of repetitions) and the ratio tree / OpenBLAS, and the
 // ratio of the best repetitions (steadier on a shared machine).
 //
-//   build/bin/bench_tree_gemm [--shapes 256x256x256,1024x1024x256,4096x64x64] [--reps 9] [--json FILE]
+//   build/bin/bench_tree_gemm [--shapes 256x256x256,1024x1024x256:tn,4096x64x64:nt] [--forced 6] [--leaf 32] [--reps 9]
+//                             [--json FILE]
+// A shape's :tn (nt, tt) transposes op(A) (op(B), both). --forced and --leaf set the tree (default: the canonical tree of one
+// device, SumTree's constants).
 #include <cblas.h>
 #include <fmt/format.h>
 #include <nax/kernels/kernels.h>
@@ -21,11 +24,13 @@ namespace {
 struct Options {
   std::vector<std::string> shapes{"256x256x256", "1024x1024x256", "4096x64x64", "256x256x4096", "128x512x64"};
   int reps = 9;
+  nax::SumTree tree{.on = true};
   std::string json;
 };
 
 struct Shape {
   std::int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
 };
 
 Shape parse_shape(const std::string& text) {
@@ -34,7 +39,15 @@ Shape parse_shape(const std::string& text) {
   if (x2 == std::string::npos) nax::fail("--shapes", "'{}' is not MxNxK", text);
   s.m = bench::parse_integer(text.substr(0, x1), "--shapes");
   s.n = bench::parse_integer(text.substr(x1 + 1, x2 - x1 - 1), "--shapes");
-  s.k = bench::parse_integer(text.substr(x2 + 1), "--shapes");
+  const std::size_t colon = text.find(':');
+  s.k = bench::parse_integer(text.substr(x2 + 1, colon == std::string::npos ? colon : colon - x2 - 1), "--shapes");
+  if (colon != std::string::npos) {
+    const std::string ops = text.substr(colon + 1);
+    if (ops != "nn" && ops != "tn" && ops != "nt" && ops != "tt")
+      nax::fail("--shapes", "'{}': the operands' ops are nn, tn, nt or tt", text);
+    s.trans_a = ops[0] == 't';
+    s.trans_b = ops[1] == 't';
+  }
   return s;
 }
 
@@ -57,10 +70,14 @@ Options parse(int argc, char** argv) {
       o.shapes = split(bench::flag_value(argc, argv, i));
     else if (arg == "--reps")
       o.reps = static_cast<int>(bench::parse_integer(bench::flag_value(argc, argv, i), "--reps"));
+    else if (arg == "--forced")
+      o.tree.forced = static_cast<int>(bench::parse_integer(bench::flag_value(argc, argv, i), "--forced"));
+    else if (arg == "--leaf")
+      o.tree.leaf = bench::parse_integer(bench::flag_value(argc, argv, i), "--leaf");
     else if (arg == "--json")
       o.json = bench::flag_value(argc, argv, i);
     else if (arg == "--help") {
-      fmt::print("bench_tree_gemm [--shapes MxNxK,...] [--reps N] [--json FILE]\n");
+      fmt::print("bench_tree_gemm [--shapes MxNxK,...] [--forced N] [--leaf L] [--reps N] [--json FILE]\n");
       std::exit(0);
     } else
       nax::fail(arg, "unknown flag (try --help)");
@@ -90,9 +107,17 @@ int main(int argc, char** argv) {
       const Shape s = parse_shape(text);
       const auto a = random_values(s.m * s.k, 1), b = random_values(s.k * s.n, 2);
       std::vector<float> c(static_cast<std::size_t>(s.m * s.n));
-      nax::kernels::GemmShape shape{.m = s.m, .n = s.n, .k = s.k, .lda = s.k, .ldb = s.n, .ldc = s.n, .tree = {}};
+      nax::kernels::GemmShape shape{.trans_a = s.trans_a,
+                                    .trans_b = s.trans_b,
+                                    .m = s.m,
+                                    .n = s.n,
+                                    .k = s.k,
+                                    .lda = s.trans_a ? s.m : s.k,
+                                    .ldb = s.trans_b ? s.k : s.n,
+                                    .ldc = s.n,
+                                    .tree = {}};
       nax::kernels::GemmShape tree_shape = shape;
-      tree_shape.tree = nax::SumTree{.on = true};
+      tree_shape.tree = o.tree;
       std::vector<double> tree_times, blas_times;
       for (int r = 0; r < o.reps; ++r) {
         tree_times.push_back(bench::seconds_of([&] { kernels.gemm(nax::DType::f32, tree_shape, a.data(), b.data(), c.data()); }));
