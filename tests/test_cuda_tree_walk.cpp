@@ -20,8 +20,10 @@ using nax::SumTree;
 namespace cd = nax::cuda::detail;
 
 std::vector<SumTree> trees() {
-  return {SumTree::canonical_for_block_of(1), SumTree::canonical_for_block_of(4), SumTree::canonical_for_block_of(64),
-          SumTree{.on = true, .forced = 0}, SumTree{.on = true, .forced = 3, .leaf = 4}, SumTree{.on = true, .forced = 0, .leaf = 1}};
+  return {SumTree::canonical_for_block_of(1),         SumTree::canonical_for_block_of(4),
+          SumTree::canonical_for_block_of(1, 64),     SumTree::canonical_for_block_of(8, 64),
+          SumTree{.on = true, .forced = 0},           SumTree{.on = true, .forced = 3, .leaf = 4},
+          SumTree{.on = true, .forced = 0, .leaf = 1}};
 }
 
 template <typename T>

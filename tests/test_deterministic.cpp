@@ -177,6 +177,49 @@ TEST_CASE("deterministic mode refuses what it cannot make mesh-independent, nami
   }
 }
 
+TEST_CASE("deterministic mode's max cut: the most devices a sum may be cut over, the same bits on every mesh under it",
+          "[mesh][deterministic][errors]") {
+  using Catch::Matchers::Contains;
+  const Shape global{{"k", 64}, {"i", 3}};
+  const Tensor x = spread_values(global, 9);
+  const AxisRules rules{{"k", "mp"}};
+  auto summed = [&](const std::string& mesh, std::int64_t max_cut) {
+    Runtime rt = Runtime::local(Mesh::parse(mesh), {.deterministic = true, .deterministic_max_cut = max_cut});
+    return rt.run([&](Shard& s) { return bits(psum(sum(s.shard(x, rules), "k"), "mp")); })[0];
+  };
+  // Each max cut's trees, on the host: blocks of 64 / max_cut, then leaves of at most 32.
+  for (const std::int64_t max_cut : {2, 8, 16}) {
+    INFO("max cut " << max_cut);
+    std::vector<float> want(3);
+    for (std::int64_t i = 0; i < 3; ++i) {
+      std::vector<float> column;
+      for (std::int64_t k = 0; k < 64; ++k) column.push_back(x.to_vector<float>()[static_cast<std::size_t>(k * 3 + i)]);
+      want[static_cast<std::size_t>(i)] = tree_sum(column.data(), 64, SumTree::canonical_for_block_of(1, max_cut));
+    }
+    std::vector<std::uint32_t> want_bits(3);
+    std::memcpy(want_bits.data(), want.data(), sizeof(float) * 3);
+    for (const std::string mesh : {"mp=1", "mp=2", "mp=4", "mp=8", "mp=16"}) {
+      INFO("mesh " << mesh);
+      if (Mesh::parse(mesh).axis_size("mp") > max_cut)
+        REQUIRE_THROWS_WITH(summed(mesh, max_cut),
+                            Contains("sum") && Contains("deterministic_max_cut") && Contains("NAX_DETERMINISTIC_MAX_CUT"));
+      else
+        REQUIRE(summed(mesh, max_cut) == want_bits);
+    }
+  }
+  // The max cut fixes the trees' first halvings: 2 and 64 add 64 terms in different orders, so some
+  // sums differ in their last bits.
+  int differing = 0;
+  for (std::uint64_t seed = 20; seed < 40; ++seed) {
+    const auto v = spread_values(Shape{{"k", 64}}, seed).to_vector<float>();
+    differing += tree_sum(v.data(), 64, SumTree::canonical_for_block_of(1, 2)) !=
+                 tree_sum(v.data(), 64, SumTree::canonical_for_block_of(1, 64));
+  }
+  REQUIRE(differing > 0);
+  REQUIRE_THROWS_WITH(Runtime::local(Mesh::parse("mp=2"), {.deterministic = true, .deterministic_max_cut = 6}),
+                      Contains("deterministic_max_cut") && Contains("power of two"));
+}
+
 TEST_CASE("deterministic psum over several mesh axes adds the ranks in mesh order, however the call names them",
           "[mesh][deterministic]") {
   const Shape shape{{"i", 16}};

@@ -189,19 +189,24 @@ TEMPLATE_TEST_CASE("tree gemm: rows and columns computed alone give the bits of 
 
 TEMPLATE_TEST_CASE("tree gemm: K cut into p blocks and added pairwise gives the bits of the whole", "[tree]", float, double) {
   using T = TestType;
-  for (const std::int64_t k : {64, 96, 100, 256, 1024, 4 * 37})
-    for (const std::int64_t p : {2, 4}) {
+  // (max cut, p): the default max cut with every cut it takes, and larger max cuts with their finest.
+  const std::vector<std::pair<std::int64_t, std::int64_t>> cuts{{8, 2}, {8, 4}, {8, 8}, {16, 16}, {64, 4}, {64, 64}};
+  for (const std::int64_t k : {64, 96, 100, 256, 1024, 4 * 37, 64 * 3})
+    for (const auto& [max_cut, p] : cuts) {
+      if (k % p != 0) continue;
+      INFO("max cut " << max_cut);
       const std::int64_t m = 13, n = 35, kb = k / p;
       // A (m x k) and B (k x n) row-major; block b is A's columns and B's rows [b kb, (b + 1) kb).
       const auto a = random_values<T>(static_cast<std::size_t>(m * k)), b = random_values<T>(static_cast<std::size_t>(k * n));
-      kn::GemmShape whole{.m = m, .n = n, .k = k, .lda = k, .ldb = n, .ldc = n, .tree = SumTree::canonical_for_block_of(1)};
+      kn::GemmShape whole{
+          .m = m, .n = n, .k = k, .lda = k, .ldb = n, .ldc = n, .tree = SumTree::canonical_for_block_of(1, max_cut)};
       std::vector<T> want(static_cast<std::size_t>(m * n));
       cpu().gemm(dtype_of<T>(), whole, a.data(), b.data(), want.data());
       std::vector<std::vector<T>> blocks;
       for (std::int64_t blk = 0; blk < p; ++blk) {
         kn::GemmShape s = whole;
         s.k = kb;
-        s.tree = SumTree::canonical_for_block_of(p);
+        s.tree = SumTree::canonical_for_block_of(p, max_cut);
         blocks.emplace_back(static_cast<std::size_t>(m * n));
         cpu().gemm(dtype_of<T>(), s, a.data() + blk * kb, b.data() + blk * kb * n, blocks.back().data());
       }

@@ -29,7 +29,7 @@ SumTree sum_tree(std::string_view op, const Tensor& x, const std::vector<std::st
     }
     if (!cuts.empty() || x.shape().size(axis) > 1) leading = false;
   }
-  return SumTree::canonical_for_block_of(blocks);
+  return SumTree::canonical_for_block_of(blocks, Shard::current()->deterministic_max_cut());
 }
 
 void check_operand(std::string_view op, const Tensor& x, OnPartial rule) {

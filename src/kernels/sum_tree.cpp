@@ -4,15 +4,21 @@
 
 namespace nax {
 
-SumTree SumTree::canonical_for_block_of(std::int64_t blocks) {
-  if (blocks < 1 || (blocks & (blocks - 1)) != 0)
+namespace {
+bool power_of_two(std::int64_t n) { return n >= 1 && (n & (n - 1)) == 0; }
+}  // namespace
+
+SumTree SumTree::canonical_for_block_of(std::int64_t blocks, std::int64_t max_cut) {
+  if (!power_of_two(blocks))
     fail("deterministic", "a sum cut into {} blocks: deterministic mode needs a power of two devices along every cut axis", blocks);
-  int log2 = 0;
-  while ((std::int64_t{1} << log2) < blocks) ++log2;
-  if (log2 > kForced)
-    fail("deterministic", "a sum cut into {} blocks: deterministic mode allows at most {} devices along the axes a sum is cut over",
-         blocks, std::int64_t{1} << kForced);
-  return SumTree{.on = true, .forced = kForced - log2, .leaf = kLeaf};
+  if (!power_of_two(max_cut)) fail("deterministic", "max cut {}: it must be a power of two", max_cut);
+  if (blocks > max_cut)
+    fail("deterministic",
+         "a sum cut into {} blocks: deterministic mode's sum trees take at most {} devices along the axes a sum is cut over; set "
+         "RuntimeOptions::deterministic_max_cut (or NAX_DETERMINISTIC_MAX_CUT) to {} or more, the same on every mesh whose bits "
+         "are compared (short sums then get shorter leaves, which is slower)",
+         blocks, max_cut, blocks);
+  return SumTree{.on = true, .forced = log2_of_power_of_two(max_cut) - log2_of_power_of_two(blocks), .leaf = kLeaf};
 }
 
 }  // namespace nax

@@ -34,6 +34,7 @@ class DeviceShard final : public Shard {
   // The options of the runtime running this shard, resolved (with_environment).
   void set_options(const RuntimeOptions& options) { options_ = options; }
   bool deterministic() const override { return options_.deterministic; }
+  std::int64_t deterministic_max_cut() const override { return options_.deterministic_max_cut; }
   bool check_values() const override { return options_.check_values.value_or(false); }
   bool sharding_log() const override { return options_.sharding_log.value_or(false); }
   bool strict_axis_rules() const { return options_.strict_axis_rules; }

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "nax/core/error.h"
+#include "nax/kernels/sum_tree.h"
 #include "nax/runtime/runtime.h"
 #include "runtime/runtime_state.h"
 
@@ -34,6 +35,16 @@ double positive_seconds(const char* name, double otherwise) {
   return seconds;
 }
 
+std::int64_t max_cut(const char* name, std::int64_t otherwise) {
+  const std::string value(variable(name));
+  if (value.empty()) return otherwise;
+  char* end = nullptr;
+  const long long n = std::strtoll(value.c_str(), &end, 10);
+  if (end == value.c_str() || *end != '\0' || n < 1 || (n & (n - 1)) != 0)
+    fail("Runtime", "{}='{}' is not a power of two number of devices", name, value);
+  return n;
+}
+
 }  // namespace
 
 namespace detail {
@@ -42,6 +53,7 @@ RuntimeOptions with_environment(RuntimeOptions options) {
   if (!(options.collective_timeout_s > 0)) options.collective_timeout_s = positive_seconds("NAX_COLLECTIVE_TIMEOUT_S", 300.0);
   if (!options.check_values) options.check_values = switched_on("NAX_CHECK");
   if (!options.sharding_log) options.sharding_log = switched_on("NAX_SHARDING_LOG");
+  if (options.deterministic_max_cut <= 0) options.deterministic_max_cut = max_cut("NAX_DETERMINISTIC_MAX_CUT", SumTree::kMaxCut);
   if (options.blas_threads <= 0) options.blas_threads = std::max(1, std::atoi(std::string(variable("OPENBLAS_NUM_THREADS")).c_str()));
   return options;
 }

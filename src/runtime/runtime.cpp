@@ -27,6 +27,9 @@ namespace detail {
 
 void check_deterministic_mesh(const RuntimeOptions& options, const Mesh& mesh, std::string_view op) {
   if (!options.deterministic) return;
+  const std::int64_t cut = options.deterministic_max_cut;
+  if (cut < 1 || (cut & (cut - 1)) != 0)
+    fail(op, "RuntimeOptions::deterministic_max_cut = {}: deterministic mode needs a power of two", cut);
   for (const auto& axis : mesh.axis_names()) {
     const std::int64_t n = mesh.axis_size(axis);
     if ((n & (n - 1)) != 0)

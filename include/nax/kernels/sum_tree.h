@@ -2,29 +2,41 @@
 // Deterministic mode's order of summation (docs/determinism.md). A sum over an index range of
 // length n is a binary tree: the range is halved while its length is even and either forced
 // halvings remain or it is longer than `leaf`; a leaf is summed in index order; a node is its left
-// half's sum plus its right half's. A device that holds one block of p (a power of two) of a range
-// cut over mesh axes uses `forced - log2 p`: its tree is then exactly the global tree's node over
-// its block, and a psum that adds the p ranks' values in the same halving order (pairs, then
-// pairs of pairs) completes the global tree. The result depends only on the global problem, never
-// on the mesh, the rows a device holds or the thread count.
+// half's sum plus its right half's. The forced halvings are log2 of the most devices a sum may be
+// cut over (the max cut): a device that holds one block of p (a power of two, at most the max cut)
+// of a range cut over mesh axes uses `forced - log2 p`: its tree is then exactly the global tree's
+// node over its block, and a psum that adds the p ranks' values in the same halving order (pairs,
+// then pairs of pairs) completes the global tree. The result depends only on the global problem
+// and the max cut, never on the mesh, the rows a device holds or the thread count.
 #include <cstdint>
 
 namespace nax {
 
+// log2 of a power of two (the header is C++17 for nvcc: no <bit>).
+constexpr int log2_of_power_of_two(std::int64_t n) {
+  int log2 = 0;
+  while ((std::int64_t{1} << log2) < n) ++log2;
+  return log2;
+}
+
 struct SumTree {
-  static constexpr int kForced = 6;            // halvings every tree does: up to 64 blocks per cut
-  static constexpr std::int64_t kLeaf = 32;    // the longest leaf summed in index order
+  // The max cut unless RuntimeOptions::deterministic_max_cut says otherwise: every mesh axis of up
+  // to 8 devices, and the leaves of a sum of 256 stay 32 long (64 would cut them to 4, which costs
+  // the CPU's tree GEMM a third of its speed).
+  static constexpr std::int64_t kMaxCut = 8;
+  static constexpr std::int64_t kLeaf = 32;  // the longest leaf summed in index order
 
   bool on = false;  // off: the backend's fastest order (the default mode)
-  int forced = kForced;
+  int forced = log2_of_power_of_two(kMaxCut);
   std::int64_t leaf = kLeaf;
 
   // Whether a range of length n at this node is halved, and the tree of each half.
   bool halves(std::int64_t n) const { return n > 1 && n % 2 == 0 && (forced > 0 || n > leaf); }
   SumTree half() const { return {on, forced > 0 ? forced - 1 : 0, leaf}; }
 
-  // The canonical tree of a device holding 1 of `blocks` blocks of the summed range.
-  static SumTree canonical_for_block_of(std::int64_t blocks);
+  // The canonical tree of a device holding 1 of `blocks` blocks of the summed range, in trees whose
+  // max cut is `max_cut` (a power of two).
+  static SumTree canonical_for_block_of(std::int64_t blocks, std::int64_t max_cut = kMaxCut);
 };
 
 // Host reference: x[0] + ... + x[n-1] in `tree`'s order (leaves from their first term). Tests and

@@ -52,6 +52,11 @@ struct RuntimeOptions {
   // tree of nax/kernels/sum_tree.h over the global problem, whichever devices hold which blocks. Every
   // mesh axis must have a power of two devices. Slower; off by default.
   bool deterministic = false;
+  // The most devices a sum may be cut over in deterministic mode (a power of two): the trees'
+  // first log2 of it halvings are fixed, so bits depend on it and meshes whose bits are compared
+  // must share it. Larger allows more devices along a cut at the cost of shorter leaves in short
+  // sums. 0: $NAX_DETERMINISTIC_MAX_CUT, else 8 (SumTree::kMaxCut).
+  std::int64_t deterministic_max_cut = 0;
   // Every axis rule applied in a run must cut a tensor of that run: a rule naming a tensor axis
   // that no tensor made with axis rules carries is an error naming it. Off, such a rule is refused
   // only when a carried axis is a near name of it (a misspelling) or when no rule of the run cut

@@ -13,6 +13,7 @@
 #include "nax/core/axis_rules.h"
 #include "nax/core/mesh.h"
 #include "nax/core/names.h"
+#include "nax/kernels/sum_tree.h"
 #include "nax/tensor/tensor.h"
 
 namespace nax {
@@ -61,8 +62,10 @@ class Shard {
   // Checking mode (NAX_CHECK=1, nax/ops/vary_checks.h): a value that run returns, typed Invariant over
   // some mesh axes, is compared across their devices. Nothing otherwise.
   virtual void check_returned(const Tensor& value) = 0;
-  // RuntimeOptions::deterministic, check_values and sharding_log of the runtime running this shard.
+  // RuntimeOptions::deterministic, deterministic_max_cut, check_values and sharding_log of the
+  // runtime running this shard.
   virtual bool deterministic() const { return false; }
+  virtual std::int64_t deterministic_max_cut() const { return SumTree::kMaxCut; }
   virtual bool check_values() const { return false; }
   virtual bool sharding_log() const { return false; }
 
