@@ -2,6 +2,8 @@
 // 4 and 8 devices, 1-D and 2-D, over one mesh axis or several, along leading and inner axes.
 #include <fmt/format.h>
 
+#include <cstring>
+
 #include "helpers.h"
 
 using namespace nax;
@@ -255,5 +257,49 @@ TEST_CASE("all_to_all over several mesh axes concatenates in the tensor's split 
       return all_gather_invariant(y, group, "j").to_vector<double>();
     });
     for (const auto& r : results) REQUIRE(r == reshape_like_ij().to_vector<double>());
+  }
+}
+
+TEST_CASE("the thread runtime's psum and psum_scatter add the ranks in the halving tree on any group size",
+          "[mesh][collectives]") {
+  // f32 values from 1e-3 to 1e7 of both signs: the order of the additions shows in the bits.
+  const std::int64_t count = 5000;  // several of the reduction's chunks
+  auto values = [&](int device) {
+    const auto u = random_uniform(Shape{{"i", count}}, 5, fmt::format("u{}", device), -1.0, 1.0, DType::f64).to_vector<double>();
+    const auto e = random_uniform(Shape{{"i", count}}, 6, fmt::format("e{}", device), -3.0, 7.0, DType::f64).to_vector<double>();
+    std::vector<float> v(u.size());
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(u[i] * std::pow(10.0, e[i]));
+    return v;
+  };
+  // Pairs, then pairs of pairs; a group size that is not a power of two adds its right edge last.
+  auto tree = [](std::vector<float> x) {
+    const int n = static_cast<int>(x.size());
+    for (int step = 1; step < n; step *= 2)
+      for (int i = 0; i + step < n; i += 2 * step) x[static_cast<std::size_t>(i)] += x[static_cast<std::size_t>(i + step)];
+    return x[0];
+  };
+  for (const int n : {2, 3, 4, 6, 8}) {
+    INFO("group of " << n);
+    std::vector<std::vector<float>> inputs;
+    for (int d = 0; d < n; ++d) inputs.push_back(values(d));
+    std::vector<float> want(static_cast<std::size_t>(count));
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      std::vector<float> ranks;
+      for (const auto& in : inputs) ranks.push_back(in[i]);
+      want[i] = tree(ranks);
+    }
+    Runtime rt = Runtime::local(Mesh::parse(fmt::format("mp={}", n)));
+    const auto got = rt.run([&](Shard& s) {
+      const Tensor x = pvary(s.shard(from_vector(Shape{{"i", count}}, inputs[static_cast<std::size_t>(s.device())]), {}), "mp");
+      return std::pair{psum(x, "mp").to_vector<float>(),
+                       count % n == 0 ? psum_scatter(x, "mp", "i").to_vector<float>() : std::vector<float>{}};
+    });
+    for (std::size_t d = 0; d < got.size(); ++d) {
+      REQUIRE(std::memcmp(got[d].first.data(), want.data(), want.size() * sizeof(float)) == 0);
+      if (count % n == 0) {
+        const std::size_t block = static_cast<std::size_t>(count / n);
+        REQUIRE(std::memcmp(got[d].second.data(), want.data() + d * block, block * sizeof(float)) == 0);
+      }
+    }
   }
 }

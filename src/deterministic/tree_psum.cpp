@@ -13,15 +13,23 @@ namespace {
 // The ranks' values, gathered rank-major `stride` elements apart, are added over the ranks in the
 // halving order of the canonical tree (pairs, then pairs of pairs) at `offset`..`offset + count`
 // within each: ranks hold the global blocks in rank order, so the bits depend neither on the mesh
-// nor on the backend's reduction algorithm. The sum is left in rank 0's part.
-void add_ranks_in_tree(Tensor& gathered, int n, std::int64_t stride, std::int64_t offset, std::int64_t count) {
+// nor on the backend's reduction algorithm. The sum is left in rank 0's part, or with `root_out`
+// the last add (the tree's root) writes it there instead.
+void add_ranks_in_tree(Tensor& gathered, int n, std::int64_t stride, std::int64_t offset, std::int64_t count,
+                       void* root_out = nullptr) {
   auto& kernels = detail::kernels_of(gathered);
   const std::size_t es = dtype_size(gathered.dtype());
   auto* base = static_cast<char*>(gathered.raw_mutable());
   auto at = [&](int rank) { return base + (static_cast<std::int64_t>(rank) * stride + offset) * static_cast<std::int64_t>(es); };
   for (int step = 1; step < n; step *= 2)
-    for (int i = 0; i + step < n; i += 2 * step)
+    for (int i = 0; i + step < n; i += 2 * step) {
+      if (root_out != nullptr && i == 0 && 2 * step >= n) {
+        const kernels::Layout<3> flat{.rank = 1, .sizes = {count}, .strides = {{{1}, {1}, {1}}}};
+        kernels.binary(kernels::BinaryOp::add, gathered.dtype(), at(0), at(step), root_out, flat);
+        return;
+      }
       kernels.accumulate(ReduceOp::sum, gathered.dtype(), at(i), at(i + step), static_cast<std::size_t>(count));
+    }
 }
 
 // The sum psum finishes, as the tree of adds that made it: leaves are the partial sums psum adds
@@ -83,17 +91,27 @@ char* evaluate(const SumExpression& e, int node, char* sums, std::int64_t count,
   return left;
 }
 
-// Every leaf of the expression (in its summed dtype, laid out by `arrange`) end to end, and the
-// started all_gather of all ranks' copies of that, rank-major: [ranks, leaves * whole].
-Tensor gather_leaves(Communicator& comm, const Call& call, const SumExpression& expression, DType dtype, std::int64_t whole,
-                     const std::function<Tensor(const Tensor&)>& arrange, detail::Launch& launch) {
+// Every leaf of the expression in `dtype`, laid out by `arrange` (each leaf `whole` elements after
+// it), end to end as [leaves * whole]; a lone leaf is used where it is.
+Tensor stacked_leaves(const SumExpression& expression, DType dtype, std::int64_t whole,
+                      const std::function<Tensor(const Tensor&)>& arrange) {
+  if (expression.leaves.size() == 1) return arrange(detail::converted(expression.leaves[0], dtype));
   const std::size_t es = dtype_size(dtype);
-  const std::int64_t total = whole * static_cast<std::int64_t>(expression.leaves.size());
-  Tensor stacked = Tensor::empty(Shape{{"leaves", total}}, dtype, expression.leaves[0].device_ptr());
+  Tensor stacked = Tensor::empty(Shape{{"leaves", whole * static_cast<std::int64_t>(expression.leaves.size())}}, dtype,
+                                 expression.leaves[0].device_ptr());
   for (std::size_t t = 0; t < expression.leaves.size(); ++t) {
     const Tensor leaf = arrange(detail::converted(expression.leaves[t], dtype));
     detail::kernels_of(stacked).copy_bytes(static_cast<char*>(stacked.raw_mutable()) + t * whole * es, leaf.raw(), whole * es);
   }
+  return stacked;
+}
+
+// Every leaf of the expression (in its summed dtype, laid out by `arrange`) end to end, and the
+// started all_gather of all ranks' copies of that, rank-major: [ranks, leaves * whole].
+Tensor gather_leaves(Communicator& comm, const Call& call, const SumExpression& expression, DType dtype, std::int64_t whole,
+                     const std::function<Tensor(const Tensor&)>& arrange, detail::Launch& launch) {
+  const std::int64_t total = whole * static_cast<std::int64_t>(expression.leaves.size());
+  const Tensor stacked = stacked_leaves(expression, dtype, whole, arrange);
   Tensor gathered = Tensor::empty(Shape{{"ranks", comm.size()}, {"leaves", total}}, dtype, stacked.device_ptr());
   launch.keep({stacked, gathered});
   launch.all_gather(comm, stacked.raw(), gathered.raw_mutable(), static_cast<std::size_t>(total), dtype, call);
@@ -106,6 +124,7 @@ Tensor gather_leaves(Communicator& comm, const Call& call, const SumExpression& 
 void sum_block(Tensor& gathered, const SumExpression& expression, int n, std::int64_t whole, std::int64_t offset, std::int64_t block,
                Tensor& out) {
   const std::int64_t total = whole * static_cast<std::int64_t>(expression.leaves.size());
+  if (expression.leaves.size() == 1 && n > 1) return add_ranks_in_tree(gathered, n, total, offset, block, out.raw_mutable());
   for (std::size_t t = 0; t < expression.leaves.size(); ++t)
     add_ranks_in_tree(gathered, n, total, static_cast<std::int64_t>(t) * whole + offset, block);
   auto& kernels = detail::kernels_of(gathered);
@@ -118,6 +137,70 @@ void sum_block(Tensor& gathered, const SumExpression& expression, int n, std::in
 // The psum's result in the operand's dtype: rounded from the summed one, a result of its own.
 Tensor narrowed(const Tensor& out, DType dtype) { return out.dtype() == dtype ? out : trace::made(detail::converted(out, dtype)); }
 
+// A communicator whose all-reduce adds the ranks in the halving tree (Communicator::
+// adds_in_rank_tree: the threads', or any on two ranks) gives the canonical bits itself, with no
+// gather of every rank's copy. The leaves go in one call, then the expression's adds are redone.
+Tensor psum_in_rank_tree(Communicator& comm, const Call& call, const SumExpression& expression, std::int64_t whole,
+                         const Shape& shape, const VaryType& vary, DType narrow, detail::Launch& launch) {
+  const DType dtype = summed_dtype(narrow);
+  const Tensor stacked = stacked_leaves(expression, dtype, whole, [](const Tensor& t) { return t; });
+  Tensor sums = Tensor::empty(expression.leaves.size() == 1 ? shape : stacked.shape(), dtype, stacked.device_ptr());
+  if (!vary.invariant() && expression.leaves.size() == 1) sums = sums.with_vary(vary);
+  launch.keep({stacked, sums});
+  launch.all_reduce(comm, stacked.raw(), sums.raw_mutable(), static_cast<std::size_t>(stacked.numel()), dtype, ReduceOp::sum,
+                    call);
+  return launch.then([sums, expression, whole, shape, vary, narrow]() mutable {
+    if (expression.leaves.size() == 1) return narrowed(trace::made(sums), narrow);
+    Tensor out = Tensor::empty(shape, sums.dtype(), sums.device_ptr());
+    if (!vary.invariant()) out = out.with_vary(vary);
+    trace::made(out);
+    auto& kernels = detail::kernels_of(sums);
+    const char* value = evaluate(expression, 0, static_cast<char*>(sums.raw_mutable()), whole, whole, sums.dtype(), kernels);
+    kernels.copy_bytes(out.raw_mutable(), value, static_cast<std::size_t>(whole) * dtype_size(sums.dtype()));
+    return narrowed(out, narrow);
+  });
+}
+
+// The same for psum_scatter: each leaf regrouped by rank, the leaves interleaved rank-major
+// ([rank, leaves, block]) so that one reduce-scatter gives this rank every leaf's block.
+Tensor psum_scatter_in_rank_tree(Communicator& comm, const Call& call, const SumExpression& expression, Tensor out,
+                                 std::int64_t outer, DType narrow, detail::Launch& launch) {
+  const DType dtype = out.dtype();
+  const int n = comm.size();
+  const std::int64_t block = out.numel(), leaves = static_cast<std::int64_t>(expression.leaves.size());
+  auto by_rank = [&](const Tensor& leaf) {
+    if (outer == 1) return leaf;
+    Tensor grouped = Tensor::empty(Shape{{"rank", n}, {"block", block}}, dtype, leaf.device_ptr());
+    detail::regroup(leaf, grouped, outer, n, block / outer, false);
+    return grouped;
+  };
+  Tensor grouped;
+  if (leaves == 1) {
+    grouped = by_rank(detail::converted(expression.leaves[0], dtype));
+  } else {
+    grouped = Tensor::empty(Shape{{"rank", n}, {"leaves", leaves}, {"block", block}}, dtype, expression.leaves[0].device_ptr());
+    const std::size_t es = dtype_size(dtype);
+    for (std::int64_t t = 0; t < leaves; ++t) {
+      const Tensor leaf = by_rank(detail::converted(expression.leaves[static_cast<std::size_t>(t)], dtype));
+      for (int q = 0; q < n; ++q)
+        detail::kernels_of(grouped).copy_bytes(static_cast<char*>(grouped.raw_mutable()) + ((q * leaves + t) * block) * es,
+                                               static_cast<const char*>(leaf.raw()) + q * block * es, block * es);
+    }
+  }
+  Tensor sums = leaves == 1 ? out : Tensor::empty(Shape{{"leaves", leaves * block}}, dtype, grouped.device_ptr());
+  launch.keep({grouped, sums});
+  launch.reduce_scatter(comm, grouped.raw(), sums.raw_mutable(), static_cast<std::size_t>(leaves * block), dtype, ReduceOp::sum,
+                        call);
+  return launch.then([sums, out, expression, block, narrow]() mutable {
+    if (expression.leaves.size() > 1) {
+      auto& kernels = detail::kernels_of(sums);
+      const char* value = evaluate(expression, 0, static_cast<char*>(sums.raw_mutable()), block, block, sums.dtype(), kernels);
+      kernels.copy_bytes(out.raw_mutable(), value, static_cast<std::size_t>(block) * dtype_size(sums.dtype()));
+    }
+    return narrowed(out, narrow);
+  });
+}
+
 }  // namespace
 
 DType summed_dtype(DType dtype) { return dtype == DType::bf16 ? DType::f32 : dtype; }
@@ -125,6 +208,10 @@ DType summed_dtype(DType dtype) { return dtype == DType::bf16 ? DType::f32 : dty
 Tensor psum(Communicator& comm, const Call& call, const Tensor& x, const Names& mesh_axes, const VaryType& vary, detail::Launch& launch) {
   const SumExpression expression = SumExpression::of(x, mesh_axes);
   const std::int64_t whole = x.numel();
+  if (comm.adds_in_rank_tree(CollectiveKind::all_reduce,
+                             static_cast<std::size_t>(whole * static_cast<std::int64_t>(expression.leaves.size())),
+                             summed_dtype(x.dtype())))
+    return psum_in_rank_tree(comm, call, expression, whole, x.shape(), vary, x.dtype(), launch);
   Tensor gathered = gather_leaves(comm, call, expression, summed_dtype(x.dtype()), whole, [](const Tensor& t) { return t; }, launch);
   return launch.then([gathered, expression, n = comm.size(), whole, shape = x.shape(), vary, narrow = x.dtype()]() mutable {
     Tensor out = Tensor::empty(shape, gathered.dtype(), gathered.device_ptr());
@@ -140,6 +227,9 @@ Tensor psum_scatter(Communicator& comm, const Call& call, const Tensor& x, const
   const SumExpression expression = SumExpression::of(x, mesh_axes);
   const std::int64_t whole = x.numel(), block = out.numel();
   const int n = comm.size();
+  if (comm.adds_in_rank_tree(CollectiveKind::reduce_scatter,
+                             static_cast<std::size_t>(block * static_cast<std::int64_t>(expression.leaves.size())), out.dtype()))
+    return psum_scatter_in_rank_tree(comm, call, expression, out, outer, x.dtype(), launch);
   auto by_rank = [&](const Tensor& leaf) {
     if (outer == 1) return leaf;
     Tensor grouped = Tensor::empty(Shape{{"rank", n}, {"block", block}}, leaf.dtype(), leaf.device_ptr());

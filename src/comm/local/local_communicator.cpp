@@ -7,6 +7,7 @@
 
 #include "comm/element_at.h"
 #include "comm/local/comm_worker.h"
+#include "comm/rank_tree.h"
 #include "kernels/cpu/kernels.h"
 #include "nax/trace/trace.h"
 
@@ -30,6 +31,7 @@ class LocalCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
   std::string describe() const override { return "local " + group_->label(); }
+  bool adds_in_rank_tree(CollectiveKind, std::size_t, DType) const override { return true; }  // reduce_block
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) override {
     worker_.drain();
@@ -168,22 +170,24 @@ class LocalCommunicator final : public Communicator {
 
   // Reduces the ranks' elements [offset, offset + count) of the send buffers into each of dsts.
   void reduce_block(const std::vector<void*>& dsts, std::size_t offset, std::size_t count, DType dtype, ReduceOp op) {
-    // Accumulate a cache-sized chunk at a time, always in rank order, so that every rank gets the
-    // same bits and a destination may alias a send buffer (a chunk is read before it is written).
+    // Reduce a cache-sized chunk at a time, the ranks in the halving tree (comm/rank_tree.h), so
+    // that every rank gets the same bits and a destination may alias a send buffer (a chunk is
+    // read before it is written).
     constexpr std::size_t kChunkBytes = 16384;
-    alignas(64) char tmp[kChunkBytes];
     const std::size_t es = dtype_size(dtype), chunk = kChunkBytes / es;
     const bool large = count * es * dsts.size() >= kStreamBytes;
     for (std::size_t begin = 0; begin < count; begin += chunk) {
       const std::size_t n = std::min(chunk, count - begin);
-      std::memcpy(tmp, comm::element_at(group_->send(0), offset + begin, dtype), n * es);
-      for (int r = 1; r < size(); ++r) cpu::accumulate(op, dtype, tmp, comm::element_at(group_->send(r), offset + begin, dtype), n);
-      for (void* dst : dsts) copy_out(comm::element_at(dst, begin, dtype), tmp, n * es, large);
+      const void* sum = comm::reduce_ranks_in_tree(size(), n, dtype, op, tree_, nullptr, [&](int q, void*) -> const void* {
+        return comm::element_at(group_->send(q), offset + begin, dtype);
+      });
+      for (void* dst : dsts) copy_out(comm::element_at(dst, begin, dtype), sum, n * es, large);
     }
   }
 
   std::shared_ptr<LocalGroup> group_;
   int rank_;
+  comm::RankTreeScratch tree_;  // used by one call at a time: blocking calls drain the worker first
   CommWorker worker_;  // last: joined before the rest goes
 };
 

@@ -66,6 +66,12 @@ class MpiCommunicator final : public Communicator {
 
   // MPI's own non-blocking collectives, posted after the signature check (which waits for the
   // group) and waited for by the request as the blocking forms wait.
+  bool adds_in_rank_tree(CollectiveKind kind, std::size_t count, DType dtype) const override {
+    if (size() <= 2) return true;
+    const std::size_t bytes = count * dtype_size(dtype) * (kind == CollectiveKind::reduce_scatter ? members_.size() : 1);
+    return (kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter) && single_copy(bytes, nullptr, nullptr);
+  }
+
   std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                             const Call& call) override {
     const auto sig = signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op));

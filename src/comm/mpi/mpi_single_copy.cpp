@@ -11,6 +11,7 @@
 
 #include "comm/element_at.h"
 #include "comm/mpi/mpi_session.h"
+#include "comm/rank_tree.h"
 #include "kernels/cpu/kernels.h"
 #include "nax/core/error.h"
 
@@ -107,7 +108,7 @@ std::unique_ptr<SingleCopy> SingleCopy::probe(MPI_Comm comm, int rank, int size,
 }
 
 SingleCopy::SingleCopy(MPI_Comm comm, int rank, std::vector<std::int64_t> pids)
-    : comm_(comm), rank_(rank), pids_(std::move(pids)), chunk_(kChunkBytes), incoming_(kChunkBytes) {}
+    : comm_(comm), rank_(rank), pids_(std::move(pids)), incoming_(kChunkBytes) {}
 
 void SingleCopy::barrier(const Wait& wait) {
   MPI_Request request = MPI_REQUEST_NULL;
@@ -130,17 +131,14 @@ void SingleCopy::reduce(std::span<const Buffers> members, std::size_t offset, st
   const std::size_t es = dtype_size(dtype), per_chunk = kChunkBytes / es;
   for (std::size_t begin = 0; begin < count; begin += per_chunk) {
     const std::size_t n = std::min(per_chunk, count - begin), bytes = n * es, at = (offset + begin) * es;
-    read(0, members[0].send + at, chunk_.data(), bytes);
-    for (int q = 1; q < static_cast<int>(members.size()); ++q) {
-      const std::uint64_t part = members[static_cast<std::size_t>(q)].send + at;
-      if (q == rank_) {
-        cpu::accumulate(op, dtype, chunk_.data(), reinterpret_cast<const void*>(part), n);
-      } else {
-        read(q, part, incoming_.data(), bytes);
-        cpu::accumulate(op, dtype, chunk_.data(), incoming_.data(), n);
-      }
-    }
-    std::memcpy(comm::element_at(dst, begin, dtype), chunk_.data(), bytes);
+    const void* sum = comm::reduce_ranks_in_tree(static_cast<int>(members.size()), n, dtype, op, tree_, incoming_.data(),
+                                                 [&](int q, void* into) -> const void* {
+                                                   const std::uint64_t part = members[static_cast<std::size_t>(q)].send + at;
+                                                   if (q == rank_) return reinterpret_cast<const void*>(part);
+                                                   read(q, part, into, bytes);
+                                                   return into;
+                                                 });
+    std::memcpy(comm::element_at(dst, begin, dtype), sum, bytes);
   }
 }
 

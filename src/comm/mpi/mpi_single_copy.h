@@ -19,6 +19,7 @@
 #include <span>
 #include <vector>
 
+#include "comm/rank_tree.h"
 #include "nax/comm/communicator.h"
 
 namespace nax::mpi {
@@ -52,13 +53,14 @@ class SingleCopy {
   // Copies `bytes` at `address` in member q's memory (or this process's) to `local`.
   void read(int q, std::uint64_t address, void* local, std::size_t bytes) const;
   // Reduces elements [offset, offset + count) of the members' send buffers into `dst`, a
-  // cache-sized chunk at a time.
+  // cache-sized chunk at a time, the members in the halving tree (comm/rank_tree.h).
   void reduce(std::span<const Buffers> members, std::size_t offset, std::size_t count, DType dtype, ReduceOp op, void* dst);
 
   MPI_Comm comm_;
   int rank_;
   std::vector<std::int64_t> pids_;
-  std::vector<char> chunk_, incoming_;  // the reduction's working buffers
+  comm::RankTreeScratch tree_;  // the reduction's partial results (the ranks added in the halving tree)
+  std::vector<char> incoming_;  // a peer's chunk, read to be added
 };
 
 }  // namespace nax::mpi

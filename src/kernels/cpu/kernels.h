@@ -32,6 +32,8 @@ void stream_copy(void* dst, const void* src, std::size_t bytes);
 void convert(DType from, const void* src, DType to, void* dst, std::int64_t n);
 
 void accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n);
+// dst = a op b element by element (dst may be a), with accumulate's bits.
+void combine_into(ReduceOp op, DType dtype, void* dst, const void* a, const void* b, std::size_t n);
 
 // C (m x n, row stride ldc) = A (m x k) * B (k x n) + beta C, row-major, each operand optionally
 // transposed in memory. f32 and f64 through OpenBLAS, or with `tree.on` through tree_gemm.

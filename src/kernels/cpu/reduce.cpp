@@ -48,8 +48,8 @@ void reduce_rows(const T* in, T* out, std::int64_t out_count, const Layout<2>& l
 }
 
 template <typename T, ReduceOp op>
-void accumulate_typed(T* dst, const T* src, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) dst[i] = combine<T, op>(dst[i], src[i]);
+void combine_typed(T* dst, const T* a, const T* b, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = combine<T, op>(a[i], b[i]);
 }
 
 }  // namespace
@@ -68,26 +68,40 @@ void reduce(ReduceOp op, DType dtype, const void* in, void* out, std::int64_t ou
   });
 }
 
-void accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n) {
+void combine_into(ReduceOp op, DType dtype, void* dst, const void* a, const void* b, std::size_t n) {
   if (dtype == DType::bf16) {
     auto* d = static_cast<bf16*>(dst);
-    const auto* s = static_cast<const bf16*>(src);
+    const auto* x = static_cast<const bf16*>(a);
+    const auto* y = static_cast<const bf16*>(b);
     for (std::size_t i = 0; i < n; ++i) {
-      float a = static_cast<float>(d[i]), b = static_cast<float>(s[i]);
-      float r = op == ReduceOp::sum ? a + b : op == ReduceOp::max ? combine<float, ReduceOp::max>(a, b) : combine<float, ReduceOp::min>(a, b);
+      const float u = static_cast<float>(x[i]), v = static_cast<float>(y[i]);
+      const float r = op == ReduceOp::sum   ? u + v
+                      : op == ReduceOp::max ? combine<float, ReduceOp::max>(u, v)
+                                            : combine<float, ReduceOp::min>(u, v);
       d[i] = bf16(r);
     }
     return;
   }
-  NAX_DISPATCH_NUMERIC(dtype, "accumulate", T, {
+  NAX_DISPATCH_NUMERIC(dtype, "combine_into", T, {
     T* d = static_cast<T*>(dst);
-    const T* s = static_cast<const T*>(src);
+    const T* x = static_cast<const T*>(a);
+    const T* y = static_cast<const T*>(b);
     switch (op) {
-      case ReduceOp::sum: accumulate_typed<T, ReduceOp::sum>(d, s, n); break;
-      case ReduceOp::max: accumulate_typed<T, ReduceOp::max>(d, s, n); break;
-      case ReduceOp::min: accumulate_typed<T, ReduceOp::min>(d, s, n); break;
+      case ReduceOp::sum:
+        combine_typed<T, ReduceOp::sum>(d, x, y, n);
+        break;
+      case ReduceOp::max:
+        combine_typed<T, ReduceOp::max>(d, x, y, n);
+        break;
+      case ReduceOp::min:
+        combine_typed<T, ReduceOp::min>(d, x, y, n);
+        break;
     }
   });
+}
+
+void accumulate(ReduceOp op, DType dtype, void* dst, const void* src, std::size_t n) {
+  combine_into(op, dtype, dst, dst, src, n);
 }
 
 }  // namespace nax::cpu
