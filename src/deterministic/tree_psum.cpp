@@ -80,15 +80,24 @@ struct SumExpression {
 
 // The expression's value from its leaves' sums over the ranks (count elements each, leaf i at
 // sums + i * stride elements): each add in place into its left operand's buffer, in the order the
-// adds were made.
+// adds were made; the last (the root's) writes `out`.
 char* evaluate(const SumExpression& e, int node, char* sums, std::int64_t count, std::int64_t stride, DType dtype,
-               kernels::Kernels& kernels) {
+               kernels::Kernels& kernels, void* out = nullptr) {
   const auto& n = e.nodes[static_cast<std::size_t>(node)];
-  if (n.leaf >= 0) return sums + static_cast<std::size_t>(n.leaf) * static_cast<std::size_t>(stride) * dtype_size(dtype);
+  if (n.leaf >= 0) {
+    char* value = sums + static_cast<std::size_t>(n.leaf) * static_cast<std::size_t>(stride) * dtype_size(dtype);
+    if (out != nullptr) kernels.copy_bytes(out, value, static_cast<std::size_t>(count) * dtype_size(dtype));
+    return value;
+  }
   char* left = evaluate(e, n.left, sums, count, stride, dtype, kernels);
   const char* right = evaluate(e, n.right, sums, count, stride, dtype, kernels);
-  kernels.accumulate(ReduceOp::sum, dtype, left, right, static_cast<std::size_t>(count));
-  return left;
+  if (out == nullptr) {
+    kernels.accumulate(ReduceOp::sum, dtype, left, right, static_cast<std::size_t>(count));
+    return left;
+  }
+  const kernels::Layout<3> flat{.rank = 1, .sizes = {count}, .strides = {{{1}, {1}, {1}}}};
+  kernels.binary(kernels::BinaryOp::add, dtype, left, right, out, flat);
+  return static_cast<char*>(out);
 }
 
 // Every leaf of the expression in `dtype`, laid out by `arrange` (each leaf `whole` elements after
@@ -130,8 +139,7 @@ void sum_block(Tensor& gathered, const SumExpression& expression, int n, std::in
   auto& kernels = detail::kernels_of(gathered);
   const std::size_t es = dtype_size(gathered.dtype());
   char* first = static_cast<char*>(gathered.raw_mutable()) + static_cast<std::size_t>(offset) * es;
-  kernels.copy_bytes(out.raw_mutable(), evaluate(expression, 0, first, block, whole, gathered.dtype(), kernels),
-                     static_cast<std::size_t>(block) * es);
+  evaluate(expression, 0, first, block, whole, gathered.dtype(), kernels, out.raw_mutable());
 }
 
 // The psum's result in the operand's dtype: rounded from the summed one, a result of its own.
@@ -155,8 +163,7 @@ Tensor psum_in_rank_tree(Communicator& comm, const Call& call, const SumExpressi
     if (!vary.invariant()) out = out.with_vary(vary);
     trace::made(out);
     auto& kernels = detail::kernels_of(sums);
-    const char* value = evaluate(expression, 0, static_cast<char*>(sums.raw_mutable()), whole, whole, sums.dtype(), kernels);
-    kernels.copy_bytes(out.raw_mutable(), value, static_cast<std::size_t>(whole) * dtype_size(sums.dtype()));
+    evaluate(expression, 0, static_cast<char*>(sums.raw_mutable()), whole, whole, sums.dtype(), kernels, out.raw_mutable());
     return narrowed(out, narrow);
   });
 }
@@ -194,8 +201,7 @@ Tensor psum_scatter_in_rank_tree(Communicator& comm, const Call& call, const Sum
   return launch.then([sums, out, expression, block, narrow]() mutable {
     if (expression.leaves.size() > 1) {
       auto& kernels = detail::kernels_of(sums);
-      const char* value = evaluate(expression, 0, static_cast<char*>(sums.raw_mutable()), block, block, sums.dtype(), kernels);
-      kernels.copy_bytes(out.raw_mutable(), value, static_cast<std::size_t>(block) * dtype_size(sums.dtype()));
+      evaluate(expression, 0, static_cast<char*>(sums.raw_mutable()), block, block, sums.dtype(), kernels, out.raw_mutable());
     }
     return narrowed(out, narrow);
   });
