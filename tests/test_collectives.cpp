@@ -263,7 +263,7 @@ TEST_CASE("all_to_all over several mesh axes concatenates in the tensor's split 
 TEST_CASE("the thread runtime's psum and psum_scatter add the ranks in the halving tree on any group size",
           "[mesh][collectives]") {
   // f32 values from 1e-3 to 1e7 of both signs: the order of the additions shows in the bits.
-  const std::int64_t count = 5000;  // several of the reduction's chunks
+  const std::int64_t count = 40000;  // each rank's slice spans several of the reduction's 4096-element chunks
   auto values = [&](int device) {
     const auto u = random_uniform(Shape{{"i", count}}, 5, fmt::format("u{}", device), -1.0, 1.0, DType::f64).to_vector<double>();
     const auto e = random_uniform(Shape{{"i", count}}, 6, fmt::format("e{}", device), -3.0, 7.0, DType::f64).to_vector<double>();

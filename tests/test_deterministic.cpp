@@ -4,9 +4,10 @@
 // an error naming it. The whole GPT-J run is tests/determinism/meshes.sh.
 #include <cstring>
 
+#include "deterministic/deterministic.h"
 #include "helpers.h"
-#include "nax/ops/async_collectives.h"
 #include "nax/kernels/sum_tree.h"
+#include "nax/ops/async_collectives.h"
 
 using namespace nax;
 
@@ -14,7 +15,7 @@ namespace {
 
 const std::vector<std::string> kMeshes = {"dp=1,mp=1", "dp=1,mp=2", "dp=2,mp=1", "dp=2,mp=2", "dp=1,mp=4", "dp=4,mp=1"};
 
-Runtime deterministic(const std::string& mesh) { return Runtime::local(Mesh::parse(mesh), {.deterministic = true}); }
+Runtime deterministic_runtime(const std::string& mesh) { return Runtime::local(Mesh::parse(mesh), {.deterministic = true}); }
 
 // Values whose sum depends on the order of addition in f32: magnitudes from 1e-3 to 1e8, both signs.
 Tensor spread_values(const Shape& shape, std::uint64_t seed) {
@@ -38,6 +39,8 @@ float host_tree(const std::vector<float>& x) { return tree_sum(x.data(), static_
 }  // namespace
 
 TEST_CASE("deterministic psum adds the ranks pairwise, then the pairs, whatever the backend would do", "[mesh][deterministic]") {
+  // Both psum paths: the communicator's own reduction, and the gather of every rank's value.
+  const deterministic::GatherPsumsForTesting gather(GENERATE(false, true));
   const Shape shape{{"i", 64}};
   std::vector<Tensor> inputs;
   for (int d = 0; d < 4; ++d) inputs.push_back(spread_values(shape, 100 + static_cast<std::uint64_t>(d)));
@@ -47,7 +50,7 @@ TEST_CASE("deterministic psum adds the ranks pairwise, then the pairs, whatever 
     for (int d = 0; d < 4; ++d) v[d] = inputs[static_cast<std::size_t>(d)].to_vector<float>()[i];
     want[i] = (v[0] + v[1]) + (v[2] + v[3]);
   }
-  Runtime rt = deterministic("mp=4");
+  Runtime rt = deterministic_runtime("mp=4");
   const auto got = rt.run([&](Shard& s) { return bits(psum(pvary(s.shard(inputs[static_cast<std::size_t>(s.device())], {}), "mp"), "mp")); });
   std::vector<std::uint32_t> want_bits(64);
   std::memcpy(want_bits.data(), want.data(), sizeof(float) * 64);
@@ -55,10 +58,12 @@ TEST_CASE("deterministic psum adds the ranks pairwise, then the pairs, whatever 
 }
 
 TEST_CASE("deterministic psum_scatter gives each rank its block added in the same tree", "[mesh][deterministic]") {
+  // Both psum paths: the communicator's own reduction, and the gather of every rank's value.
+  const deterministic::GatherPsumsForTesting gather(GENERATE(false, true));
   const Shape shape{{"i", 8}, {"j", 4}};
   std::vector<Tensor> inputs;
   for (int d = 0; d < 4; ++d) inputs.push_back(spread_values(shape, 200 + static_cast<std::uint64_t>(d)));
-  Runtime rt = deterministic("mp=4");
+  Runtime rt = deterministic_runtime("mp=4");
   const auto got = rt.run([&](Shard& s) {
     return bits(psum_scatter(pvary(s.shard(inputs[static_cast<std::size_t>(s.device())], {}), "mp"), "mp", "i"));
   });
@@ -76,6 +81,8 @@ TEST_CASE("deterministic psum_scatter gives each rank its block added in the sam
 
 TEST_CASE("deterministic sums over a cut axis equal one device's canonical tree, even summed together before psum",
           "[mesh][deterministic]") {
+  // Both psum paths: the communicator's own reduction, and the gather of every rank's value.
+  const deterministic::GatherPsumsForTesting gather(GENERATE(false, true));
   const Shape global{{"k", 64}, {"i", 3}};
   const Tensor x = spread_values(global, 7), y = spread_values(global, 8);
   // The canonical trees of x's and y's columns, computed here on the host.
@@ -92,7 +99,7 @@ TEST_CASE("deterministic sums over a cut axis equal one device's canonical tree,
   std::memcpy(want_bits.data(), want.data(), sizeof(float) * 3);
   for (const std::string mesh : {"mp=1", "mp=2", "mp=4"}) {
     INFO("mesh " << mesh);
-    Runtime rt = deterministic(mesh);
+    Runtime rt = deterministic_runtime(mesh);
     const AxisRules rules{{"k", "mp"}};
     const auto got = rt.run([&](Shard& s) { return bits(psum(sum(s.shard(x, rules), "k") + sum(s.shard(y, rules), "k"), "mp")); });
     for (const auto& g : got) REQUIRE(g == want_bits);
@@ -100,6 +107,8 @@ TEST_CASE("deterministic sums over a cut axis equal one device's canonical tree,
 }
 
 TEST_CASE("deterministic gradients of a tensor-parallel MLP are bit-identical on every mesh", "[mesh][deterministic]") {
+  // Both psum paths: the communicator's own reduction, and the gather of every rank's value.
+  const deterministic::GatherPsumsForTesting gather(GENERATE(false, true));
   const Tensor x = spread_values(Shape{{"batch", 8}, {"embed", 16}}, 1);
   const Tensor w1 = random_normal(Shape{{"embed", 16}, {"mlp", 64}}, 2, "w1", 0.3);
   const Tensor w2 = random_normal(Shape{{"mlp", 64}, {"embed", 16}}, 3, "w2", 0.3);
@@ -107,7 +116,7 @@ TEST_CASE("deterministic gradients of a tensor-parallel MLP are bit-identical on
   std::vector<std::vector<std::uint32_t>> first;
   for (const auto& mesh : kMeshes) {
     INFO("mesh " << mesh);
-    Runtime rt = deterministic(mesh);
+    Runtime rt = deterministic_runtime(mesh);
     const auto results = rt.run([&](Shard& s) {
       const Tensor xs = s.shard(x, rules);
       auto [loss, grads] = value_and_grad(
@@ -129,9 +138,9 @@ TEST_CASE("deterministic gradients of a tensor-parallel MLP are bit-identical on
 
 TEST_CASE("deterministic mode refuses what it cannot make mesh-independent, naming it", "[mesh][deterministic][errors]") {
   using Catch::Matchers::Contains;
-  REQUIRE_THROWS_WITH(deterministic("dp=3"), Contains("power of two") && Contains("'dp'"));
+  REQUIRE_THROWS_WITH(deterministic_runtime("dp=3"), Contains("power of two") && Contains("'dp'"));
 
-  Runtime rt = deterministic("dp=2,mp=2");
+  Runtime rt = deterministic_runtime("dp=2,mp=2");
   const AxisRules rules{{"k", "mp"}, {"batch", "dp"}};
   const Tensor x = random_normal(Shape{{"k", 8}, {"i", 4}}, 1, "x");
   SECTION("an op other than add or psum on a sum of partial sums") {
@@ -222,8 +231,10 @@ TEST_CASE("deterministic mode's max cut: the most devices a sum may be cut over,
 
 TEST_CASE("deterministic psum over several mesh axes adds the ranks in mesh order, however the call names them",
           "[mesh][deterministic]") {
+  // Both psum paths: the communicator's own reduction, and the gather of every rank's value.
+  const deterministic::GatherPsumsForTesting gather(GENERATE(false, true));
   const Shape shape{{"i", 16}};
-  Runtime rt = deterministic("dp=2,mp=2");
+  Runtime rt = deterministic_runtime("dp=2,mp=2");
   const auto results = rt.run([&](Shard& s) {
     const Tensor x = pvary(s.shard(spread_values(shape, 300 + static_cast<std::uint64_t>(s.device())), {}), {"dp", "mp"});
     return std::vector<std::vector<std::uint32_t>>{bits(psum(x, {"dp", "mp"})), bits(psum(x, {"mp", "dp"}))};
@@ -235,8 +246,10 @@ TEST_CASE("deterministic psum over several mesh axes adds the ranks in mesh orde
 }
 
 TEST_CASE("deterministic start_psum and start_psum_scatter give the blocking forms' bits", "[mesh][deterministic]") {
+  // Both psum paths: the communicator's own reduction, and the gather of every rank's value.
+  const deterministic::GatherPsumsForTesting gather(GENERATE(false, true));
   const Shape shape{{"i", 8}, {"j", 4}};
-  Runtime rt = deterministic("mp=4");
+  Runtime rt = deterministic_runtime("mp=4");
   const auto results = rt.run([&](Shard& s) {
     const Tensor x = pvary(s.shard(spread_values(shape, 400 + static_cast<std::uint64_t>(s.device())), {}), "mp");
     Pending<Tensor> summed = start_psum(x, "mp");
@@ -251,13 +264,15 @@ TEST_CASE("deterministic start_psum and start_psum_scatter give the blocking for
 }
 
 TEST_CASE("deterministic pmean of local means over uneven counts gives one device's mean", "[mesh][deterministic]") {
+  // Both psum paths: the communicator's own reduction, and the gather of every rank's value.
+  const deterministic::GatherPsumsForTesting gather(GENERATE(false, true));
   // 6 rows: 3 per device on dp=2, so (s0/3 + s1/3)/2 would round three times where one device
   // rounds once.
   const Tensor x = spread_values(Shape{{"batch", 6}, {"j", 5}}, 9);
   const AxisRules rules{{"batch", "dp"}};
   std::vector<std::vector<std::uint32_t>> first;
   for (const std::string mesh : {"dp=1", "dp=2"}) {
-    Runtime rt = deterministic(mesh);
+    Runtime rt = deterministic_runtime(mesh);
     const auto got = rt.run([&](Shard& s) {
       auto [value, grads] = value_and_grad([&](const std::vector<Tensor>& p) { return sum(pmean(mean(p[0], "batch"), "dp"), "j"); },
                                            {s.shard(x, rules)});
@@ -271,6 +286,8 @@ TEST_CASE("deterministic pmean of local means over uneven counts gives one devic
 }
 
 TEST_CASE("deterministic psum_scatter of a sum of partial sums equals one device's sum, block by block", "[mesh][deterministic]") {
+  // Both psum paths: the communicator's own reduction, and the gather of every rank's value.
+  const deterministic::GatherPsumsForTesting gather(GENERATE(false, true));
   const Shape global{{"k", 64}, {"i", 4}, {"j", 2}};
   const Tensor x = spread_values(global, 17), y = spread_values(global, 18);
   std::vector<float> want;
@@ -287,7 +304,7 @@ TEST_CASE("deterministic psum_scatter of a sum of partial sums equals one device
   std::memcpy(want_bits.data(), want.data(), sizeof(float) * want.size());
   for (const std::string mesh : {"mp=1", "mp=2", "mp=4"}) {
     INFO("mesh " << mesh);
-    Runtime rt = deterministic(mesh);
+    Runtime rt = deterministic_runtime(mesh);
     const AxisRules rules{{"k", "mp"}};
     for (const std::string axis : {"i", "j"}) {
       if (axis == "j" && mesh == "mp=4") continue;  // j has 2 elements
@@ -302,6 +319,8 @@ TEST_CASE("deterministic psum_scatter of a sum of partial sums equals one device
 }
 
 TEST_CASE("deterministic psum of a difference of partial sums equals one device's difference of the trees", "[mesh][deterministic]") {
+  // Both psum paths: the communicator's own reduction, and the gather of every rank's value.
+  const deterministic::GatherPsumsForTesting gather(GENERATE(false, true));
   const Shape global{{"k", 64}, {"i", 3}};
   const Tensor x = spread_values(global, 9), y = spread_values(global, 10);
   std::vector<float> want(3);
@@ -317,7 +336,7 @@ TEST_CASE("deterministic psum of a difference of partial sums equals one device'
   std::memcpy(want_bits.data(), want.data(), sizeof(float) * 3);
   for (const std::string mesh : {"mp=1", "mp=2", "mp=4"}) {
     INFO("mesh " << mesh);
-    Runtime rt = deterministic(mesh);
+    Runtime rt = deterministic_runtime(mesh);
     const AxisRules rules{{"k", "mp"}};
     const auto got = rt.run([&](Shard& s) { return bits(psum(sum(s.shard(x, rules), "k") - sum(s.shard(y, rules), "k"), "mp")); });
     for (const auto& g : got) REQUIRE(g == want_bits);

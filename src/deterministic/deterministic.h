@@ -66,4 +66,18 @@ Tensor psum(Communicator& comm, const Call& call, const Tensor& x, const Names& 
 Tensor psum_scatter(Communicator& comm, const Call& call, const Tensor& x, const Names& mesh_axes, Tensor out, std::int64_t outer,
                     detail::Launch& launch);
 
+// Tests: while one is alive (and `on`), psum and psum_scatter gather every rank's value even where
+// the communicator adds the ranks in the halving tree itself, so that both paths meet the same
+// references.
+class GatherPsumsForTesting {
+ public:
+  explicit GatherPsumsForTesting(bool on = true);
+  ~GatherPsumsForTesting();
+  GatherPsumsForTesting(const GatherPsumsForTesting&) = delete;
+  GatherPsumsForTesting& operator=(const GatherPsumsForTesting&) = delete;
+
+ private:
+  bool was_;
+};
+
 }  // namespace nax::deterministic

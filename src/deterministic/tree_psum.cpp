@@ -1,5 +1,7 @@
-// psum and psum_scatter in the canonical order: the ranks' values gathered and added in the
-// halving tree, and a sum of partial sums finished term by term (docs/determinism.md).
+// psum and psum_scatter in the canonical order: the ranks' values added in the halving tree, by
+// the communicator's own reduction where it adds in that order (Communicator::adds_in_rank_tree),
+// else gathered and added here; a sum of partial sums finished term by term (docs/determinism.md).
+#include <atomic>
 #include <functional>
 
 #include "deterministic/deterministic.h"
@@ -9,6 +11,13 @@
 namespace nax::deterministic {
 
 namespace {
+
+std::atomic<bool> gather_psums{false};  // GatherPsumsForTesting
+
+// Whether this reduction may be the communicator's own: it adds the ranks in the canonical order.
+bool communicator_adds(const Communicator& comm, CollectiveKind kind, std::int64_t count, DType dtype) {
+  return !gather_psums.load(std::memory_order_relaxed) && comm.adds_in_rank_tree(kind, static_cast<std::size_t>(count), dtype);
+}
 
 // The ranks' values, gathered rank-major `stride` elements apart, are added over the ranks in the
 // halving order of the canonical tree (pairs, then pairs of pairs) at `offset`..`offset + count`
@@ -146,7 +155,8 @@ void sum_block(Tensor& gathered, const SumExpression& expression, int n, std::in
 Tensor narrowed(const Tensor& out, DType dtype) { return out.dtype() == dtype ? out : trace::made(detail::converted(out, dtype)); }
 
 // A communicator whose all-reduce adds the ranks in the halving tree (Communicator::
-// adds_in_rank_tree: the threads', or any on two ranks) gives the canonical bits itself, with no
+// adds_in_rank_tree: the host threads', MPI's single-copy path, any on two ranks) gives the
+// canonical bits itself, with no
 // gather of every rank's copy. The leaves go in one call, then the expression's adds are redone.
 Tensor psum_in_rank_tree(Communicator& comm, const Call& call, const SumExpression& expression, std::int64_t whole,
                          const Shape& shape, const VaryType& vary, DType narrow, detail::Launch& launch) {
@@ -214,9 +224,8 @@ DType summed_dtype(DType dtype) { return dtype == DType::bf16 ? DType::f32 : dty
 Tensor psum(Communicator& comm, const Call& call, const Tensor& x, const Names& mesh_axes, const VaryType& vary, detail::Launch& launch) {
   const SumExpression expression = SumExpression::of(x, mesh_axes);
   const std::int64_t whole = x.numel();
-  if (comm.adds_in_rank_tree(CollectiveKind::all_reduce,
-                             static_cast<std::size_t>(whole * static_cast<std::int64_t>(expression.leaves.size())),
-                             summed_dtype(x.dtype())))
+  if (communicator_adds(comm, CollectiveKind::all_reduce, whole * static_cast<std::int64_t>(expression.leaves.size()),
+                        summed_dtype(x.dtype())))
     return psum_in_rank_tree(comm, call, expression, whole, x.shape(), vary, x.dtype(), launch);
   Tensor gathered = gather_leaves(comm, call, expression, summed_dtype(x.dtype()), whole, [](const Tensor& t) { return t; }, launch);
   return launch.then([gathered, expression, n = comm.size(), whole, shape = x.shape(), vary, narrow = x.dtype()]() mutable {
@@ -233,8 +242,8 @@ Tensor psum_scatter(Communicator& comm, const Call& call, const Tensor& x, const
   const SumExpression expression = SumExpression::of(x, mesh_axes);
   const std::int64_t whole = x.numel(), block = out.numel();
   const int n = comm.size();
-  if (comm.adds_in_rank_tree(CollectiveKind::reduce_scatter,
-                             static_cast<std::size_t>(block * static_cast<std::int64_t>(expression.leaves.size())), out.dtype()))
+  if (communicator_adds(comm, CollectiveKind::reduce_scatter, block * static_cast<std::int64_t>(expression.leaves.size()),
+                        out.dtype()))
     return psum_scatter_in_rank_tree(comm, call, expression, out, outer, x.dtype(), launch);
   auto by_rank = [&](const Tensor& leaf) {
     if (outer == 1) return leaf;
@@ -248,5 +257,8 @@ Tensor psum_scatter(Communicator& comm, const Call& call, const Tensor& x, const
     return narrowed(out, narrow);
   });
 }
+
+GatherPsumsForTesting::GatherPsumsForTesting(bool on) : was_(gather_psums.exchange(on)) {}
+GatherPsumsForTesting::~GatherPsumsForTesting() { gather_psums.store(was_); }
 
 }  // namespace nax::deterministic

@@ -105,8 +105,8 @@ class Communicator {
   // Whether this all_reduce or reduce_scatter (`kind`, with the call's count and dtype) adds the
   // ranks' values in the halving tree, (r0 + r1) + (r2 + r3), on every rank: deterministic mode's
   // psum then calls it instead of gathering every rank's value. Any communicator does on two ranks
-  // (one addition per element, and addition is commutative); the threads' always, MPI's when it
-  // reads the peers' buffers itself.
+  // (one addition per element, and addition is commutative); the host threads' always, MPI's when
+  // it reads the peers' buffers itself.
   virtual bool adds_in_rank_tree(CollectiveKind /*kind*/, std::size_t /*count*/, DType /*dtype*/) const { return size() <= 2; }
 
   // A collective started and not yet waited for: its buffers must stay alive and untouched until

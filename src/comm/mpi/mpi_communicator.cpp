@@ -64,13 +64,16 @@ class MpiCommunicator final : public Communicator {
     return "mpi " + label_ + (single_copy_ != nullptr ? " (single copy on one host)" : "");
   }
 
-  // MPI's own non-blocking collectives, posted after the signature check (which waits for the
-  // group) and waited for by the request as the blocking forms wait.
+  // The single-copy path adds in the rank tree; MPI's own reductions in their own order. The bytes
+  // are the ones start_all_reduce and start_reduce_scatter decide by.
   bool adds_in_rank_tree(CollectiveKind kind, std::size_t count, DType dtype) const override {
     if (size() <= 2) return true;
     const std::size_t bytes = count * dtype_size(dtype) * (kind == CollectiveKind::reduce_scatter ? members_.size() : 1);
     return (kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter) && single_copy(bytes, nullptr, nullptr);
   }
+
+  // MPI's own non-blocking collectives, posted after the signature check (which waits for the
+  // group) and waited for by the request as the blocking forms wait.
 
   std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                             const Call& call) override {

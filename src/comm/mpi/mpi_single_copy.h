@@ -2,9 +2,9 @@
 // Collectives between processes of one host that read each other's buffers directly (Linux's
 // cross-memory attach, process_vm_readv, which Open MPI itself uses for point-to-point), as the
 // thread communicator reads its peers' buffers: each member reduces its block of the result,
-// adding the members' parts in rank order (the thread communicator's bits), then reads the
-// others' finished blocks. Open MPI's own all-reduce and reduce-scatter copy every block through
-// its transport and reach a third of that on one host.
+// adding the members' parts in the halving tree (comm/rank_tree.h: the thread communicator's
+// bits), then reads the others' finished blocks. Open MPI's own all-reduce and reduce-scatter copy
+// every block through its transport and reach a third of that on one host.
 //
 // A member only ever reads another's memory, never writes it: a member that gives up on a call
 // (an abort, a timeout) cannot have its memory changed by a peer that goes on. The group agrees

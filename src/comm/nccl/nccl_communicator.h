@@ -28,6 +28,9 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string describe() const override;
+  // Not even on two ranks: NCCL may reduce in the NVLink switch (NVLS), whose additions are not
+  // checked against IEEE's here; deterministic psum gathers instead.
+  bool adds_in_rank_tree(CollectiveKind, std::size_t, DType) const override { return false; }
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
   ncclComm_t comm() const { return comm_; }
