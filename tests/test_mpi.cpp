@@ -289,6 +289,17 @@ TEST_CASE("mpi: a world size other than the mesh's is refused", "[mpi][errors]")
                       Contains(fmt::format("has {} devices but mpirun started {} processes", world_size() + 1, world_size())));
 }
 
+TEST_CASE("mpi: processes that disagree on deterministic mode's options are refused on every process", "[mpi][errors]") {
+  using Catch::Matchers::Contains;
+  const Mesh mesh = Mesh::parse(meshes()[0]);
+  const bool first = process_index() == 0;
+  REQUIRE_THROWS_WITH(Runtime::mpi(mesh, {.deterministic = true, .deterministic_max_cut = first ? 8 : 16}),
+                      Contains("max cut") && Contains("NAX_DETERMINISTIC_MAX_CUT") && Contains("from 8 to 16"));
+  REQUIRE_THROWS_WITH(Runtime::mpi(mesh, {.deterministic = first}), Contains("deterministic is on in some processes"));
+  Runtime agreed = Runtime::mpi(mesh, {.deterministic = true, .deterministic_max_cut = 16});  // and then it goes on
+  REQUIRE(agreed.mesh().size() == world_size());
+}
+
 TEST_CASE("mpi: mismatched collectives raise the same error on every process, and the runtime goes on", "[mpi][errors]") {
   Runtime rt = Runtime::mpi(Mesh::parse(meshes().front()));
   REQUIRE_THROWS_WITH(rt.run([](Shard& s) { psum(pvary(ones(Shape{{"i", 4 + s.device() % 2}}), "mp"), "mp"); }),

@@ -79,9 +79,29 @@ std::unique_ptr<Communicator> make_mpi_nccl_comm(mpi::MpiWorld& world, const Dev
   return detail::make_nccl_communicator(id, static_cast<int>(members.size()), rank, device, guard);
 }
 
+// Deterministic mode's order depends on its options, read by each process from its own code and
+// environment: processes that disagree would compute different bits without a word, so every
+// process compares them (the same minimum and maximum everywhere: the same error everywhere).
+void check_processes_agree_on_determinism(const RuntimeOptions& options) {
+  const std::int64_t mine[2] = {options.deterministic ? 1 : 0, options.deterministic ? options.deterministic_max_cut : 0};
+  std::int64_t low[2] = {}, high[2] = {};
+  MPI_Allreduce(mine, low, 2, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(mine, high, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  if (low[0] != high[0])
+    fail("Runtime::mpi",
+         "RuntimeOptions::deterministic is on in some processes and off in others: every process must run the same mode");
+  if (low[1] != high[1])
+    fail("Runtime::mpi",
+         "deterministic mode's max cut (RuntimeOptions::deterministic_max_cut, NAX_DETERMINISTIC_MAX_CUT) differs between "
+         "processes, "
+         "from {} to {}: it is part of the order of every sum, so every process must use the same",
+         low[1], high[1]);
+}
+
 MpiState::MpiState(const Mesh& mesh, const RuntimeOptions& options)
     : mesh_(mesh),
       world_(std::make_shared<mpi::MpiWorld>(mesh, options.collective_timeout_s, options.check_collectives)) {
+  check_processes_agree_on_determinism(options);
   const int d = world_->device();
   devices_ = {d};
   trace::set_process(d, mesh.size());  // one pid and one trace file per rank
