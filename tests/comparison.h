@@ -171,12 +171,17 @@ void require_same_bits(const std::vector<T>& got, const std::vector<T>& want, co
 }
 
 // p blocks added in a psum's halving order, (b0 + b1) + (b2 + b3): the reference that a sum cut into
-// blocks and finished by a deterministic psum must equal.
+// blocks and finished by a deterministic psum must equal. A level with an odd count carries its
+// last block up as it is (p = 6: ((b0 + b1) + (b2 + b3)) + (b4 + b5)).
 template <typename T>
 std::vector<T> add_pairwise(std::vector<std::vector<T>> blocks) {
   while (blocks.size() > 1) {
     std::vector<std::vector<T>> next;
     for (std::size_t b = 0; b < blocks.size(); b += 2) {
+      if (b + 1 == blocks.size()) {
+        next.push_back(std::move(blocks[b]));
+        continue;
+      }
       std::vector<T> sum(blocks[b].size());
       for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = blocks[b][i] + blocks[b + 1][i];
       next.push_back(std::move(sum));

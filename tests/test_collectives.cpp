@@ -2,8 +2,7 @@
 // 4 and 8 devices, 1-D and 2-D, over one mesh axis or several, along leading and inner axes.
 #include <fmt/format.h>
 
-#include <cstring>
-
+#include "comparison.h"
 #include "helpers.h"
 
 using namespace nax;
@@ -271,23 +270,11 @@ TEST_CASE("the thread runtime's psum and psum_scatter add the ranks in the halvi
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(u[i] * std::pow(10.0, e[i]));
     return v;
   };
-  // Pairs, then pairs of pairs; a group size that is not a power of two adds its right edge last.
-  auto tree = [](std::vector<float> x) {
-    const int n = static_cast<int>(x.size());
-    for (int step = 1; step < n; step *= 2)
-      for (int i = 0; i + step < n; i += 2 * step) x[static_cast<std::size_t>(i)] += x[static_cast<std::size_t>(i + step)];
-    return x[0];
-  };
   for (const int n : {2, 3, 4, 6, 8}) {
     INFO("group of " << n);
     std::vector<std::vector<float>> inputs;
     for (int d = 0; d < n; ++d) inputs.push_back(values(d));
-    std::vector<float> want(static_cast<std::size_t>(count));
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      std::vector<float> ranks;
-      for (const auto& in : inputs) ranks.push_back(in[i]);
-      want[i] = tree(ranks);
-    }
+    const std::vector<float> want = nax::testing::add_pairwise(inputs);  // pairs, then pairs of pairs
     Runtime rt = Runtime::local(Mesh::parse(fmt::format("mp={}", n)));
     const auto got = rt.run([&](Shard& s) {
       const Tensor x = pvary(s.shard(from_vector(Shape{{"i", count}}, inputs[static_cast<std::size_t>(s.device())]), {}), "mp");
@@ -295,10 +282,11 @@ TEST_CASE("the thread runtime's psum and psum_scatter add the ranks in the halvi
                        count % n == 0 ? psum_scatter(x, "mp", "i").to_vector<float>() : std::vector<float>{}};
     });
     for (std::size_t d = 0; d < got.size(); ++d) {
-      REQUIRE(std::memcmp(got[d].first.data(), want.data(), want.size() * sizeof(float)) == 0);
+      nax::testing::require_same_bits(got[d].first, want, fmt::format("psum on device {} of {}", d, n));
       if (count % n == 0) {
         const std::size_t block = static_cast<std::size_t>(count / n);
-        REQUIRE(std::memcmp(got[d].second.data(), want.data() + d * block, block * sizeof(float)) == 0);
+        nax::testing::require_same_bits(got[d].second.data(), want.data() + d * block, block,
+                                        fmt::format("psum_scatter's block on device {} of {}", d, n));
       }
     }
   }

@@ -19,6 +19,20 @@ bool communicator_adds(const Communicator& comm, CollectiveKind kind, std::int64
   return !gather_psums.load(std::memory_order_relaxed) && comm.adds_in_rank_tree(kind, static_cast<std::size_t>(count), dtype);
 }
 
+// out = a + b over `count` elements (the last add of a tree, written where its result goes).
+void add_into(kernels::Kernels& kernels, DType dtype, const void* a, const void* b, void* out, std::int64_t count) {
+  const kernels::Layout<3> flat{.rank = 1, .sizes = {count}, .strides = {{{1}, {1}, {1}}}};
+  kernels.binary(kernels::BinaryOp::add, dtype, a, b, out, flat);
+}
+
+// A psum's fresh result, typed `vary` and recorded as an op's (detail::make_result's work; that
+// one lives in the op layer above).
+Tensor fresh_result(const Shape& shape, DType dtype, const VaryType& vary, const std::shared_ptr<Device>& device) {
+  Tensor out = Tensor::empty(shape, dtype, device);
+  if (!vary.invariant()) out = out.with_vary(vary);
+  return trace::made(out);
+}
+
 // The ranks' values, gathered rank-major `stride` elements apart, are added over the ranks in the
 // halving order of the canonical tree (pairs, then pairs of pairs) at `offset`..`offset + count`
 // within each: ranks hold the global blocks in rank order, so the bits depend neither on the mesh
@@ -32,11 +46,8 @@ void add_ranks_in_tree(Tensor& gathered, int n, std::int64_t stride, std::int64_
   auto at = [&](int rank) { return base + (static_cast<std::int64_t>(rank) * stride + offset) * static_cast<std::int64_t>(es); };
   for (int step = 1; step < n; step *= 2)
     for (int i = 0; i + step < n; i += 2 * step) {
-      if (root_out != nullptr && i == 0 && 2 * step >= n) {
-        const kernels::Layout<3> flat{.rank = 1, .sizes = {count}, .strides = {{{1}, {1}, {1}}}};
-        kernels.binary(kernels::BinaryOp::add, gathered.dtype(), at(0), at(step), root_out, flat);
-        return;
-      }
+      if (root_out != nullptr && i == 0 && 2 * step >= n)
+        return add_into(kernels, gathered.dtype(), at(0), at(step), root_out, count);
       kernels.accumulate(ReduceOp::sum, gathered.dtype(), at(i), at(i + step), static_cast<std::size_t>(count));
     }
 }
@@ -104,8 +115,7 @@ char* evaluate(const SumExpression& e, int node, char* sums, std::int64_t count,
     kernels.accumulate(ReduceOp::sum, dtype, left, right, static_cast<std::size_t>(count));
     return left;
   }
-  const kernels::Layout<3> flat{.rank = 1, .sizes = {count}, .strides = {{{1}, {1}, {1}}}};
-  kernels.binary(kernels::BinaryOp::add, dtype, left, right, out, flat);
+  add_into(kernels, dtype, left, right, out, count);
   return static_cast<char*>(out);
 }
 
@@ -156,63 +166,50 @@ Tensor narrowed(const Tensor& out, DType dtype) { return out.dtype() == dtype ? 
 
 // A communicator whose all-reduce adds the ranks in the halving tree (Communicator::
 // adds_in_rank_tree: the host threads', MPI's single-copy path, any on two ranks) gives the
-// canonical bits itself, with no
-// gather of every rank's copy. The leaves go in one call, then the expression's adds are redone.
+// canonical bits itself, with no gather of every rank's copy. The leaves go in one call, then the
+// expression's adds are redone.
 Tensor psum_in_rank_tree(Communicator& comm, const Call& call, const SumExpression& expression, std::int64_t whole,
                          const Shape& shape, const VaryType& vary, DType narrow, detail::Launch& launch) {
   const DType dtype = summed_dtype(narrow);
   const Tensor stacked = stacked_leaves(expression, dtype, whole, [](const Tensor& t) { return t; });
-  Tensor sums = Tensor::empty(expression.leaves.size() == 1 ? shape : stacked.shape(), dtype, stacked.device_ptr());
-  if (!vary.invariant() && expression.leaves.size() == 1) sums = sums.with_vary(vary);
+  const bool lone = expression.leaves.size() == 1;
+  Tensor sums =
+      lone ? fresh_result(shape, dtype, vary, stacked.device_ptr()) : Tensor::empty(stacked.shape(), dtype, stacked.device_ptr());
   launch.keep({stacked, sums});
   launch.all_reduce(comm, stacked.raw(), sums.raw_mutable(), static_cast<std::size_t>(stacked.numel()), dtype, ReduceOp::sum,
                     call);
-  return launch.then([sums, expression, whole, shape, vary, narrow]() mutable {
-    if (expression.leaves.size() == 1) return narrowed(trace::made(sums), narrow);
-    Tensor out = Tensor::empty(shape, sums.dtype(), sums.device_ptr());
-    if (!vary.invariant()) out = out.with_vary(vary);
-    trace::made(out);
-    auto& kernels = detail::kernels_of(sums);
-    evaluate(expression, 0, static_cast<char*>(sums.raw_mutable()), whole, whole, sums.dtype(), kernels, out.raw_mutable());
+  return launch.then([sums, expression, whole, shape, vary, narrow, lone]() mutable {
+    if (lone) return narrowed(sums, narrow);
+    Tensor out = fresh_result(shape, sums.dtype(), vary, sums.device_ptr());
+    evaluate(expression, 0, static_cast<char*>(sums.raw_mutable()), whole, whole, sums.dtype(), detail::kernels_of(sums),
+             out.raw_mutable());
     return narrowed(out, narrow);
   });
 }
 
-// The same for psum_scatter: each leaf regrouped by rank, the leaves interleaved rank-major
+// The same for psum_scatter: each leaf arranged by rank, the leaves interleaved rank-major
 // ([rank, leaves, block]) so that one reduce-scatter gives this rank every leaf's block.
 Tensor psum_scatter_in_rank_tree(Communicator& comm, const Call& call, const SumExpression& expression, Tensor out,
-                                 std::int64_t outer, DType narrow, detail::Launch& launch) {
+                                 const std::function<Tensor(const Tensor&)>& by_rank, DType narrow, detail::Launch& launch) {
   const DType dtype = out.dtype();
   const int n = comm.size();
   const std::int64_t block = out.numel(), leaves = static_cast<std::int64_t>(expression.leaves.size());
-  auto by_rank = [&](const Tensor& leaf) {
-    if (outer == 1) return leaf;
-    Tensor grouped = Tensor::empty(Shape{{"rank", n}, {"block", block}}, dtype, leaf.device_ptr());
-    detail::regroup(leaf, grouped, outer, n, block / outer, false);
-    return grouped;
-  };
-  Tensor grouped;
-  if (leaves == 1) {
-    grouped = by_rank(detail::converted(expression.leaves[0], dtype));
-  } else {
-    grouped = Tensor::empty(Shape{{"rank", n}, {"leaves", leaves}, {"block", block}}, dtype, expression.leaves[0].device_ptr());
-    const std::size_t es = dtype_size(dtype);
-    for (std::int64_t t = 0; t < leaves; ++t) {
-      const Tensor leaf = by_rank(detail::converted(expression.leaves[static_cast<std::size_t>(t)], dtype));
-      for (int q = 0; q < n; ++q)
-        detail::kernels_of(grouped).copy_bytes(static_cast<char*>(grouped.raw_mutable()) + ((q * leaves + t) * block) * es,
-                                               static_cast<const char*>(leaf.raw()) + q * block * es, block * es);
-    }
+  Tensor grouped = leaves == 1 ? by_rank(detail::converted(expression.leaves[0], dtype))
+                               : Tensor::empty(Shape{{"rank", n}, {"leaves", leaves}, {"block", block}}, dtype, out.device_ptr());
+  for (std::int64_t t = 0; leaves > 1 && t < leaves; ++t) {  // leaf t's [rank, block] into column t of [rank, leaves, block]
+    const Tensor leaf = by_rank(detail::converted(expression.leaves[static_cast<std::size_t>(t)], dtype));
+    const kernels::Layout<2> into{.rank = 2, .sizes = {n, block}, .strides = {{{block, 1}, {leaves * block, 1}}}};
+    detail::kernels_of(grouped).copy(dtype_size(dtype), leaf.raw(),
+                                     static_cast<char*>(grouped.raw_mutable()) + t * block * dtype_size(dtype), into);
   }
   Tensor sums = leaves == 1 ? out : Tensor::empty(Shape{{"leaves", leaves * block}}, dtype, grouped.device_ptr());
   launch.keep({grouped, sums});
   launch.reduce_scatter(comm, grouped.raw(), sums.raw_mutable(), static_cast<std::size_t>(leaves * block), dtype, ReduceOp::sum,
                         call);
   return launch.then([sums, out, expression, block, narrow]() mutable {
-    if (expression.leaves.size() > 1) {
-      auto& kernels = detail::kernels_of(sums);
-      evaluate(expression, 0, static_cast<char*>(sums.raw_mutable()), block, block, sums.dtype(), kernels, out.raw_mutable());
-    }
+    if (expression.leaves.size() > 1)
+      evaluate(expression, 0, static_cast<char*>(sums.raw_mutable()), block, block, sums.dtype(), detail::kernels_of(sums),
+               out.raw_mutable());
     return narrowed(out, narrow);
   });
 }
@@ -229,9 +226,7 @@ Tensor psum(Communicator& comm, const Call& call, const Tensor& x, const Names& 
     return psum_in_rank_tree(comm, call, expression, whole, x.shape(), vary, x.dtype(), launch);
   Tensor gathered = gather_leaves(comm, call, expression, summed_dtype(x.dtype()), whole, [](const Tensor& t) { return t; }, launch);
   return launch.then([gathered, expression, n = comm.size(), whole, shape = x.shape(), vary, narrow = x.dtype()]() mutable {
-    Tensor out = Tensor::empty(shape, gathered.dtype(), gathered.device_ptr());
-    if (!vary.invariant()) out = out.with_vary(vary);
-    trace::made(out);
+    Tensor out = fresh_result(shape, gathered.dtype(), vary, gathered.device_ptr());
     sum_block(gathered, expression, n, whole, 0, whole, out);
     return narrowed(out, narrow);
   });
@@ -242,15 +237,15 @@ Tensor psum_scatter(Communicator& comm, const Call& call, const Tensor& x, const
   const SumExpression expression = SumExpression::of(x, mesh_axes);
   const std::int64_t whole = x.numel(), block = out.numel();
   const int n = comm.size();
-  if (communicator_adds(comm, CollectiveKind::reduce_scatter, block * static_cast<std::int64_t>(expression.leaves.size()),
-                        out.dtype()))
-    return psum_scatter_in_rank_tree(comm, call, expression, out, outer, x.dtype(), launch);
   auto by_rank = [&](const Tensor& leaf) {
     if (outer == 1) return leaf;
     Tensor grouped = Tensor::empty(Shape{{"rank", n}, {"block", block}}, leaf.dtype(), leaf.device_ptr());
     detail::regroup(leaf, grouped, outer, n, block / outer, false);
     return grouped;
   };
+  if (communicator_adds(comm, CollectiveKind::reduce_scatter, block * static_cast<std::int64_t>(expression.leaves.size()),
+                        out.dtype()))
+    return psum_scatter_in_rank_tree(comm, call, expression, out, by_rank, x.dtype(), launch);
   Tensor gathered = gather_leaves(comm, call, expression, out.dtype(), whole, by_rank, launch);
   return launch.then([gathered, out, expression, n, rank = comm.rank(), whole, block, narrow = x.dtype()]() mutable {
     sum_block(gathered, expression, n, whole, static_cast<std::int64_t>(rank) * block, block, out);

@@ -4,14 +4,10 @@
 
 namespace nax {
 
-namespace {
-bool power_of_two(std::int64_t n) { return n >= 1 && (n & (n - 1)) == 0; }
-}  // namespace
-
 SumTree SumTree::canonical_for_block_of(std::int64_t blocks, std::int64_t max_cut) {
-  if (!power_of_two(blocks))
+  if (!is_power_of_two(blocks))
     fail("deterministic", "a sum cut into {} blocks: deterministic mode needs a power of two devices along every cut axis", blocks);
-  if (!power_of_two(max_cut)) fail("deterministic", "max cut {}: it must be a power of two", max_cut);
+  if (!is_power_of_two(max_cut)) fail("deterministic", "max cut {}: it must be a power of two", max_cut);
   if (blocks > max_cut)
     fail("deterministic",
          "a sum cut into {} blocks: deterministic mode's sum trees take at most {} devices along the axes a sum is cut over; set "

@@ -40,7 +40,7 @@ std::int64_t max_cut(const char* name, std::int64_t otherwise) {
   if (value.empty()) return otherwise;
   char* end = nullptr;
   const long long n = std::strtoll(value.c_str(), &end, 10);
-  if (end == value.c_str() || *end != '\0' || n < 1 || (n & (n - 1)) != 0)
+  if (end == value.c_str() || *end != '\0' || !is_power_of_two(n))
     fail("Runtime", "{}='{}' is not a power of two number of devices", name, value);
   return n;
 }

@@ -93,8 +93,7 @@ void check_processes_agree_on_determinism(const RuntimeOptions& options) {
   if (low[1] != high[1])
     fail("Runtime::mpi",
          "deterministic mode's max cut (RuntimeOptions::deterministic_max_cut, NAX_DETERMINISTIC_MAX_CUT) differs between "
-         "processes, "
-         "from {} to {}: it is part of the order of every sum, so every process must use the same",
+         "processes, from {} to {}: it is part of the order of every sum, so every process must use the same",
          low[1], high[1]);
 }
 

@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "nax/kernels/kernels.h"
+#include "nax/kernels/sum_tree.h"
 #include "nax/trace/trace.h"
 #include "runtime/components.h"
 #include "runtime/cuda_devices.h"
@@ -27,13 +28,13 @@ namespace detail {
 
 void check_deterministic_mesh(const RuntimeOptions& options, const Mesh& mesh, std::string_view op) {
   if (!options.deterministic) return;
-  const std::int64_t cut = options.deterministic_max_cut;
-  if (cut < 1 || (cut & (cut - 1)) != 0)
-    fail(op, "RuntimeOptions::deterministic_max_cut = {}: deterministic mode needs a power of two", cut);
+  if (!is_power_of_two(options.deterministic_max_cut))
+    fail(op, "RuntimeOptions::deterministic_max_cut = {}: deterministic mode needs a power of two",
+         options.deterministic_max_cut);
   for (const auto& axis : mesh.axis_names()) {
-    const std::int64_t n = mesh.axis_size(axis);
-    if ((n & (n - 1)) != 0)
-      fail(op, "deterministic mode needs a power of two devices along every mesh axis; mesh {} has {} along '{}'", mesh.str(), n, axis);
+    if (!is_power_of_two(mesh.axis_size(axis)))
+      fail(op, "deterministic mode needs a power of two devices along every mesh axis; mesh {} has {} along '{}'", mesh.str(),
+           mesh.axis_size(axis), axis);
   }
 }
 

@@ -12,7 +12,8 @@
 
 namespace nax {
 
-// log2 of a power of two (the header is C++17 for nvcc: no <bit>).
+// Whether n is 1, 2, 4, ...; and log2 of such an n (the header is C++17 for nvcc: no <bit>).
+constexpr bool is_power_of_two(std::int64_t n) { return n >= 1 && (n & (n - 1)) == 0; }
 constexpr int log2_of_power_of_two(std::int64_t n) {
   int log2 = 0;
   while ((std::int64_t{1} << log2) < n) ++log2;

@@ -74,7 +74,6 @@ class MpiCommunicator final : public Communicator {
 
   // MPI's own non-blocking collectives, posted after the signature check (which waits for the
   // group) and waited for by the request as the blocking forms wait.
-
   std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                             const Call& call) override {
     const auto sig = signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op));

@@ -44,59 +44,73 @@ struct Operand {
   bool trans;
 };
 
-// A panel packed across the operand's rows is written a chunk of k at a time, so the lines being
+// A panel packed across its source's rows is written a chunk of k at a time, so the lines being
 // filled stay in the L1 cache while each source row passes over them.
 constexpr std::int64_t kPackChunk = 64;
 
-// out[kk * C + j] = rows[j * ld + kk] for every kk < k and j < C (a panel of a transposed operand,
-// written k-major) by vector gathers where the build has them, 16 rows of f32 at a time; false
-// where it does not (the caller copies element by element).
-template <int C, typename T>
+// out[kk * W + j] = rows[j * ld + kk] for every kk < k and j < W (a panel whose lines are the
+// source's rows, written k-major) by vector gathers where the build has them, 16 rows of f32 at a
+// time; false where it does not (the caller copies element by element).
+template <int W, typename T>
 bool gather_rows([[maybe_unused]] const T* rows, [[maybe_unused]] std::int64_t ld, [[maybe_unused]] std::int64_t k,
                  [[maybe_unused]] T* out) {
 #if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float> && C % 16 == 0) {
+  if constexpr (std::is_same_v<T, float> && W % 16 == 0) {
     if (ld > std::numeric_limits<std::int32_t>::max() / 16) return false;
     const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                _mm512_set1_epi32(static_cast<int>(ld)));
     for (std::int64_t kk = 0; kk < k; ++kk)
-      for (int v = 0; v < C / 16; ++v)
-        _mm512_storeu_ps(out + kk * C + v * 16, _mm512_i32gather_ps(offsets, rows + v * 16 * ld + kk, 4));
+      for (int v = 0; v < W / 16; ++v)
+        _mm512_storeu_ps(out + kk * W + v * 16,
+                         _mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xFFFF, offsets, rows + v * 16 * ld + kk, 4));
     return true;
   }
 #endif
   return false;
 }
 
+// One panel of W lines (rows of op(A), or columns of op(B)) from line `first` on, k x W (k-major),
+// of which the first `valid` exist and the rest are zero. A line's k values lie along a row of the
+// stored operand when `lines_are_rows` (op(A) untransposed, op(B) transposed: read one row per line,
+// written W apart) and down its columns otherwise (one stored row per kk, W values side by side).
+// Either way the source is read along its rows.
+template <int W, typename T>
+void pack_panel(const T* data, std::int64_t ld, bool lines_are_rows, std::int64_t k, std::int64_t first, std::int64_t valid,
+                T* out) {
+  if (!lines_are_rows) {
+    for (std::int64_t kk = 0; kk < k; ++kk) {
+      const T* src = data + kk * ld + first;
+      T* dst = out + kk * W;
+      if (valid == W) {
+        std::memcpy(dst, src, sizeof(T) * W);
+        continue;
+      }
+      for (int j = 0; j < valid; ++j) dst[j] = src[j];
+      for (int j = static_cast<int>(valid); j < W; ++j) dst[j] = T(0);
+    }
+    return;
+  }
+  if (valid == W && gather_rows<W>(data + first * ld, ld, k, out)) return;
+  for (std::int64_t k0 = 0; k0 < k; k0 += kPackChunk) {
+    const std::int64_t k1 = std::min(k, k0 + kPackChunk);
+    for (int j = 0; j < W; ++j) {
+      if (j >= valid) {
+        for (std::int64_t kk = k0; kk < k1; ++kk) out[kk * W + j] = T(0);
+        continue;
+      }
+      const T* src = data + (first + j) * ld;
+      for (std::int64_t kk = k0; kk < k1; ++kk) out[kk * W + j] = src[kk];
+    }
+  }
+}
+
 // Rows [row0, row0 + rows) of op(A) (m x k) as panels of the tile's rows R, each k x R (k-major);
-// rows past m are zero. Each operand is read along its rows (a transposed one k-major), so a
-// transposed operand's panel is R contiguous values per k, not R strided columns.
+// rows past m are zero.
 template <typename Tile, typename T = typename Tile::Value>
 void pack_a(const Operand<T>& a, std::int64_t m, std::int64_t k, std::int64_t row0, std::int64_t rows, T* out) {
   constexpr int R = Tile::rows;
-  for (std::int64_t p = 0; p < rows; p += R, out += k * R) {
-    const std::int64_t first = row0 + p, valid = std::clamp<std::int64_t>(m - first, 0, R);
-    if (a.trans) {
-      for (std::int64_t kk = 0; kk < k; ++kk) {
-        const T* src = a.data + kk * a.ld + first;
-        T* dst = out + kk * R;
-        for (int r = 0; r < valid; ++r) dst[r] = src[r];
-        for (int r = static_cast<int>(valid); r < R; ++r) dst[r] = T(0);
-      }
-      continue;
-    }
-    for (std::int64_t k0 = 0; k0 < k; k0 += kPackChunk) {
-      const std::int64_t k1 = std::min(k, k0 + kPackChunk);
-      for (int r = 0; r < R; ++r) {
-        if (r >= valid) {
-          for (std::int64_t kk = k0; kk < k1; ++kk) out[kk * R + r] = T(0);
-          continue;
-        }
-        const T* src = a.data + (first + r) * a.ld;
-        for (std::int64_t kk = k0; kk < k1; ++kk) out[kk * R + r] = src[kk];
-      }
-    }
-  }
+  for (std::int64_t first = row0; first < row0 + rows; first += R, out += k * R)
+    pack_panel<R>(a.data, a.ld, !a.trans, k, first, std::min<std::int64_t>(R, m - first), out);
 }
 
 // Columns [col0, col0 + cols) of op(B) (k x n) as panels of the tile's columns C, each k x C
@@ -104,34 +118,8 @@ void pack_a(const Operand<T>& a, std::int64_t m, std::int64_t k, std::int64_t ro
 template <typename Tile, typename T = typename Tile::Value>
 void pack_b(const Operand<T>& b, std::int64_t k, std::int64_t n, std::int64_t col0, std::int64_t cols, T* out) {
   constexpr int C = Tile::cols;
-  for (std::int64_t j0 = col0; j0 < col0 + cols; j0 += C, out += k * C) {
-    const std::int64_t valid = std::clamp<std::int64_t>(n - j0, 0, C);
-    if (!b.trans && valid == C) {
-      for (std::int64_t kk = 0; kk < k; ++kk) std::memcpy(out + kk * C, b.data + kk * b.ld + j0, sizeof(T) * C);
-      continue;
-    }
-    if (!b.trans) {
-      for (std::int64_t kk = 0; kk < k; ++kk) {
-        const T* src = b.data + kk * b.ld + j0;
-        T* dst = out + kk * C;
-        for (int j = 0; j < valid; ++j) dst[j] = src[j];
-        for (int j = static_cast<int>(valid); j < C; ++j) dst[j] = T(0);
-      }
-      continue;
-    }
-    if (valid == C && gather_rows<C>(b.data + j0 * b.ld, b.ld, k, out)) continue;
-    for (std::int64_t k0 = 0; k0 < k; k0 += kPackChunk) {
-      const std::int64_t k1 = std::min(k, k0 + kPackChunk);
-      for (int j = 0; j < C; ++j) {
-        if (j >= valid) {
-          for (std::int64_t kk = k0; kk < k1; ++kk) out[kk * C + j] = T(0);
-          continue;
-        }
-        const T* src = b.data + (j0 + j) * b.ld;
-        for (std::int64_t kk = k0; kk < k1; ++kk) out[kk * C + j] = src[kk];
-      }
-    }
-  }
+  for (std::int64_t first = col0; first < col0 + cols; first += C, out += k * C)
+    pack_panel<C>(b.data, b.ld, b.trans, k, first, std::min<std::int64_t>(C, n - first), out);
 }
 
 // The tile's sums over k in the schedule's tree: a (k x rows) and b (k x cols) packed panels, out
@@ -271,7 +259,7 @@ void tree_gemm_tiled(const GemmShape& g, const T* a, const T* b, T* c, const Sum
                         a_packed, b_packed, schedule, stack);
 }
 
-// Leaves of 8 or more (a k of 512 and up in the full tree) amortise a trip through memory per node.
+// Leaves of 8 or more amortise a trip through memory per node.
 template <typename T>
 void tree_gemm_typed(const GemmShape& g, const T* a, const T* b, T* c) {
   if (g.m <= 0 || g.n <= 0) return;
