@@ -19,10 +19,10 @@ printf "%-44s %12s %12s %8s\n" "case" "planned GB" "measured GB" "error"
 for c in "${cases[@]}"; do
   read -r config seq batch mesh flags <<<"$c"
   # shellcheck disable=SC2086
-  planned=$("$build/bin/gptj" plan --config "$config" --seq "$seq" --batch "$batch" --mesh "$mesh" ${flags:-} | awk '$1 == "peak" && $2 != "in" {print $2}')
+  planned=$("$build/bin/gptj" plan --config "$config" --seq "$seq" --batch "$batch" --mesh "$mesh" ${flags:-} | awk '$1 == "peak" && $2 != "in" {print ($3 == "MB" ? $2 / 1000 : $2)}')
   # shellcheck disable=SC2086
   "$build/bin/bench_train" --config "$config" --seq "$seq" --batch "$batch" --meshes "$mesh" --steps 2 ${flags:-} --json "$json" >/dev/null
   measured=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))[0]['peak_device_bytes'] / 1e9)" "$json")
-  python3 -c "import sys; c, p, m = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]); print(f'{c:<44} {p:12.3f} {m:12.3f} {100 * (p - m) / m:+7.1f}%')" \
+  python3 -c "import sys; c, p, m = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]); print(f'{c:<44} {p:12.4f} {m:12.4f} {100 * (p - m) / m:+7.1f}%')" \
     "$c" "$planned" "$measured"
 done

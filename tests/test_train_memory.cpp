@@ -2,7 +2,7 @@
 // losses and gradient norms as without, step by step, on meshes 1x1, 1x2 and 2x2 (f32 and bf16); AdamW with its
 // state cut over dp (ZeRO-1, --zero) takes the same steps as without, holds 1/dp of the moments,
 // and its checkpoints are the same files (resumed with or without it, on other meshes). gptj plan's
-// peak is within 10% of the measured one, with and without --sequence-parallel.
+// peak is within 5% of the measured one, with and without --sequence-parallel.
 #include <unistd.h>
 
 #include <filesystem>
@@ -110,7 +110,7 @@ TEST_CASE("checkpoints saved with --zero resume without it and the other way, on
   }
 }
 
-TEST_CASE("gptj plan's peak is within 10% of the measured peak on config small", "[gptj][plan][memory]") {
+TEST_CASE("gptj plan's peak is within 5% of the measured peak on config small", "[gptj][plan][memory]") {
   struct Case {
     std::string mesh;
     bool remat, zero;
@@ -130,7 +130,7 @@ TEST_CASE("gptj plan's peak is within 10% of the measured peak on config small",
     const gptj::MemoryPlan plan = gptj::plan_memory(p);
     INFO("mesh " << c.mesh << (c.remat ? " --remat" : "") << (c.zero ? " --zero" : "") << (c.sequence_parallel ? " --sequence-parallel" : "")
                  << " " << dtype_name(c.dtype) << ": planned " << plan.peak << " bytes, measured " << measured);
-    REQUIRE(std::abs(plan.peak - measured) <= 0.1 * measured);
+    REQUIRE(std::abs(plan.peak - measured) <= 0.05 * measured);
   }
 }
 
@@ -138,7 +138,8 @@ TEST_CASE("gptj plan's peak is within 5% of the measured peak with context paral
   // cp, seq 256: the activations, not the gradients' sum, set the peak; a device holds 1 / cp of
   // them. fsdp, seq 128: the parameters, gradients and moments are cut too.
   double previous = 0;
-  for (const std::string mesh : {"cp=2", "cp=4", "mp=2,cp=2", "cp=2 remat", "fsdp=2", "fsdp=4", "dp=2,fsdp=2", "fsdp=2 remat"}) {
+  for (const std::string mesh : {"cp=2", "cp=4", "mp=2,cp=2", "cp=2 remat", "mp=2,cp=2 remat", "fsdp=2", "fsdp=4", "dp=2,fsdp=2",
+                                "fsdp=2 remat", "fsdp=4 remat", "mp=2,fsdp=2 remat"}) {
     const bool fsdp = mesh.find("fsdp") != std::string::npos, remat = mesh.find(" remat") != std::string::npos;
     gptj::TrainOptions o = nax::testing::tiny(mesh.substr(0, mesh.find(' ')), 2);
     o.config = "small", o.batch = 8, o.seq = fsdp ? 128 : 256, o.remat = remat;
@@ -152,7 +153,7 @@ TEST_CASE("gptj plan's peak is within 5% of the measured peak with context paral
     if (!remat) previous = measured;
     if (fsdp) {
       gptj::PlanOptions one = p;
-      one.mesh = "dp=1,mp=1";
+      one.mesh = mesh.starts_with("mp=2") ? "dp=1,mp=2" : "dp=1,mp=1";  // the same mesh without fsdp
       REQUIRE(plan.parameters == Approx(gptj::plan_memory(one).parameters / gptj::fsdp_devices(gptj::model_mesh(o.mesh))).epsilon(0.01));
     }
   }

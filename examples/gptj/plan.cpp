@@ -18,6 +18,7 @@ namespace {
 struct DeviceSizes {
   double params = 0, block_params = 0, head_params = 0;  // elements
   double largest = 0;                                    // the largest parameter's elements
+  double largest_in_block = 0;                           // the largest of a block's parameters' elements
   double tokens = 0;                                    // batch / dp x seq
   double d = 0, attn = 0, ff = 0, heads = 0, vocab = 0;  // per device: d_model, heads x head_dim / mp, d_ff / mp, heads / mp, vocab / mp
   // Sequence parallelism on mp > 1: what runs between the psums is cut along seq, a device keeping
@@ -25,7 +26,7 @@ struct DeviceSizes {
   bool sequence_cut = false;
   double cut = 1;
   double layers = 0;
-  double dp = 1;
+  double dp = 1, mp = 1;
   // Context parallelism: a device holds 1 / cp of the positions, and each block's attention is
   // the ring, checkpointed (block.h): it keeps its output only, and rebuilds the rest in the backward.
   double cp = 1;
@@ -36,13 +37,14 @@ struct DeviceSizes {
   // between their forward and backward (1F1B: stages - stage; GPipe: all), and only its own layers'
   // parameters (the embedding on the first stage, the head on the last).
   double micro = 1, in_flight = 1;
-  bool last = true;
+  bool first = true, last = true;
 };
 
 DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o, const Stage& stage, const Timetable& schedule) {
   const double mp = mesh.has("mp") ? mesh.axis_size("mp") : 1;
   DeviceSizes s;
   s.dp = mesh.has("dp") ? mesh.axis_size("dp") : 1;
+  s.mp = mp;
   s.cp = context_devices(mesh);
   s.fsdp = fsdp_devices(mesh);
   const AxisRules rules = axis_rules(mesh);  // the model's own sharding: vocab, heads and mlp over mp
@@ -53,12 +55,14 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o, co
         if (mesh.has(mesh_axis)) n /= static_cast<double>(mesh.axis_size(mesh_axis));
     const bool block = spec.name.starts_with("transformer.h.");
     if (block) s.block_params += n / static_cast<double>(c.n_layers);
+    if (block) s.largest_in_block = std::max(s.largest_in_block, n);
     if (stage_holding(c, stage.count, spec.name) != stage.index) continue;
     s.params += n;
     s.largest = std::max(s.largest, n);
     if (!block) s.head_params += n;
   }
   s.micro = static_cast<double>(o.micro_batches);
+  s.first = stage.first();
   s.last = stage.last();
   s.in_flight = stage.count > 1 ? static_cast<double>(in_flight_on(schedule, stage.index)) : 1.0;
   s.tokens = static_cast<double>(o.batch) / data_parallel_devices(mesh) / s.micro * static_cast<double>(o.seq) / s.cp;
@@ -75,15 +79,17 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o, co
 
 // What one block's backward reads, saved by its forward (block.h): in the compute dtype the
 // LayerNorm's output as the projections read it, the attention and MLP outputs and their sum
-// (4 x d_model); its input, the psum and the residual sum (3 x d_model, cut along seq with
-// sequence parallelism, which also keeps the LayerNorm's output before its all_gather); q, k, v
-// and the attention output (4 x heads x head_dim / mp), the MLP's hidden values before and after
+// (4 x d_model); its input, the psum (on mp > 1: on one device it is its operand) and the residual
+// sum (3 x d_model, cut along seq with sequence parallelism, which also keeps the LayerNorm's output
+// before its all_gather); q, k and v,
+// q and k rotated (the rotation's node keeps its input) and the attention output (6 x heads x
+// head_dim / mp), the MLP's hidden values before and after
 // the bias and after gelu (3 x d_ff / mp); in f32 the LayerNorm's mean and rstd (of the positions
 // it runs on) and the attention's log-sum-exp per head. Under bf16 also the bf16 copies of the
 // block's parameters.
 double block_saved(const DeviceSizes& s, double e, bool bf16) {
-  const double stream = (s.sequence_cut ? 4 : 3) * s.cut * s.d;
-  const double attention = s.cp > 1 ? e * s.attn : e * 4 * s.attn + 4 * s.heads;  // the ring keeps its output only
+  const double stream = ((s.sequence_cut ? 4 : 3) - (s.mp > 1 ? 0 : 1)) * s.cut * s.d;
+  const double attention = s.cp > 1 ? e * s.attn : e * 6 * s.attn + 4 * s.heads;  // the ring keeps its output only
   return s.tokens * (e * (4 * s.d + stream + 3 * s.ff) + attention + 4 * 2 * s.cut) + (bf16 ? 2 * s.block_params : 0.0);
 }
 
@@ -98,14 +104,16 @@ double ring_transient(const DeviceSizes& s, double e) { return s.cp > 1 ? s.toke
 // output.
 double mlp_transient(const DeviceSizes& s, double e) { return s.tokens * e * (2 * s.ff + s.d + s.cut * s.d); }
 
-// Then, with cp, the ring's backward: its recompute beside the d_model-wide gradients, when the
-// MLP's saved hidden values (3 x d_ff of what the block saved) are gone. Under remat the block's
-// recomputed MLP values and gradients were measured still there (small, cp=2: the peak sits in the
-// ring's backward and matches only with them): counted whole. Zero without cp (plain attention's
-// backward adds less than the MLP's).
+// Then, with cp, the ring's backward: its recompute beside the d_model-wide gradients. Without remat
+// the block's residual sums and attention projection are gone by then (their backward has run),
+// and its MLP's hidden values still there. Under remat the rebuilt block's MLP hidden values,
+// LayerNorm output, attention projection and residual sum stay until the whole block's backward
+// ends, the rest of it is gone. (Both measured at the allocator's high-water mark, small, cp=2 and
+// mp=2,cp=2.) Zero without cp (plain attention's backward adds less than the MLP's).
 double ring_phase(const DeviceSizes& s, double e, bool remat) {
   if (s.cp == 1) return 0.0;
-  return ring_transient(s, e) + (remat ? mlp_transient(s, e) : s.tokens * e * (s.d + s.cut * s.d - 3 * s.ff));
+  const double beside = remat ? 3 * s.ff + 3 * s.d + s.cut * s.d : s.d + s.cut * s.d - 4 * s.d;
+  return ring_transient(s, e) + s.tokens * e * beside;
 }
 
 // The head: the final LayerNorm's output and statistics (and, with sequence parallelism, that
@@ -119,8 +127,12 @@ double head_saved(const DeviceSizes& s, double e, bool bf16) {
 }
 
 // The loss's gradient with respect to the logits and the shifted logits (f32), alive together at
-// the start of the backward.
-double head_transient(const DeviceSizes& s) { return 4 * 2 * s.tokens * s.vocab; }
+// the start of the backward; on mp > 1 then the final hidden state's gradient and its psum (f32).
+double head_transient(const DeviceSizes& s) { return 4 * 2 * s.tokens * (s.vocab + (s.mp > 1 ? s.d : 0.0)); }
+
+// The embedding's output on mp > 1 is a partial sum (each device looks up its block of the
+// vocabulary): kept until the backward reaches its psum, at the very end.
+double embedding_partial(const DeviceSizes& s, double e) { return s.first && s.mp > 1 ? e * s.tokens * s.d : 0.0; }
 
 }  // namespace
 
@@ -141,15 +153,23 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
   const double kept_per_block = o.remat ? e * s.tokens * s.cut * s.d : one_block + gathered_kept;  // remat keeps each block's input only
   const double recompute = o.remat ? one_block : 0.0;                       // and rebuilds one block at a time
   const double wide_head = s.fsdp > 1 ? e * s.head_params * s.fsdp : 0.0;  // FSDP: wte and lm_head whole
-  const double head = (s.last ? head_saved(s, e, bf16) : (bf16 ? 2 * s.head_params : 0.0)) + wide_head;
+  const double head = (s.last ? head_saved(s, e, bf16) : (bf16 ? 2 * s.head_params : 0.0)) + wide_head + embedding_partial(s, e);
   // Micro-batch k's backward: the stage still keeps the micro-batches whose forward ran ahead of it
   // (in_flight - 1 at most, fewer at the end), and from k = 1 on the sum of the gradients so far
   // beside the ones this backward makes.
   const double kept_stage = s.layers * kept_per_block + (s.last ? head_saved(s, e, false) : 0.0);
-  // FSDP: a block's gradient whole until it is reduce-scattered, and its parameters whole (counted
-  // in kept_per_block already unless remat gathers them again in the backward).
-  const double gathered = s.fsdp > 1 ? (o.remat ? 2 : 1) * e * s.block_params * s.fsdp : 0.0;
-  const double in_block = std::max(mlp_transient(s, e), ring_phase(s, e, o.remat)) + gathered;
+  // FSDP: each parameter's gradient whole until its reduce-scatter, which comes as soon as the
+  // backward has made it (the all_gather's transpose), so one at a time, the largest at most; and,
+  // under remat, the block's parameters gathered again for its rebuild (kept_per_block counts them
+  // otherwise).
+  const double gathered = s.fsdp > 1 ? e * s.fsdp * (s.largest_in_block + (o.remat ? s.block_params : 0.0)) : 0.0;
+  // Inside one block's backward: the MLP's transients (beside the rebuilt block under remat, whose
+  // residual sum, psum (mp > 1) and sum of the attention and MLP outputs go as the MLP's backward
+  // starts: measured on small, mp=1 and mp=4) or the ring's phase, which counts what it keeps of
+  // the rebuilt block itself.
+  const double released = e * s.tokens * (s.d + (s.mp > 1 ? 2 : 1) * s.cut * s.d);
+  const double ring = ring_phase(s, e, o.remat);
+  const double in_block = std::max(recompute + mlp_transient(s, e) - released, ring) + gathered;
   p.activations = s.in_flight * s.layers * kept_per_block + head + recompute;
   const double state = p.parameters + p.optimizer;
   // The others kept only fall as k grows and the sum is there from k = 1 on: k = 0 and k = 1 are
@@ -165,10 +185,10 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
     // place and hands its gradients out as pieces of itself, so beside one copy of the gradients
     // only the bucket being laid out (at most --bucket-mb, or what is left at the end).
     const double at_head = others + s.layers * kept_per_block + head + (s.last ? head_transient(s) : 0.0);
-    const double at_last_block = others + s.layers * kept_per_block + recompute + in_block + 4 * s.head_params + sum;
+    const double at_last_block = others + s.layers * kept_per_block + embedding_partial(s, e) + in_block + 4 * s.head_params + sum;
     // By the first block's backward every gradient is made; its own saved values (rebuilt under
-    // remat) go as its backward's transients come, so the larger of the two counts.
-    const double at_first_block = others + kept_per_block + std::max(recompute, in_block) + p.gradients + sum;
+    // remat) go as the MLP's backward's transients come, so the larger of the two counts.
+    const double at_first_block = others + kept_per_block + embedding_partial(s, e) + std::max(recompute, std::max(mlp_transient(s, e), ring) + gathered) + p.gradients + sum;
     // (a bucket starts once it holds --bucket-mb: up to that plus the gradient that filled it)
     const double bucket = s.dp * s.cp > 1 ? std::min(p.gradients, o.bucket_mb * (1 << 20) + 4 * s.largest) : 0.0;  // over dp and cp alike
     const double at_dp_sum = others + p.gradients + bucket + sum;
@@ -237,7 +257,8 @@ double parse_bytes(const std::string& text) {
 }
 
 std::string format_plan(const PlanOptions& o, const MemoryPlan& p) {
-  auto gb = [](double bytes) { return fmt::format("{:10.3f} GB", bytes * 1e-9); };
+  // GB to three decimals, MB to one below a GB: a small model's plan is read to the percent
+  auto gb = [](double bytes) { return bytes < 1e9 ? fmt::format("{:10.1f} MB", bytes * 1e-6) : fmt::format("{:10.3f} GB", bytes * 1e-9); };
   std::string out = fmt::format("memory plan: config {}, mesh {}, batch {} x seq {}{}, {} compute{}{}{}; per device:\n", o.config, o.mesh,
                                 o.batch, o.seq, o.micro_batches > 1 ? fmt::format(" in {} micro-batches", o.micro_batches) : "",
                                 dtype_name(o.dtype), o.remat ? ", --remat" : "", o.zero ? ", --zero" : "",
@@ -252,8 +273,11 @@ std::string format_plan(const PlanOptions& o, const MemoryPlan& p) {
   out += fmt::format("  peak                   {}   of {:.2f} GB: {}\n", gb(p.peak), o.device_memory * 1e-9, p.fits ? "fits" : "does NOT fit");
   if (p.stage_peaks.size() > 1) {
     std::vector<std::string> each;
-    for (double b : p.stage_peaks) each.push_back(fmt::format("{:.3f}", b * 1e-9));
-    out += fmt::format("  pipeline ({}, {} micro-batches): the busiest stage above; peaks per stage {} GB, bubble {:.1f}%\n", o.schedule,
+    for (double b : p.stage_peaks) {
+      std::string peak = gb(b);
+      each.push_back(peak.substr(peak.find_first_not_of(' ')));
+    }
+    out += fmt::format("  pipeline ({}, {} micro-batches): the busiest stage above; peaks per stage {}, bubble {:.1f}%\n", o.schedule,
                        o.micro_batches, fmt::join(each, " / "), 100 * p.bubble);
   }
   return out;
