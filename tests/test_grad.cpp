@@ -295,6 +295,37 @@ TEST_CASE("autodiff errors name the op", "[grad][errors]") {
   }), Contains("pmax") && Contains("not differentiable") && Contains("stop_gradient"));
 }
 
+TEST_CASE("the graph keeps only what a backward reads: a value only added, summed or sliced is freed", "[grad][memory]") {
+  // x * w keeps x and w (mul's rule reads both); a = x * w is then read by add, sum and slice, whose
+  // rules need its shape only, and by nothing else: once the program lets go of `a`, its bytes go,
+  // though the graph from the loss still runs through it. tanh keeps its output, so b's stay.
+  Runtime rt = Runtime::local(Mesh::parse("x=1"));
+  const Shape shape{{"batch", 64}, {"embed", 1024}};
+  const std::size_t one = 64 * 1024 * sizeof(float);
+  const auto kept = rt.run([&](Shard& s) {
+    Tensor x = parameter(random_normal(shape, 1, "x")), w = parameter(random_normal(shape, 2, "w"));
+    const std::size_t before = s.memory().bytes_in_use;
+    Tensor loss;
+    {
+      Tensor a = x * w;
+      Tensor b = tanh(a + 1.0);
+      loss = sum(slice(a, "batch", 0, 32), {"batch", "embed"}) + sum(b, {"batch", "embed"});
+    }
+    const std::size_t held = s.memory().bytes_in_use - before;
+    const auto grads = grad(loss, {x, w});
+    // d/dx = w (1 + (1 - tanh^2)): read against the host's values
+    const auto gx = grads[0].to_vector<double>(), xs = x.to_vector<double>(), ws = w.to_vector<double>();
+    for (std::size_t i = 0; i < gx.size(); ++i) {
+      const double t = std::tanh(xs[i] * ws[i] + 1.0), slice_part = i < gx.size() / 2 ? 1.0 : 0.0;
+      NAX_EXPECT(std::abs(gx[i] - ws[i] * (slice_part + 1.0 - t * t)) <= 1e-5 * (1.0 + std::abs(gx[i])));
+    }
+    return held;
+  })[0];
+  INFO("held after the forward: " << kept << " B; one value is " << one << " B");
+  REQUIRE(kept >= one);       // tanh's output
+  REQUIRE(kept < 2 * one);    // and not a, a + 1.0 or the slice
+}
+
 TEST_CASE("memory after many training steps equals memory after one", "[grad][mesh][memory]") {
   Runtime rt = Runtime::local(Mesh::parse("dp=2,mp=2"));
   AxisRules rules{{"batch", "dp"}, {"mlp", "mp"}};

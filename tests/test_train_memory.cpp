@@ -201,7 +201,7 @@ TEST_CASE("gptj plan: remat, sequence parallelism and zero lower the plan; bad s
   REQUIRE(gptj::plan_memory(p).activations < plain.activations);
   p.sequence_parallel = false, p.remat = true;
   const auto remat = gptj::plan_memory(p);
-  REQUIRE(remat.activations < plain.activations / 4);
+  REQUIRE(remat.activations < plain.activations / 2);  // the head's logit-sized values stay
   p.sequence_parallel = true;
   REQUIRE(gptj::plan_memory(p).activations < remat.activations);  // each block keeps its input on 1/8 of the positions
   p.mesh = "dp=1,mp=1";  // nothing to cut: the plain model's plan

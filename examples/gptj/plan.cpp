@@ -37,7 +37,7 @@ struct DeviceSizes {
   // between their forward and backward (1F1B: stages - stage; GPipe: all), and only its own layers'
   // parameters (the embedding on the first stage, the head on the last).
   double micro = 1, in_flight = 1;
-  bool first = true, last = true;
+  bool last = true;
 };
 
 DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o, const Stage& stage, const Timetable& schedule) {
@@ -62,7 +62,6 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o, co
     if (!block) s.head_params += n;
   }
   s.micro = static_cast<double>(o.micro_batches);
-  s.first = stage.first();
   s.last = stage.last();
   s.in_flight = stage.count > 1 ? static_cast<double>(in_flight_on(schedule, stage.index)) : 1.0;
   s.tokens = static_cast<double>(o.batch) / data_parallel_devices(mesh) / s.micro * static_cast<double>(o.seq) / s.cp;
@@ -77,26 +76,30 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o, co
   return s;
 }
 
-// What one block's backward reads, saved by its forward (block.h): in the compute dtype the
-// LayerNorm's output as the projections read it, the attention and MLP outputs and their sum
-// (4 x d_model); its input, the psum (on mp > 1: on one device it is its operand) and the residual
-// sum (3 x d_model, cut along seq with sequence parallelism, which also keeps the LayerNorm's output
-// before its all_gather); q, k and v,
-// q and k rotated (the rotation's node keeps its input) and the attention output (6 x heads x
-// head_dim / mp), the MLP's hidden values before and after
-// the bias and after gelu (3 x d_ff / mp); in f32 the LayerNorm's mean and rstd (of the positions
-// it runs on) and the attention's log-sum-exp per head. Under bf16 also the bf16 copies of the
-// block's parameters.
+// What one block's backward reads, captured by its ops' backward rules (the graph keeps no other
+// value: src/ops/tape.h): in the compute dtype its input (which the LayerNorm reads; cut along seq
+// with sequence parallelism), the LayerNorm's output as the projections read it (2 x d_model), q and
+// k rotated, v and the attention output (4 x heads x head_dim / mp), the MLP's hidden values after
+// the bias and after gelu (2 x d_ff / mp); in f32 the LayerNorm's mean and rstd (of the positions it
+// runs on) and the attention's log-sum-exp per head. Under bf16 also the bf16 copies of the block's
+// parameters. With cp the ring runs under remat and keeps its output only.
 double block_saved(const DeviceSizes& s, double e, bool bf16) {
-  const double stream = ((s.sequence_cut ? 4 : 3) - (s.mp > 1 ? 0 : 1)) * s.cut * s.d;
-  const double attention = s.cp > 1 ? e * s.attn : e * 6 * s.attn + 4 * s.heads;  // the ring keeps its output only
-  return s.tokens * (e * (4 * s.d + stream + 3 * s.ff) + attention + 4 * 2 * s.cut) + (bf16 ? 2 * s.block_params : 0.0);
+  const double attention = s.cp > 1 ? e * s.attn : e * 4 * s.attn + 4 * s.heads;
+  return s.tokens * (e * (s.cut * s.d + s.d + 2 * s.ff) + attention + 4 * 2 * s.cut) + (bf16 ? 2 * s.block_params : 0.0);
+}
+
+// What one block names beside what it keeps, alive together at its end (its C++ locals): the
+// attention projection, the MLP's output with its bias, their sum, the psum (mp > 1) and the block's
+// output (d_model-wide, the stream ones cut with sequence parallelism) and the MLP's hidden values
+// before the bias. Under remat the rebuilt block holds them all at the end of its recompute.
+double block_locals(const DeviceSizes& s, double e) {
+  return s.tokens * e * (3 * s.d + (s.mp > 1 ? s.cut * s.d : 0.0) + s.cut * s.d + s.ff);
 }
 
 // The ring's recompute in one block's backward (ring_attention.h): q, k and v with their chunks
 // and turned copies, the blocks received and their chunks, each pair's output and the combines'
-// products and sums, about 8 cp + 6 values of heads x head_dim / mp per position.
-double ring_transient(const DeviceSizes& s, double e) { return s.cp > 1 ? s.tokens * e * (8 * s.cp + 6) * s.attn : 0.0; }
+// products and sums, about 4 cp + 6 values of heads x head_dim / mp per position.
+double ring_transient(const DeviceSizes& s, double e) { return s.cp > 1 ? s.tokens * e * (4 * s.cp + 6) * s.attn : 0.0; }
 
 // The values alive inside one block's backward besides the parameters' gradients and what the
 // block saved. The MLP's backward runs first (it was recorded last): its d_ff-wide gradients beside
@@ -104,35 +107,27 @@ double ring_transient(const DeviceSizes& s, double e) { return s.cp > 1 ? s.toke
 // output.
 double mlp_transient(const DeviceSizes& s, double e) { return s.tokens * e * (2 * s.ff + s.d + s.cut * s.d); }
 
-// Then, with cp, the ring's backward: its recompute beside the d_model-wide gradients. Without remat
-// the block's residual sums and attention projection are gone by then (their backward has run),
-// and its MLP's hidden values still there. Under remat the rebuilt block's MLP hidden values,
-// LayerNorm output, attention projection and residual sum stay until the whole block's backward
-// ends, the rest of it is gone. (Both measured at the allocator's high-water mark, small, cp=2 and
-// mp=2,cp=2.) Zero without cp (plain attention's backward adds less than the MLP's).
+// Then, with cp, the ring's backward: its recompute beside the d_model-wide gradients, and under
+// remat the rebuilt block's MLP hidden values, held until the whole block's backward ends (measured
+// at the allocator's high-water mark, small, cp=2 and mp=2,cp=2). Zero without cp (plain
+// attention's backward adds less than the MLP's).
 double ring_phase(const DeviceSizes& s, double e, bool remat) {
   if (s.cp == 1) return 0.0;
-  const double beside = remat ? 3 * s.ff + 3 * s.d + s.cut * s.d : s.d + s.cut * s.d - 4 * s.d;
-  return ring_transient(s, e) + s.tokens * e * beside;
+  return ring_transient(s, e) + s.tokens * e * (s.d + s.cut * s.d + (remat ? 2 * s.ff : 0.0));
 }
 
-// The head: the final LayerNorm's output and statistics (and, with sequence parallelism, that
-// output on this device's positions before its all_gather), the logits before and after the bias
-// (and their f32 copy under bf16), the cross-entropy's shifted logits and their exponentials (f32);
-// the bf16 copies of the embedding and output matrices.
+// The head: the final LayerNorm's input (the last block's output) and output and its statistics,
+// the logits after the bias (and their f32 copy under bf16) and the cross-entropy's exponentials
+// (f32); the bf16 copies of the embedding and output matrices.
 double head_saved(const DeviceSizes& s, double e, bool bf16) {
   const double logits = s.tokens * s.vocab;
-  const double final_norm = e * (s.d + (s.sequence_cut ? s.cut * s.d : 0.0)) + 8 * s.cut;
-  return s.tokens * final_norm + e * 2 * logits + (bf16 ? 4 * logits : 0.0) + 4 * 2 * logits + (bf16 ? 2 * s.head_params : 0.0);
+  const double final_norm = e * (s.cut * s.d + s.d) + 8 * s.cut;
+  return s.tokens * final_norm + e * logits + (bf16 ? 4 * logits : 0.0) + 4 * logits + (bf16 ? 2 * s.head_params : 0.0);
 }
 
-// The loss's gradient with respect to the logits and the shifted logits (f32), alive together at
-// the start of the backward; on mp > 1 then the final hidden state's gradient and its psum (f32).
+// The loss's gradient with respect to the logits and its product (f32), alive together at the
+// start of the backward; on mp > 1 then the final hidden state's gradient and its psum (f32).
 double head_transient(const DeviceSizes& s) { return 4 * 2 * s.tokens * (s.vocab + (s.mp > 1 ? s.d : 0.0)); }
-
-// The embedding's output on mp > 1 is a partial sum (each device looks up its block of the
-// vocabulary): kept until the backward reaches its psum, at the very end.
-double embedding_partial(const DeviceSizes& s, double e) { return s.first && s.mp > 1 ? e * s.tokens * s.d : 0.0; }
 
 }  // namespace
 
@@ -153,7 +148,7 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
   const double kept_per_block = o.remat ? e * s.tokens * s.cut * s.d : one_block + gathered_kept;  // remat keeps each block's input only
   const double recompute = o.remat ? one_block : 0.0;                       // and rebuilds one block at a time
   const double wide_head = s.fsdp > 1 ? e * s.head_params * s.fsdp : 0.0;  // FSDP: wte and lm_head whole
-  const double head = (s.last ? head_saved(s, e, bf16) : (bf16 ? 2 * s.head_params : 0.0)) + wide_head + embedding_partial(s, e);
+  const double head = (s.last ? head_saved(s, e, bf16) : (bf16 ? 2 * s.head_params : 0.0)) + wide_head;
   // Micro-batch k's backward: the stage still keeps the micro-batches whose forward ran ahead of it
   // (in_flight - 1 at most, fewer at the end), and from k = 1 on the sum of the gradients so far
   // beside the ones this backward makes.
@@ -163,13 +158,10 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
   // under remat, the block's parameters gathered again for its rebuild (kept_per_block counts them
   // otherwise).
   const double gathered = s.fsdp > 1 ? e * s.fsdp * (s.largest_in_block + (o.remat ? s.block_params : 0.0)) : 0.0;
-  // Inside one block's backward: the MLP's transients (beside the rebuilt block under remat, whose
-  // residual sum, psum (mp > 1) and sum of the attention and MLP outputs go as the MLP's backward
-  // starts: measured on small, mp=1 and mp=4) or the ring's phase, which counts what it keeps of
-  // the rebuilt block itself.
-  const double released = e * s.tokens * (s.d + (s.mp > 1 ? 2 : 1) * s.cut * s.d);
+  // Inside one block's backward: the MLP's transients (beside the rebuilt block under remat) or the
+  // ring's phase.
   const double ring = ring_phase(s, e, o.remat);
-  const double in_block = std::max(recompute + mlp_transient(s, e) - released, ring) + gathered;
+  const double in_block = std::max({recompute + (o.remat ? block_locals(s, e) : 0.0), recompute + mlp_transient(s, e), ring}) + gathered;
   p.activations = s.in_flight * s.layers * kept_per_block + head + recompute;
   const double state = p.parameters + p.optimizer;
   // The others kept only fall as k grows and the sum is there from k = 1 on: k = 0 and k = 1 are
@@ -184,15 +176,19 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
     // buckets (autodiff.cpp): each partial sum goes once it is in its bucket, which is summed in
     // place and hands its gradients out as pieces of itself, so beside one copy of the gradients
     // only the bucket being laid out (at most --bucket-mb, or what is left at the end).
+    // The forward's end: every block's kept values and the last one's locals, with a bf16 add's
+    // operands and result in f32 (bf16 ops compute in f32 between their loads and stores).
+    const double widened = bf16 ? 3 * 4 * s.tokens * s.d : 0.0;
+    const double at_forward_end = others + s.layers * kept_per_block + recompute + block_locals(s, e) + widened;
     const double at_head = others + s.layers * kept_per_block + head + (s.last ? head_transient(s) : 0.0);
-    const double at_last_block = others + s.layers * kept_per_block + embedding_partial(s, e) + in_block + 4 * s.head_params + sum;
+    const double at_last_block = others + s.layers * kept_per_block + in_block + 4 * s.head_params + sum;
     // By the first block's backward every gradient is made; its own saved values (rebuilt under
     // remat) go as the MLP's backward's transients come, so the larger of the two counts.
-    const double at_first_block = others + kept_per_block + embedding_partial(s, e) + std::max(recompute, std::max(mlp_transient(s, e), ring) + gathered) + p.gradients + sum;
+    const double at_first_block = others + kept_per_block + std::max(recompute, std::max(mlp_transient(s, e), ring) + gathered) + p.gradients + sum;
     // (a bucket starts once it holds --bucket-mb: up to that plus the gradient that filled it)
     const double bucket = s.dp * s.cp > 1 ? std::min(p.gradients, o.bucket_mb * (1 << 20) + 4 * s.largest) : 0.0;  // over dp and cp alike
     const double at_dp_sum = others + p.gradients + bucket + sum;
-    backward = std::max({backward, at_head, at_last_block, at_first_block, at_dp_sum});
+    backward = std::max({backward, at_forward_end, at_head, at_last_block, at_first_block, at_dp_sum});
   }
   p.backward_peak = state + backward;
   // The step: the averaged gradients and, while the largest parameter is updated, its clipped
@@ -201,7 +197,8 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
   // until the parts are gathered, with the largest parameter's part and gathered copy, beside the old
   // parameters.
   const double step_transient = o.zero ? p.parameters + 4 * (std::ceil(s.params / s.dp) + s.largest * (1 + 1 / s.dp)) : 12 * s.largest;
-  p.optimizer_peak = p.parameters + p.optimizer + p.gradients + 4 * s.largest + step_transient;
+  const double clipped = 4 * (o.zero ? std::ceil(s.largest / s.dp) : s.largest);  // the largest gradient (with --zero its part), scaled
+  p.optimizer_peak = p.parameters + p.optimizer + p.gradients + clipped + step_transient;
   p.peak = std::max(p.backward_peak, p.optimizer_peak);
   p.fits = p.peak <= o.device_memory;
   return p;

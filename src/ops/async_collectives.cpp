@@ -129,7 +129,7 @@ Pending<Tensor> start_all_gather(const Tensor& x, const Names& mesh_axes, const 
   detail::Launch launch = detail::Launch::started(what);
   Tensor ready = detail::launch_all_gather(x, mesh_axes, axis, launch, where);
   const Names group = detail::gather_order(x, mesh_axes, axis);
-  return with_gradient("start_all_gather", x, pending_of(what, std::move(launch), ready), where, [x, group, axis, where](const Tensor& g) {
+  return with_gradient("start_all_gather", x, pending_of(what, std::move(launch), ready), where, [x = x.without_data(), group, axis, where](const Tensor& g) {
     return then(start_psum_scatter(g, group, axis, where), [x, axis](const Tensor& s) { return detail::unstack_gradient(s, x, axis); });
   });
 }
@@ -139,7 +139,7 @@ Pending<Tensor> start_all_gather_invariant(const Tensor& x, const Names& mesh_ax
   detail::Launch launch = detail::Launch::started(what);
   Tensor ready = detail::launch_all_gather_invariant(x, mesh_axes, axis, launch, where);
   const Names group = detail::gather_order(x, mesh_axes, axis);
-  auto transpose = [x, group, axis, what, where](const Tensor& g) {
+  auto transpose = [x = x.without_data(), group, axis, what, where](const Tensor& g) {
     if (!detail::summed_over(g, group))  // the consumers' terms: reduce-scattered, as FSDP's gradients are
       return then(start_psum_scatter(g, group, axis, where), [x, axis](const Tensor& s) { return detail::unstack_gradient(s, x, axis); });
     return Pending<Tensor>("the transpose of " + what, [block = detail::own_block(g, x, group, axis)] { return block; });

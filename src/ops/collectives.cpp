@@ -364,7 +364,7 @@ Tensor gather(std::string_view op, const Tensor& x, const Names& mesh_axes, cons
   // once summed, so its backward takes it before that sum (its consumers' per-device terms, FSDP's
   // case: a gathered parameter used on a cut batch) and reduce-scatters it, half an all-reduce's
   // bytes; summed already, it is this device's block of it.
-  Tensor recorded = with_transpose(op.data(), x, out, site, [x, group, axis, invariant](const Tensor& g) {
+  Tensor recorded = with_transpose(op.data(), x, out, site, [x = x.without_data(), group, axis, invariant](const Tensor& g) {
     if (!invariant || !detail::summed_over(g, group)) return unstack(psum_scatter(g, group, axis), x, axis);
     return detail::own_block(g, x, group, axis);
   });

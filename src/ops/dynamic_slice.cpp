@@ -54,7 +54,7 @@ Tensor dynamic_slice(const Tensor& x, const std::string& axis, const Tensor& sta
   const std::int64_t s = checked_start("dynamic_slice", x, axis, start, size);
   const Tensor out = with_start_vary("dynamic_slice", slice(stop_gradient(x), axis, s, s + size), start);
   if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record("dynamic_slice", out, {x}, [x = stop_gradient(x), axis, s](const Tensor& g) {
+  return autodiff::record("dynamic_slice", out, {x}, [x = stop_gradient(x).without_data(), axis, s](const Tensor& g) {
     return std::vector<Tensor>{write_block(zeros_like(x), g, axis, s)};
   });
 }

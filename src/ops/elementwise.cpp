@@ -76,13 +76,21 @@ Tensor binary_backward(kernels::BinaryOp op, int which, const Tensor& g, const T
   }
 }
 
+// What a backward reads of a value: the value, or only its description (shape, vary type, node)
+// where the rule needs no data, so that add and sub keep nothing alive.
+Tensor kept(const Tensor& t, bool read) { return read ? t : t.without_data(); }
+
 Tensor binary(kernels::BinaryOp op, const Tensor& a, const Tensor& b) {
+  using kernels::BinaryOp;
   Tensor out = binary_forward(op, a, b);
   if (!autodiff::any_requires_grad({&a, &b})) return out;
-  return autodiff::record(std::string(binary_name(op)), out, {a, b}, [op, a, b, out = stop_gradient(out)](const Tensor& g) {
-    return std::vector<Tensor>{a.requires_grad() ? binary_backward(op, 0, g, a, b, out) : Tensor(),
-                               b.requires_grad() ? binary_backward(op, 1, g, a, b, out) : Tensor()};
-  });
+  const bool linear = op == BinaryOp::add || op == BinaryOp::sub;
+  const bool reads_out = op == BinaryOp::div || op == BinaryOp::pow;
+  return autodiff::record(std::string(binary_name(op)), out, {a, b},
+                          [op, a = kept(a, !linear), b = kept(b, !linear), out = kept(stop_gradient(out), reads_out)](const Tensor& g) {
+                            return std::vector<Tensor>{a.requires_grad() ? binary_backward(op, 0, g, a, b, out) : Tensor(),
+                                                       b.requires_grad() ? binary_backward(op, 1, g, a, b, out) : Tensor()};
+                          });
 }
 
 Tensor unary_backward(kernels::UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& out) {
@@ -105,8 +113,12 @@ Tensor unary_forward(kernels::UnaryOp op, std::string_view name, const Tensor& x
 Tensor unary(kernels::UnaryOp op, std::string_view name, const Tensor& x) {
   Tensor out = unary_forward(op, name, x);
   if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record(std::string(name), out, {x},
-                          [op, x, out = stop_gradient(out)](const Tensor& g) { return std::vector<Tensor>{unary_backward(op, g, x, out)}; });
+  using kernels::UnaryOp;
+  const bool reads_x = op == UnaryOp::abs || op == UnaryOp::log || op == UnaryOp::square;
+  const bool reads_out = op == UnaryOp::exp || op == UnaryOp::sqrt || op == UnaryOp::rsqrt || op == UnaryOp::tanh;
+  return autodiff::record(std::string(name), out, {x}, [op, x = kept(x, reads_x), out = kept(stop_gradient(out), reads_out)](const Tensor& g) {
+    return std::vector<Tensor>{unary_backward(op, g, x, out)};
+  });
 }
 
 Tensor unary_forward(kernels::UnaryOp op, std::string_view name, const Tensor& x) {

@@ -253,7 +253,7 @@ Tensor merge_axes(const Tensor& x, const Names& axes, const std::string& merged)
 Tensor slice(const Tensor& x, const std::string& axis, std::int64_t start, std::int64_t stop) {
   Tensor out = slice_forward(x, axis, start, stop);
   if (!autodiff::any_requires_grad({&x})) return out;
-  return autodiff::record("slice", out, {x}, [x, axis, start, stop](const Tensor& g) {
+  return autodiff::record("slice", out, {x}, [x = x.without_data(), axis, start, stop](const Tensor& g) {
     std::vector<Tensor> pieces;
     auto zeros_of = [&](std::int64_t n) {
       std::vector<Axis> axes = g.shape().axes();

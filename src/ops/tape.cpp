@@ -124,7 +124,7 @@ namespace {
 // tell a recompute that read other values, at no cost that shows.
 std::uint64_t sample_of(const Tensor& t) {
   std::uint64_t h = static_cast<std::uint64_t>(t.numel()) * 0x9E3779B97F4A7C15ull;
-  if (!t.device().host_accessible() || t.nbytes() == 0) return h;
+  if (!t.has_data() || !t.device().host_accessible() || t.nbytes() == 0) return h;  // a description: its shape is what is read
   const auto* bytes = static_cast<const unsigned char*>(t.raw());
   const std::size_t n = t.nbytes(), k = std::min<std::size_t>(n, 32);
   auto mix = [&](std::size_t at) {
@@ -165,7 +165,9 @@ Tensor record(std::string op, const Tensor& out, std::vector<Tensor> inputs, Bac
   if (!g_grad_enabled) return out;
   bool needed = false;
   for (auto& t : inputs) {
-    if (t.defined() && t.requires_grad()) needed = true;
+    // The graph keeps an input's description and node, not its data: what the backward reads, it
+    // captured; the rest is freed when its last reader lets go, as PyTorch's saved tensors are.
+    if (t.defined() && t.requires_grad()) t = t.without_data(), needed = true;
     else t = Tensor();  // keep nothing alive for an input that takes no gradient
   }
   if (!needed) return out;

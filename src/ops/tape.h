@@ -1,7 +1,7 @@
 #pragma once
-// The recorded graph: one Node per op output that needs a gradient. A node keeps its inputs (and
-// through them their nodes) and a backward function holding what the op saved; both are released
-// when backward has run through the node.
+// The recorded graph: one Node per op output that needs a gradient. A node keeps its inputs'
+// descriptions without their data (and through them their nodes) and a backward function holding
+// what the op saved; both are released when backward has run through the node.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -18,7 +18,7 @@ using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>
 
 struct Node {
   std::string op;
-  std::vector<Tensor> inputs;  // empty for a parameter leaf
+  std::vector<Tensor> inputs;  // without data (Tensor::without_data); empty for a parameter leaf
   BackwardFn backward;
   bool leaf = false;
   bool released = false;

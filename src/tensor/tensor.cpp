@@ -52,6 +52,10 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, std::shared_ptr<Device> de
 
 namespace {
 [[noreturn]] void undefined(std::string_view what) { fail(what, "the tensor is undefined (default-constructed)"); }
+[[noreturn]] void dataless(std::string_view what, const std::string& tensor) {
+  fail(what, "{} is the autodiff graph's record of an op's input, which keeps no data (a backward that reads an input must "
+       "capture it)", tensor);
+}
 }  // namespace
 
 const Shape& Tensor::shape() const {
@@ -75,10 +79,12 @@ std::size_t Tensor::nbytes() const { return static_cast<std::size_t>(numel()) * 
 
 const void* Tensor::raw() const {
   if (!impl_) undefined("Tensor::data");
+  if (!impl_->buffer) dataless("Tensor::data", str());
   return static_cast<const char*>(impl_->buffer->data) + impl_->offset;
 }
 void* Tensor::raw_mutable() {
   if (!impl_) undefined("Tensor::data");
+  if (!impl_->buffer) dataless("Tensor::mutable_data", str());
   Buffer& b = *impl_->buffer;
   if (!b.pending.empty())
     fail("Tensor::mutable_data", "{} is read or written by {}, still in flight: wait() for it before writing (or write a copy)",
@@ -93,6 +99,7 @@ void* Tensor::raw_mutable() {
 
 Tensor Tensor::piece(std::size_t byte_offset, const Shape& shape) const {
   if (!impl_) undefined("Tensor::piece");
+  if (!impl_->buffer) dataless("Tensor::piece", str());
   const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(impl_->dtype);
   if (byte_offset + bytes > nbytes() || byte_offset % dtype_size(impl_->dtype) != 0)
     fail("Tensor::piece", "{} bytes from byte {} lie outside {} ({} bytes)", bytes, byte_offset, str(), nbytes());
@@ -105,25 +112,25 @@ Tensor Tensor::piece(std::size_t byte_offset, const Shape& shape) const {
   return Tensor(std::move(impl));
 }
 
-bool Tensor::known_zero() const { return impl_ && impl_->buffer->known_zero; }
+bool Tensor::known_zero() const { return holds_buffer() && impl_->buffer->known_zero; }
 
 Tensor Tensor::as_known_zero() const {
-  if (impl_) impl_->buffer->known_zero = true;
+  if (holds_buffer()) impl_->buffer->known_zero = true;
   return *this;
 }
 
-std::uint64_t Tensor::storage_id() const { return impl_ ? impl_->buffer->id : 0; }
+std::uint64_t Tensor::storage_id() const { return holds_buffer() ? impl_->buffer->id : 0; }
 std::weak_ptr<const void> Tensor::storage_handle() const {
-  return impl_ ? std::weak_ptr<const void>(impl_->buffer) : std::weak_ptr<const void>();
+  return holds_buffer() ? std::weak_ptr<const void>(impl_->buffer) : std::weak_ptr<const void>();
 }
 std::uint64_t Tensor::next_storage_id() { return nax::next_storage_id.load(std::memory_order_relaxed); }
 
 void Tensor::mark_read() const {
-  if (impl_ && !impl_->buffer->read.load(std::memory_order_relaxed)) impl_->buffer->read.store(true, std::memory_order_relaxed);
+  if (holds_buffer() && !impl_->buffer->read.load(std::memory_order_relaxed)) impl_->buffer->read.store(true, std::memory_order_relaxed);
 }
 
 void Tensor::set_pending(std::string pending) const {
-  if (impl_) impl_->buffer->pending = std::move(pending);
+  if (holds_buffer()) impl_->buffer->pending = std::move(pending);
 }
 
 void Tensor::check_element_type(DType requested) const {
@@ -182,10 +189,20 @@ Tensor Tensor::with_shape(Shape shape) const {
 }
 
 bool Tensor::same_storage(const Tensor& other) const {
-  return impl_ && other.impl_ && impl_->buffer == other.impl_->buffer;
+  return holds_buffer() && other.holds_buffer() && impl_->buffer == other.impl_->buffer;
 }
 
-bool Tensor::referenced_elsewhere() const { return impl_ && (impl_.use_count() > 1 || impl_->buffer.use_count() > 1); }
+bool Tensor::referenced_elsewhere() const { return holds_buffer() && (impl_.use_count() > 1 || impl_->buffer.use_count() > 1); }
+
+bool Tensor::holds_buffer() const { return impl_ && impl_->buffer; }
+
+Tensor Tensor::without_data() const {
+  if (!impl_) return Tensor();
+  auto impl = std::make_shared<Impl>(*impl_);
+  impl->buffer = nullptr;
+  impl->offset = 0;
+  return Tensor(std::move(impl));
+}
 
 bool Tensor::requires_grad() const { return impl_ && impl_->grad_node != nullptr; }
 

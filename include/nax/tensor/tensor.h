@@ -92,6 +92,12 @@ class Tensor {
   // tells an op's returned result from the temporaries it made and dropped).
   bool referenced_elsewhere() const;
 
+  // (internal) This value's description (shape, dtype, vary type, device, gradient node) without its
+  // storage: what the autodiff graph keeps of an op's input, so that a value no backward reads is
+  // freed when its last reader lets go. Reading its data is an error.
+  Tensor without_data() const;
+  bool has_data() const { return impl_ != nullptr && holds_buffer(); }
+
   // Autodiff: whether gradients flow to or through this value (see nax/autodiff/autodiff.h).
   bool requires_grad() const;
   // The op that produced this value on the tape, or the leaf node of a parameter (internal).
@@ -102,6 +108,7 @@ class Tensor {
   struct Impl;
   explicit Tensor(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   void check_element_type(DType requested) const;
+  bool holds_buffer() const;
   std::shared_ptr<Impl> impl_;
 };
 
