@@ -3,8 +3,9 @@
 // then + beta C. Each element's operation sequence is fixed by k and the tree alone, so it does
 // not depend on m, n, the batch, the layouts, the alignment or threads (OpenBLAS's order can
 // depend on any of them). Blocked as usual: op(B) packed into panels of a tile's columns, op(A)
-// into panels of its rows, the tile's accumulators in registers; the tree's pending partial sums
-// wait on a small stack beside the tile. Vector lanes and the zero padding of edge tiles do
+// read where it lies when untransposed (its rows run along k) and packed into panels of its rows
+// otherwise, the tile's accumulators in registers; the tree's pending partial sums wait on a small
+// stack beside the tile. Vector lanes and the zero padding of edge tiles do
 // exactly what a scalar std::fma would, so edge elements get the same bits as the others.
 #include <algorithm>
 #include <cstdint>
@@ -122,10 +123,12 @@ void pack_b(const Operand<T>& b, std::int64_t k, std::int64_t n, std::int64_t co
     pack_panel<C>(b.data, b.ld, b.trans, k, first, std::min<std::int64_t>(C, n - first), out);
 }
 
-// The tile's sums over k in the schedule's tree: a (k x rows) and b (k x cols) packed panels, out
-// rows x cols with rows ld apart; stack holds (schedule.depth - 1) tiles of pending partial sums.
-template <typename Tile, typename T = typename Tile::Value>
-void tile_sums(const T* a, const T* b, const SumSchedule& schedule, T* stack, T* out, std::int64_t ld) {
+// The tile's sums over k in the schedule's tree: b a packed (k x cols) panel; a a packed (k x rows)
+// panel, or with kDirectA the tile's rows of op(A) where they lie in A, a_ld apart (A untransposed:
+// its rows run along k already, so packing would only copy them); out rows x cols with rows ld
+// apart; stack holds (schedule.depth - 1) tiles of pending partial sums.
+template <typename Tile, bool kDirectA, typename T = typename Tile::Value>
+void tile_sums(const T* a, std::int64_t a_ld, const T* b, const SumSchedule& schedule, T* stack, T* out, std::int64_t ld) {
   using Vec = typename Tile::Vec;
   using V = typename Vec::V;
   constexpr int R = Tile::rows, NV = Tile::vectors, C = Tile::cols, W = Vec::width;
@@ -152,13 +155,15 @@ void tile_sums(const T* a, const T* b, const SumSchedule& schedule, T* stack, T*
         for (int v = 0; v < NV; ++v) acc[r][v] = Vec::zero();
     }
     first = false;
-    const T* ak = a + leaf.begin * R;
+    constexpr std::int64_t a_step = kDirectA ? 1 : R;
+    const std::int64_t a_row = kDirectA ? a_ld : 1;
+    const T* ak = a + leaf.begin * a_step;
     const T* bk = b + leaf.begin * C;
-    for (std::int64_t kk = 0; kk < leaf.length; ++kk, ak += R, bk += C) {
+    for (std::int64_t kk = 0; kk < leaf.length; ++kk, ak += a_step, bk += C) {
       V bv[NV];
       for (int v = 0; v < NV; ++v) bv[v] = Vec::load(bk + v * W);
       for (int r = 0; r < R; ++r) {
-        const V av = Vec::splat(ak[r]);
+        const V av = Vec::splat(ak[r * a_row]);
         for (int v = 0; v < NV; ++v) acc[r][v] = Vec::fma(av, bv[v], acc[r][v]);
       }
     }
@@ -211,24 +216,33 @@ void tree_gemm_one(const GemmShape& g, const Operand<T>& a, const Operand<T>& b,
                    const SumSchedule& schedule, T* stack) {
   constexpr int R = Tile::rows, C = Tile::cols;
   const std::int64_t k = g.k, mc = block_rows<Tile>(k), nc = block_cols<Tile>(k);
+  // op(A) untransposed is read where it lies, but for a last panel short of R rows (packed, zero
+  // padded, so that no row past m is read)
+  const bool direct_a = !a.trans;
   T tile[R * C];
   for (std::int64_t col0 = 0; col0 < g.n; col0 += nc) {
     const std::int64_t cols = std::min(nc, g.n - col0);
     pack_b<Tile>(b, k, g.n, col0, cols, b_packed);
     for (std::int64_t i0 = 0; i0 < g.m; i0 += mc) {
       const std::int64_t rows = std::min(mc, g.m - i0);
-      pack_a<Tile>(a, g.m, k, i0, rows, a_packed);
+      if (!direct_a) pack_a<Tile>(a, g.m, k, i0, rows, a_packed);
+      else if (rows % R != 0) pack_a<Tile>(a, g.m, k, i0 + rows / R * R, rows % R, a_packed);
       for (std::int64_t j0 = 0; j0 < cols; j0 += C) {
         const T* b_panel = b_packed + (j0 / C) * k * C;
         for (std::int64_t p = 0; p < rows; p += R) {
-          const T* a_panel = a_packed + (p / R) * k * R;
           T* c_tile = c + (i0 + p) * g.ldc + col0 + j0;
           const std::int64_t tile_rows = std::min<std::int64_t>(R, rows - p), tile_cols = std::min<std::int64_t>(C, cols - j0);
+          const bool direct = direct_a && tile_rows == R;
+          const T* a_panel = direct ? a.data + (i0 + p) * a.ld : a_packed + (direct_a ? 0 : (p / R) * k * R);
+          auto sums = [&](T* out, std::int64_t ld) {
+            if (direct) tile_sums<Tile, true>(a_panel, a.ld, b_panel, schedule, stack, out, ld);
+            else tile_sums<Tile, false>(a_panel, 0, b_panel, schedule, stack, out, ld);
+          };
           if (g.beta == 0 && tile_rows == R && tile_cols == C) {  // a whole tile goes straight from registers to C
-            tile_sums<Tile>(a_panel, b_panel, schedule, stack, c_tile, g.ldc);
+            sums(c_tile, g.ldc);
             continue;
           }
-          tile_sums<Tile>(a_panel, b_panel, schedule, stack, tile, C);
+          sums(tile, C);
           store_tile<Tile>(tile, tile_rows, tile_cols, static_cast<T>(g.beta), c_tile, g.ldc);
         }
       }
