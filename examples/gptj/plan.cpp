@@ -25,6 +25,9 @@ struct DeviceSizes {
   // `cut` = 1 / mp of the positions, and each LayerNorm's output is kept on them and gathered.
   bool sequence_cut = false;
   double cut = 1;
+  // Deterministic mode's sequence parallelism runs the LayerNorm after the gather (block.h), so a
+  // block keeps the whole input it read, not its cut of it.
+  bool whole_norm_input = false;
   double layers = 0;
   double dp = 1, mp = 1;
   // Context parallelism: a device holds 1 / cp of the positions, and each block's attention is
@@ -73,6 +76,7 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o, co
   s.layers = static_cast<double>(stage.end_layer - stage.first_layer);
   s.sequence_cut = o.sequence_parallel && mp > 1;  // mp=1: the plain model (Model::logits)
   s.cut = s.sequence_cut ? 1 / mp : 1.0;
+  s.whole_norm_input = s.sequence_cut && o.deterministic;
   return s;
 }
 
@@ -85,7 +89,8 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o, co
 // parameters. With cp the ring runs under remat and keeps its output only.
 double block_saved(const DeviceSizes& s, double e, bool bf16) {
   const double attention = s.cp > 1 ? e * s.attn : e * 4 * s.attn + 4 * s.heads;
-  return s.tokens * (e * (s.cut * s.d + s.d + 2 * s.ff) + attention + 4 * 2 * s.cut) + (bf16 ? 2 * s.block_params : 0.0);
+  const double normed = s.whole_norm_input ? 1.0 : s.cut;  // the positions the LayerNorm ran on
+  return s.tokens * (e * (normed * s.d + s.d + 2 * s.ff) + attention + 4 * 2 * normed) + (bf16 ? 2 * s.block_params : 0.0);
 }
 
 // What one block names beside what it keeps, alive together at its end (its C++ locals): the
@@ -161,7 +166,17 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
   // Inside one block's backward: the MLP's transients (beside the rebuilt block under remat) or the
   // ring's phase.
   const double ring = ring_phase(s, e, o.remat);
-  const double in_block = std::max({recompute + (o.remat ? block_locals(s, e) : 0.0), recompute + mlp_transient(s, e), ring}) + gathered;
+  // Deterministic mode on mp > 1: the LayerNorm output's gradient arrives as four terms (q, k, v and
+  // the MLP's input projection read it), kept apart, stacked into one buffer and summed over mp
+  // there, then added in order (docs/determinism.md): 3 x 4 + 1 d_model-wide values at once where
+  // the default mode adds each as it comes; under remat beside the rebuilt block's input and
+  // LayerNorm output, without it when the block has let go of all it kept but those two (counted in
+  // kept_per_block). Measured at the allocator's high-water mark, small, mp=2 and mp=4.
+  const double two_wide = 2 * e * s.tokens * s.d;
+  const double terms = o.deterministic && s.mp > 1 ? 13 * e * s.tokens * s.d : 0.0;
+  const double terms_psum = terms == 0 ? 0.0 : o.remat ? terms + two_wide : std::max(0.0, terms - (one_block - two_wide));
+  const double in_block =
+      std::max({recompute + (o.remat ? block_locals(s, e) : 0.0), recompute + mlp_transient(s, e), ring, terms_psum}) + gathered;
   p.activations = s.in_flight * s.layers * kept_per_block + head + recompute;
   const double state = p.parameters + p.optimizer;
   // The others kept only fall as k grows and the sum is there from k = 1 on: k = 0 and k = 1 are
@@ -184,7 +199,7 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
     const double at_last_block = others + s.layers * kept_per_block + in_block + 4 * s.head_params + sum;
     // By the first block's backward every gradient is made; its own saved values (rebuilt under
     // remat) go as the MLP's backward's transients come, so the larger of the two counts.
-    const double at_first_block = others + kept_per_block + std::max(recompute, std::max(mlp_transient(s, e), ring) + gathered) + p.gradients + sum;
+    const double at_first_block = others + kept_per_block + std::max(recompute, std::max({mlp_transient(s, e), ring, terms_psum}) + gathered) + p.gradients + sum;
     // (a bucket starts once it holds --bucket-mb: up to that plus the gradient that filled it)
     const double bucket = s.dp * s.cp > 1 ? std::min(p.gradients, o.bucket_mb * (1 << 20) + 4 * s.largest) : 0.0;  // over dp and cp alike
     const double at_dp_sum = others + p.gradients + bucket + sum;
@@ -210,7 +225,10 @@ MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) 
   if (o.dtype != DType::f32 && o.dtype != DType::bf16) fail("plan", "--dtype expects bf16 or f32, got '{}'", dtype_name(o.dtype));
   if (o.batch < 1) fail("plan", "--batch must be at least 1, got {}", o.batch);
   check_fits(c, mesh, o.batch);
-  check_sequence_layout(mesh, o.seq, o.sequence_parallel, false);
+  check_sequence_layout(mesh, o.seq, o.sequence_parallel, o.deterministic);
+  if (o.deterministic && o.dtype != DType::f32)
+    fail("plan", "--deterministic computes in f32 (a bf16 partial sum's rounding depends on the devices sharing it: "
+         "docs/determinism.md): drop --dtype {} or --deterministic", dtype_name(o.dtype));
   if (o.seq < 1 || o.seq > c.max_seq) fail("plan", "--seq must be in 1..{} for config {}, got {}", c.max_seq, c.name, o.seq);
   if (!(o.device_memory > 0)) fail("plan", "--device-memory must be positive");
   if (!(o.bucket_mb >= 0)) fail("plan", "--bucket-mb must be at least 0, got {}", o.bucket_mb);
@@ -256,10 +274,10 @@ double parse_bytes(const std::string& text) {
 std::string format_plan(const PlanOptions& o, const MemoryPlan& p) {
   // GB to three decimals, MB to one below a GB: a small model's plan is read to the percent
   auto gb = [](double bytes) { return bytes < 1e9 ? fmt::format("{:10.1f} MB", bytes * 1e-6) : fmt::format("{:10.3f} GB", bytes * 1e-9); };
-  std::string out = fmt::format("memory plan: config {}, mesh {}, batch {} x seq {}{}, {} compute{}{}{}; per device:\n", o.config, o.mesh,
+  std::string out = fmt::format("memory plan: config {}, mesh {}, batch {} x seq {}{}, {} compute{}{}{}{}; per device:\n", o.config, o.mesh,
                                 o.batch, o.seq, o.micro_batches > 1 ? fmt::format(" in {} micro-batches", o.micro_batches) : "",
                                 dtype_name(o.dtype), o.remat ? ", --remat" : "", o.zero ? ", --zero" : "",
-                                o.sequence_parallel ? ", --sequence-parallel" : "");
+                                o.sequence_parallel ? ", --sequence-parallel" : "", o.deterministic ? ", --deterministic" : "");
   out += fmt::format("  parameters (f32)       {}\n", gb(p.parameters));
   out += fmt::format("  gradients (f32)        {}\n", gb(p.gradients));
   out += fmt::format("  optimizer state        {}   AdamW m and v, f32{}\n", gb(p.optimizer), o.zero ? ", cut over dp" : "");
