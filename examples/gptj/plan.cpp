@@ -122,12 +122,12 @@ double ring_phase(const DeviceSizes& s, double e, bool remat) {
 }
 
 // The head: the final LayerNorm's input (the last block's output) and output and its statistics,
-// the logits after the bias (and their f32 copy under bf16) and the cross-entropy's exponentials
-// (f32); the bf16 copies of the embedding and output matrices.
+// and the cross-entropy's exponentials (f32; the logits themselves go once it has returned); the
+// bf16 copies of the embedding and output matrices.
 double head_saved(const DeviceSizes& s, double e, bool bf16) {
   const double logits = s.tokens * s.vocab;
   const double final_norm = e * (s.cut * s.d + s.d) + 8 * s.cut;
-  return s.tokens * final_norm + e * logits + (bf16 ? 4 * logits : 0.0) + 4 * logits + (bf16 ? 2 * s.head_params : 0.0);
+  return s.tokens * final_norm + 4 * logits + (bf16 ? 2 * s.head_params : 0.0);
 }
 
 // The loss's gradient with respect to the logits and its product (f32), alive together at the

@@ -65,7 +65,7 @@ Tensor pick(const Tensor& logits, const Tensor& targets, const std::string& voca
   detail::kernels_of(out).pick_forward(targets.data<std::int32_t>(), block.range, where, logits.raw(), dtype_size(logits.dtype()), out.raw_mutable());
   if (!autodiff::any_requires_grad({&logits})) return out;
   return autodiff::record("pick", out, {logits},
-                          [logits = stop_gradient(logits), targets, where, range = block.range](const Tensor& g) {
+                          [logits = logits.without_data(), targets, where, range = block.range](const Tensor& g) {  // its shape only
                             return std::vector<Tensor>{pick_backward(g, logits, targets, where, range)};
                           });
 }
