@@ -84,10 +84,11 @@ Tensor binary(kernels::BinaryOp op, const Tensor& a, const Tensor& b) {
   using kernels::BinaryOp;
   Tensor out = binary_forward(op, a, b);
   if (!autodiff::any_requires_grad({&a, &b})) return out;
-  const bool linear = op == BinaryOp::add || op == BinaryOp::sub;
+  const bool reads_b = op != BinaryOp::add && op != BinaryOp::sub;  // binary_backward's rules
+  const bool reads_a = reads_b && op != BinaryOp::div;
   const bool reads_out = op == BinaryOp::div || op == BinaryOp::pow;
   return autodiff::record(std::string(binary_name(op)), out, {a, b},
-                          [op, a = kept(a, !linear), b = kept(b, !linear), out = kept(stop_gradient(out), reads_out)](const Tensor& g) {
+                          [op, a = kept(a, reads_a), b = kept(b, reads_b), out = kept(stop_gradient(out), reads_out)](const Tensor& g) {
                             return std::vector<Tensor>{a.requires_grad() ? binary_backward(op, 0, g, a, b, out) : Tensor(),
                                                        b.requires_grad() ? binary_backward(op, 1, g, a, b, out) : Tensor()};
                           });
