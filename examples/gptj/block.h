@@ -160,10 +160,12 @@ inline nax::Tensor output_bias(const BlockParams& p, const nax::Tensor& x, const
 }
 
 // x: [batch, seq, embed], Invariant over mp ([batch, seq|mp, embed] with c.sequence_parallel).
-// The bias is added after the sum: once, not once per device.
+// The bias is added after the sum: once, not once per device. (Two statements: the attention and
+// MLP outputs and their sum go at the first one's end, before the residual's values are made.)
 inline nax::Tensor block(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c, KVCache* cache = nullptr) {
   const nax::Tensor h = normalized(p, x, c);
-  return x + sum_over_mp(attention(p, h, c, cache) + mlp(p, h), c) + output_bias(p, x, c);
+  const nax::Tensor mixed = sum_over_mp(attention(p, h, c, cache) + mlp(p, h), c);
+  return x + mixed + output_bias(p, x, c);
 }
 
 // Megatron-LM's layout: sequential residual, a psum after attention and another after the MLP

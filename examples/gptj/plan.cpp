@@ -93,12 +93,14 @@ double block_saved(const DeviceSizes& s, double e, bool bf16) {
   return s.tokens * (e * (normed * s.d + s.d + 2 * s.ff) + attention + 4 * 2 * normed) + (bf16 ? 2 * s.block_params : 0.0);
 }
 
-// What one block names beside what it keeps, alive together at its end (its C++ locals): the
-// attention projection, the MLP's output with its bias, their sum, the psum (mp > 1) and the block's
-// output (d_model-wide, the stream ones cut with sequence parallelism) and the MLP's hidden values
-// before the bias. Under remat the rebuilt block holds them all at the end of its recompute.
+// What one block makes beside what it keeps, alive together in it (block.h's temporaries): inside
+// the MLP, the attention output beside the hidden values before the bias; at the first statement's
+// end, the attention and MLP outputs, their sum and its psum on mp > 1 (with sequence parallelism
+// the reduce-scatter's whole staging buffer and its cut result). Under remat the rebuilt block
+// holds them at the end of its recompute.
 double block_locals(const DeviceSizes& s, double e) {
-  return s.tokens * e * (3 * s.d + (s.mp > 1 ? s.cut * s.d : 0.0) + s.cut * s.d + s.ff);
+  const double summed = s.mp == 1 ? 0.0 : s.sequence_cut ? s.d + s.cut * s.d : s.d;
+  return s.tokens * e * std::max(s.d + s.ff, 3 * s.d + summed);
 }
 
 // The ring's recompute in one block's backward (ring_attention.h): q, k and v with their chunks
