@@ -123,6 +123,22 @@ double ring_phase(const DeviceSizes& s, double e, bool remat) {
   return ring_transient(s, e) + s.tokens * e * (s.d + s.cut * s.d + (remat ? 2 * s.ff : 0.0));
 }
 
+// Deterministic mode on mp > 1: the LayerNorm output's gradient arrives as four terms (q, k, v and
+// the MLP's input projection read it), kept apart, stacked into one buffer and summed over mp
+// there, then added in order (docs/determinism.md): 3 x 4 + 1 d_model-wide values at once where
+// the default mode adds each as it comes. Under remat beside the rebuilt block's input and
+// LayerNorm output; without it the block has by then let go of all it kept (`kept`, counted
+// elsewhere) but those two. Measured at the allocator's high-water mark, small, mp=2 and mp=4.
+double terms_phase(const DeviceSizes& s, double e, const PlanOptions& o, double kept) {
+  if (!o.deterministic || s.mp == 1) return 0.0;
+  const double terms = 13 * e * s.tokens * s.d, two_wide = 2 * e * s.tokens * s.d;
+  return o.remat ? terms + two_wide : std::max(0.0, terms - (kept - two_wide));
+}
+
+// The forward's end under bf16: an add's operands and result in f32 (bf16 ops compute in f32
+// between their loads and stores).
+double widened_add(const DeviceSizes& s, bool bf16) { return bf16 ? 3 * 4 * s.tokens * s.d : 0.0; }
+
 // The head: the final LayerNorm's input (the last block's output) and output and its statistics,
 // and the cross-entropy's exponentials (f32; the logits themselves go once it has returned); the
 // bf16 copies of the embedding and output matrices.
@@ -165,20 +181,12 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
   // under remat, the block's parameters gathered again for its rebuild (kept_per_block counts them
   // otherwise).
   const double gathered = s.fsdp > 1 ? e * s.fsdp * (s.largest_in_block + (o.remat ? s.block_params : 0.0)) : 0.0;
-  // Inside one block's backward: the MLP's transients (beside the rebuilt block under remat) or the
-  // ring's phase.
-  const double ring = ring_phase(s, e, o.remat);
-  // Deterministic mode on mp > 1: the LayerNorm output's gradient arrives as four terms (q, k, v and
-  // the MLP's input projection read it), kept apart, stacked into one buffer and summed over mp
-  // there, then added in order (docs/determinism.md): 3 x 4 + 1 d_model-wide values at once where
-  // the default mode adds each as it comes; under remat beside the rebuilt block's input and
-  // LayerNorm output, without it when the block has let go of all it kept but those two (counted in
-  // kept_per_block). Measured at the allocator's high-water mark, small, mp=2 and mp=4.
-  const double two_wide = 2 * e * s.tokens * s.d;
-  const double terms = o.deterministic && s.mp > 1 ? 13 * e * s.tokens * s.d : 0.0;
-  const double terms_psum = terms == 0 ? 0.0 : o.remat ? terms + two_wide : std::max(0.0, terms - (one_block - two_wide));
-  const double in_block =
-      std::max({recompute + (o.remat ? block_locals(s, e) : 0.0), recompute + mlp_transient(s, e), ring, terms_psum}) + gathered;
+  // Inside one block's backward: the MLP's transients (beside the rebuilt block under remat), the
+  // ring's phase or deterministic mode's psum of terms.
+  const double mlp = mlp_transient(s, e), ring = ring_phase(s, e, o.remat), terms = terms_phase(s, e, o, one_block);
+  const double in_block = std::max({recompute + (o.remat ? block_locals(s, e) : 0.0), recompute + mlp, ring, terms}) + gathered;
+  // The forward's end: every block's kept values and the last one's locals.
+  const double forward_end = s.layers * kept_per_block + recompute + block_locals(s, e) + widened_add(s, bf16);
   p.activations = s.in_flight * s.layers * kept_per_block + head + recompute;
   const double state = p.parameters + p.optimizer;
   // The others kept only fall as k grows and the sum is there from k = 1 on: k = 0 and k = 1 are
@@ -192,16 +200,14 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
     // at the first block (every gradient made) or after it, where the gradients' sums over dp go in
     // buckets (autodiff.cpp): each partial sum goes once it is in its bucket, which is summed in
     // place and hands its gradients out as pieces of itself, so beside one copy of the gradients
-    // only the bucket being laid out (at most --bucket-mb, or what is left at the end).
-    // The forward's end: every block's kept values and the last one's locals, with a bf16 add's
-    // operands and result in f32 (bf16 ops compute in f32 between their loads and stores).
-    const double widened = bf16 ? 3 * 4 * s.tokens * s.d : 0.0;
-    const double at_forward_end = others + s.layers * kept_per_block + recompute + block_locals(s, e) + widened;
+    // only the bucket being laid out (at most --bucket-mb, or what is left at the end). Before the
+    // backward, the forward's end.
+    const double at_forward_end = others + forward_end;
     const double at_head = others + s.layers * kept_per_block + head + (s.last ? head_transient(s) : 0.0);
     const double at_last_block = others + s.layers * kept_per_block + in_block + 4 * s.head_params + sum;
     // By the first block's backward every gradient is made; its own saved values (rebuilt under
     // remat) go as the MLP's backward's transients come, so the larger of the two counts.
-    const double at_first_block = others + kept_per_block + std::max(recompute, std::max({mlp_transient(s, e), ring, terms_psum}) + gathered) + p.gradients + sum;
+    const double at_first_block = others + kept_per_block + std::max(recompute, std::max({mlp, ring, terms}) + gathered) + p.gradients + sum;
     // (a bucket starts once it holds --bucket-mb: up to that plus the gradient that filled it)
     const double bucket = s.dp * s.cp > 1 ? std::min(p.gradients, o.bucket_mb * (1 << 20) + 4 * s.largest) : 0.0;  // over dp and cp alike
     const double at_dp_sum = others + p.gradients + bucket + sum;

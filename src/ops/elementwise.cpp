@@ -76,10 +76,6 @@ Tensor binary_backward(kernels::BinaryOp op, int which, const Tensor& g, const T
   }
 }
 
-// What a backward reads of a value: the value, or only its description (shape, vary type, node)
-// where the rule needs no data, so that add and sub keep nothing alive.
-Tensor kept(const Tensor& t, bool read) { return read ? t : t.without_data(); }
-
 Tensor binary(kernels::BinaryOp op, const Tensor& a, const Tensor& b) {
   using kernels::BinaryOp;
   Tensor out = binary_forward(op, a, b);
@@ -88,7 +84,7 @@ Tensor binary(kernels::BinaryOp op, const Tensor& a, const Tensor& b) {
   const bool reads_a = reads_b && op != BinaryOp::div;
   const bool reads_out = op == BinaryOp::div || op == BinaryOp::pow;
   return autodiff::record(std::string(binary_name(op)), out, {a, b},
-                          [op, a = kept(a, reads_a), b = kept(b, reads_b), out = kept(stop_gradient(out), reads_out)](const Tensor& g) {
+                          [op, a = autodiff::kept(a, reads_a), b = autodiff::kept(b, reads_b), out = autodiff::kept(stop_gradient(out), reads_out)](const Tensor& g) {
                             return std::vector<Tensor>{a.requires_grad() ? binary_backward(op, 0, g, a, b, out) : Tensor(),
                                                        b.requires_grad() ? binary_backward(op, 1, g, a, b, out) : Tensor()};
                           });
@@ -117,7 +113,7 @@ Tensor unary(kernels::UnaryOp op, std::string_view name, const Tensor& x) {
   using kernels::UnaryOp;
   const bool reads_x = op == UnaryOp::abs || op == UnaryOp::log || op == UnaryOp::square;
   const bool reads_out = op == UnaryOp::exp || op == UnaryOp::sqrt || op == UnaryOp::rsqrt || op == UnaryOp::tanh;
-  return autodiff::record(std::string(name), out, {x}, [op, x = kept(x, reads_x), out = kept(stop_gradient(out), reads_out)](const Tensor& g) {
+  return autodiff::record(std::string(name), out, {x}, [op, x = autodiff::kept(x, reads_x), out = autodiff::kept(stop_gradient(out), reads_out)](const Tensor& g) {
     return std::vector<Tensor>{unary_backward(op, g, x, out)};
   });
 }

@@ -55,7 +55,7 @@ Tensor reduce(ReduceOp op, std::string_view name, const Tensor& x, const Names& 
   if (!autodiff::any_requires_grad({&x})) return out;
   const bool reads_values = op != ReduceOp::sum;  // max and min read x and out again; sum only x's shape
   return autodiff::record(std::string(name), out, {x},
-                          [op, x = reads_values ? x : x.without_data(), axes, out = reads_values ? stop_gradient(out) : Tensor()](const Tensor& g) {
+                          [op, x = autodiff::kept(x, reads_values), axes, out = autodiff::kept(stop_gradient(out), reads_values)](const Tensor& g) {
     Tensor spread = detail::broadcast_to(g, x.shape());
     if (op == ReduceOp::sum) return std::vector<Tensor>{spread};
     Tensor hit = eq(x, detail::broadcast_to(out, x.shape()));

@@ -39,6 +39,10 @@ struct Node {
 // returns one gradient per input, in order.
 Tensor record(std::string op, const Tensor& out, std::vector<Tensor> inputs, BackwardFn backward);
 
+// What a backward rule captures of a value: the value where the rule reads it, else only its
+// description (Tensor::without_data: shape, vary type, node), so that it keeps nothing alive.
+inline Tensor kept(const Tensor& t, bool read) { return read ? t : t.without_data(); }
+
 // Whether any of `inputs` needs a gradient (and grad mode is on): ops skip saving otherwise.
 bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
 

@@ -81,12 +81,14 @@ std::unique_ptr<Communicator> make_mpi_nccl_comm(mpi::MpiWorld& world, const Dev
 
 // Deterministic mode's order depends on its options, read by each process from its own code and
 // environment: processes that disagree would compute different bits without a word, so every
-// process compares them (the same minimum and maximum everywhere: the same error everywhere).
+// process compares them (the same minimum and maximum everywhere: the same error everywhere), in
+// one all-reduce: the maximum of the values and of their negations.
 void check_processes_agree_on_determinism(const RuntimeOptions& options) {
-  const std::int64_t mine[2] = {options.deterministic ? 1 : 0, options.deterministic ? options.deterministic_max_cut : 0};
-  std::int64_t low[2] = {}, high[2] = {};
-  MPI_Allreduce(mine, low, 2, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(mine, high, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  const std::int64_t mode = options.deterministic ? 1 : 0, cut = options.deterministic ? options.deterministic_max_cut : 0;
+  const std::int64_t mine[4] = {mode, cut, -mode, -cut};
+  std::int64_t most[4] = {};
+  MPI_Allreduce(mine, most, 4, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  const std::int64_t high[2] = {most[0], most[1]}, low[2] = {-most[2], -most[3]};
   if (low[0] != high[0])
     fail("Runtime::mpi",
          "RuntimeOptions::deterministic is on in some processes and off in others: every process must run the same mode");

@@ -112,25 +112,25 @@ Tensor Tensor::piece(std::size_t byte_offset, const Shape& shape) const {
   return Tensor(std::move(impl));
 }
 
-bool Tensor::known_zero() const { return holds_buffer() && impl_->buffer->known_zero; }
+bool Tensor::known_zero() const { return has_data() && impl_->buffer->known_zero; }
 
 Tensor Tensor::as_known_zero() const {
-  if (holds_buffer()) impl_->buffer->known_zero = true;
+  if (has_data()) impl_->buffer->known_zero = true;
   return *this;
 }
 
-std::uint64_t Tensor::storage_id() const { return holds_buffer() ? impl_->buffer->id : 0; }
+std::uint64_t Tensor::storage_id() const { return has_data() ? impl_->buffer->id : 0; }
 std::weak_ptr<const void> Tensor::storage_handle() const {
-  return holds_buffer() ? std::weak_ptr<const void>(impl_->buffer) : std::weak_ptr<const void>();
+  return has_data() ? std::weak_ptr<const void>(impl_->buffer) : std::weak_ptr<const void>();
 }
 std::uint64_t Tensor::next_storage_id() { return nax::next_storage_id.load(std::memory_order_relaxed); }
 
 void Tensor::mark_read() const {
-  if (holds_buffer() && !impl_->buffer->read.load(std::memory_order_relaxed)) impl_->buffer->read.store(true, std::memory_order_relaxed);
+  if (has_data() && !impl_->buffer->read.load(std::memory_order_relaxed)) impl_->buffer->read.store(true, std::memory_order_relaxed);
 }
 
 void Tensor::set_pending(std::string pending) const {
-  if (holds_buffer()) impl_->buffer->pending = std::move(pending);
+  if (has_data()) impl_->buffer->pending = std::move(pending);
 }
 
 void Tensor::check_element_type(DType requested) const {
@@ -189,12 +189,12 @@ Tensor Tensor::with_shape(Shape shape) const {
 }
 
 bool Tensor::same_storage(const Tensor& other) const {
-  return holds_buffer() && other.holds_buffer() && impl_->buffer == other.impl_->buffer;
+  return has_data() && other.has_data() && impl_->buffer == other.impl_->buffer;
 }
 
-bool Tensor::referenced_elsewhere() const { return holds_buffer() && (impl_.use_count() > 1 || impl_->buffer.use_count() > 1); }
+bool Tensor::referenced_elsewhere() const { return has_data() && (impl_.use_count() > 1 || impl_->buffer.use_count() > 1); }
 
-bool Tensor::holds_buffer() const { return impl_ && impl_->buffer; }
+bool Tensor::has_data() const { return impl_ && impl_->buffer; }
 
 Tensor Tensor::without_data() const {
   if (!impl_) return Tensor();

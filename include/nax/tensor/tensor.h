@@ -96,7 +96,7 @@ class Tensor {
   // storage: what the autodiff graph keeps of an op's input, so that a value no backward reads is
   // freed when its last reader lets go. Reading its data is an error.
   Tensor without_data() const;
-  bool has_data() const { return impl_ != nullptr && holds_buffer(); }
+  bool has_data() const;  // defined and not such a description
 
   // Autodiff: whether gradients flow to or through this value (see nax/autodiff/autodiff.h).
   bool requires_grad() const;
@@ -108,7 +108,6 @@ class Tensor {
   struct Impl;
   explicit Tensor(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   void check_element_type(DType requested) const;
-  bool holds_buffer() const;
   std::shared_ptr<Impl> impl_;
 };
 

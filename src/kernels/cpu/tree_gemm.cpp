@@ -265,7 +265,9 @@ template <typename Tile, typename T = typename Tile::Value>
 void tree_gemm_tiled(const GemmShape& g, const T* a, const T* b, T* c, const SumSchedule& schedule) {
   constexpr int R = Tile::rows, C = Tile::cols;
   const std::int64_t mc = std::min(block_rows<Tile>(g.k), g.m), nc = std::min(block_cols<Tile>(g.k), g.n);
-  T* a_packed = scratch<T>(0, static_cast<std::size_t>(std::max<std::int64_t>(1, (mc + R - 1) / R * R * g.k)));
+  // An untransposed op(A) is read in place, but for one last panel short of R rows (tree_gemm_one)
+  const std::int64_t a_rows = g.trans_a ? (mc + R - 1) / R * R : R;
+  T* a_packed = scratch<T>(0, static_cast<std::size_t>(std::max<std::int64_t>(1, a_rows * g.k)));
   T* b_packed = scratch<T>(1, static_cast<std::size_t>(std::max<std::int64_t>(1, (nc + C - 1) / C * C * g.k)));
   T* stack = scratch<T>(2, static_cast<std::size_t>(std::max(1, schedule.depth) * R * C));
   for (std::int64_t t = 0; t < g.batch; ++t)
