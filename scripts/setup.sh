@@ -4,7 +4,7 @@
 set -euo pipefail
 [ "${NAX_SETUP_SKIP:-0}" = "1" ] && exit 0
 
-packages=(cmake g++ ninja-build pkg-config libopenblas-dev libdnnl-dev libfmt-dev catch2 nlohmann-json3-dev libpcre2-dev openmpi-bin libopenmpi-dev python3)  # python3: scripts/check_*.py
+packages=(cmake g++ ninja-build pkg-config libopenblas-dev libdnnl-dev ocl-icd-opencl-dev libfmt-dev catch2 nlohmann-json3-dev libpcre2-dev openmpi-bin libopenmpi-dev python3)  # python3: scripts/check_*.py; ocl-icd-opencl-dev: oneDNN's CMake config needs OpenCL's headers
 
 missing=()
 for p in "${packages[@]}"; do
