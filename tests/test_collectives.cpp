@@ -291,3 +291,44 @@ TEST_CASE("the thread runtime's psum and psum_scatter add the ranks in the halvi
     }
   }
 }
+
+TEST_CASE("all_reduce_parts reads the parts where they are and gives the bits of one all-reduce of them end to end",
+          "[mesh][collectives]") {
+  // Parts of 5000 elements: a rank's slice of the parts end to end starts and ends inside a part,
+  // and the reduction's chunks are cut at the parts' edges.
+  const std::size_t part = 5000, parts = 3;
+  auto values = [&](int device, std::size_t p) {
+    const auto u = random_uniform(Shape{{"i", static_cast<std::int64_t>(part)}}, 7, fmt::format("p{}_{}", device, p), -1.0, 1.0,
+                                  DType::f64).to_vector<double>();
+    std::vector<float> v(u.size());
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(u[i] * std::pow(10.0, static_cast<double>(i % 9)));
+    return v;
+  };
+  for (const int n : {2, 3, 4}) {
+    INFO("group of " << n);
+    Runtime rt = Runtime::local(Mesh::parse(fmt::format("mp={}", n)));
+    const auto got = rt.run([&](Shard& s) {
+      Communicator& comm = s.comm("mp");
+      REQUIRE(comm.reduces_parts());
+      std::vector<std::vector<float>> mine;
+      std::vector<float> together;
+      std::vector<const void*> pointers;
+      for (std::size_t p = 0; p < parts; ++p) {
+        mine.push_back(values(s.device(), p));
+        together.insert(together.end(), mine.back().begin(), mine.back().end());
+      }
+      for (const auto& m : mine) pointers.push_back(m.data());
+      std::vector<float> one(parts * part), blocking(parts * part), started(parts * part);
+      comm.all_reduce(together.data(), one.data(), one.size(), DType::f32, ReduceOp::sum, Call{"end to end"});
+      comm.all_reduce_parts(pointers, blocking.data(), part, DType::f32, ReduceOp::sum, Call{"parts"});
+      comm.start_all_reduce_parts(pointers, started.data(), part, DType::f32, ReduceOp::sum, Call{"started parts"})->wait();
+      return std::tuple{one, blocking, started};
+    });
+    for (std::size_t d = 0; d < got.size(); ++d) {
+      const auto& [one, blocking, started] = got[d];
+      nax::testing::require_same_bits(blocking, one, fmt::format("blocking parts on device {} of {}", d, n));
+      nax::testing::require_same_bits(started, one, fmt::format("started parts on device {} of {}", d, n));
+      nax::testing::require_same_bits(one, std::get<0>(got[0]), fmt::format("device {} against device 0", d));
+    }
+  }
+}

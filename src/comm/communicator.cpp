@@ -4,6 +4,7 @@
 
 #include <numeric>
 
+#include "comm/element_at.h"
 #include "nax/core/error.h"
 
 namespace nax {
@@ -85,6 +86,17 @@ class FinishedRequest final : public Communicator::Request {
 std::unique_ptr<Communicator::Request> Communicator::start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
                                                                       ReduceOp op, const Call& call) {
   all_reduce(send, recv, count, dtype, op, call);
+  return std::make_unique<FinishedRequest>();
+}
+
+void Communicator::all_reduce_parts(const std::vector<const void*>& parts, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                                    const Call& call) {
+  for (std::size_t i = 0; i < parts.size(); ++i) all_reduce(parts[i], comm::element_at(recv, i * count, dtype), count, dtype, op, call);
+}
+
+std::unique_ptr<Communicator::Request> Communicator::start_all_reduce_parts(const std::vector<const void*>& parts, void* recv,
+                                                                            std::size_t count, DType dtype, ReduceOp op, const Call& call) {
+  all_reduce_parts(parts, recv, count, dtype, op, call);
   return std::make_unique<FinishedRequest>();
 }
 

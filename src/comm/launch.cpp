@@ -21,6 +21,12 @@ void Launch::all_reduce(Communicator& c, const void* send, void* recv, std::size
   else c.all_reduce(send, recv, count, dtype, op, call);
 }
 
+void Launch::all_reduce_parts(Communicator& c, const std::vector<const void*>& parts, void* recv, std::size_t count, DType dtype,
+                              ReduceOp op, const Call& call) {
+  if (start()) request_ = c.start_all_reduce_parts(parts, recv, count, dtype, op, {label_, call.site, ticket_}), started();
+  else c.all_reduce_parts(parts, recv, count, dtype, op, call);
+}
+
 void Launch::all_gather(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, const Call& call) {
   if (start()) request_ = c.start_all_gather(send, recv, count, dtype, {label_, call.site, ticket_}), started();
   else c.all_gather(send, recv, count, dtype, call);
@@ -38,6 +44,10 @@ void Launch::permute(Communicator& c, const void* send, void* recv, std::size_t 
 }
 
 void Launch::keep(std::initializer_list<Tensor> buffers) {
+  if (start()) kept_.insert(kept_.end(), buffers.begin(), buffers.end());
+}
+
+void Launch::keep(const std::vector<Tensor>& buffers) {
   if (start()) kept_.insert(kept_.end(), buffers.begin(), buffers.end());
 }
 

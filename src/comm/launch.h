@@ -28,6 +28,8 @@ class Launch {
   // The communicator's calls, made with `call` (the named collective's text and site): a started
   // one is named by the start form's label instead, at the same site.
   void all_reduce(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call);
+  void all_reduce_parts(Communicator& c, const std::vector<const void*>& parts, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                        const Call& call);
   void all_gather(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, const Call& call);
   void reduce_scatter(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call);
   void permute(Communicator& c, const void* send, void* recv, std::size_t count, DType dtype,
@@ -35,6 +37,7 @@ class Launch {
   // Buffers a started call reads or writes: alive until it completes, and marked pending until
   // then, so that a write to one (Tensor::mutable_data) is an error naming the collective.
   void keep(std::initializer_list<Tensor> buffers);
+  void keep(const std::vector<Tensor>& buffers);
 
   // The op's result, made by `finish` from the received data: at once when the call was blocking
   // (or nothing was sent); else an undefined Tensor, and complete() makes it later.

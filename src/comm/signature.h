@@ -15,7 +15,7 @@ struct CollectiveSignature {
   DType dtype = DType::f32;
   std::size_t count = 0;
   int detail = 0;                // ReduceOp or broadcast root
-  std::uint64_t pairs_hash = 0;  // permute pairs
+  std::uint64_t pairs_hash = 0;  // permute pairs; an all-reduce's number of parts (all_reduce_parts)
   // The named collective that issued it (the calling communicator's origin, stable while its
   // rank waits): read only to build messages, so the hot path copies no string.
   const std::string* origin = nullptr;

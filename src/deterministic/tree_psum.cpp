@@ -164,6 +164,23 @@ void sum_block(Tensor& gathered, const SumExpression& expression, int n, std::in
 // The psum's result in the operand's dtype: rounded from the summed one, a result of its own.
 Tensor narrowed(const Tensor& out, DType dtype) { return out.dtype() == dtype ? out : trace::made(detail::converted(out, dtype)); }
 
+// The leaves' sums over the ranks, end to end in `sums`, in one call: read where they are by a
+// communicator that reduces parts (the host threads'), else copied end to end first.
+void all_reduce_leaves(Communicator& comm, const Call& call, const SumExpression& expression, DType dtype, std::int64_t whole,
+                       Tensor& sums, detail::Launch& launch) {
+  if (comm.reduces_parts() && expression.leaves.size() > 1) {
+    std::vector<Tensor> leaves;
+    std::vector<const void*> parts;
+    for (const auto& leaf : expression.leaves) parts.push_back(leaves.emplace_back(detail::converted(leaf, dtype)).raw());
+    leaves.push_back(sums);
+    launch.keep(leaves);
+    return launch.all_reduce_parts(comm, parts, sums.raw_mutable(), static_cast<std::size_t>(whole), dtype, ReduceOp::sum, call);
+  }
+  const Tensor stacked = stacked_leaves(expression, dtype, whole, [](const Tensor& t) { return t; });
+  launch.keep({stacked, sums});
+  launch.all_reduce(comm, stacked.raw(), sums.raw_mutable(), static_cast<std::size_t>(stacked.numel()), dtype, ReduceOp::sum, call);
+}
+
 // A communicator whose all-reduce adds the ranks in the halving tree (Communicator::
 // adds_in_rank_tree: the host threads', MPI's single-copy path, any on two ranks) gives the
 // canonical bits itself, with no gather of every rank's copy. The leaves go in one call, then the
@@ -171,13 +188,11 @@ Tensor narrowed(const Tensor& out, DType dtype) { return out.dtype() == dtype ? 
 Tensor psum_in_rank_tree(Communicator& comm, const Call& call, const SumExpression& expression, std::int64_t whole,
                          const Shape& shape, const VaryType& vary, DType narrow, detail::Launch& launch) {
   const DType dtype = summed_dtype(narrow);
-  const Tensor stacked = stacked_leaves(expression, dtype, whole, [](const Tensor& t) { return t; });
   const bool lone = expression.leaves.size() == 1;
-  Tensor sums =
-      lone ? fresh_result(shape, dtype, vary, stacked.device_ptr()) : Tensor::empty(stacked.shape(), dtype, stacked.device_ptr());
-  launch.keep({stacked, sums});
-  launch.all_reduce(comm, stacked.raw(), sums.raw_mutable(), static_cast<std::size_t>(stacked.numel()), dtype, ReduceOp::sum,
-                    call);
+  const auto device = expression.leaves[0].device_ptr();
+  Tensor sums = lone ? fresh_result(shape, dtype, vary, device)
+                     : Tensor::empty(Shape{{"leaves", whole * static_cast<std::int64_t>(expression.leaves.size())}}, dtype, device);
+  all_reduce_leaves(comm, call, expression, dtype, whole, sums, launch);
   return launch.then([sums, expression, whole, shape, vary, narrow, lone]() mutable {
     if (lone) return narrowed(sums, narrow);
     Tensor out = fresh_result(shape, sums.dtype(), vary, sums.device_ptr());

@@ -90,6 +90,13 @@ class Communicator {
 
   // recv[i] = op over ranks of send[i], `count` elements.
   virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {}) = 0;
+  // The all-reduce of several buffers as one: recv holds parts.size() blocks of `count`, block i
+  // = op over ranks of parts[i]. Where reduces_parts() it is one call that reads the parts where
+  // they are; the default makes one all_reduce per part (a caller that needs one call, as
+  // deterministic psum does for the rank tree's bits, copies the parts end to end instead).
+  virtual void all_reduce_parts(const std::vector<const void*>& parts, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                                const Call& call = {});
+  virtual bool reduces_parts() const { return false; }
   // recv = concatenation of every rank's `count` elements, in rank order.
   virtual void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call = {}) = 0;
   // send holds size() blocks of `count`; recv = op over ranks of block rank().
@@ -121,6 +128,8 @@ class Communicator {
   // call, in the order started), the result in recv once the request is waited for. The defaults
   // run the blocking form and return a finished request; backends that can overlap override them.
   virtual std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {});
+  virtual std::unique_ptr<Request> start_all_reduce_parts(const std::vector<const void*>& parts, void* recv, std::size_t count,
+                                                          DType dtype, ReduceOp op, const Call& call = {});
   virtual std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call = {});
   virtual std::unique_ptr<Request> start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call = {});
   virtual std::unique_ptr<Request> start_permute(const void* send, void* recv, std::size_t count, DType dtype,

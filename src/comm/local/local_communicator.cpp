@@ -47,6 +47,24 @@ class LocalCommunicator final : public Communicator {
                    [=, this](const Signature& sig) { run_all_reduce(sig, send, recv, count, dtype, op, true); });
   }
 
+  // One rendezvous for all the parts: each rank publishes its list of part pointers as its send
+  // buffer, and reduces its slice of the parts laid end to end, reading them where they are.
+  bool reduces_parts() const override { return true; }
+
+  void all_reduce_parts(const std::vector<const void*>& parts, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                        const Call& call) override {
+    worker_.drain();
+    record(CollectiveKind::all_reduce, parts.size() * count * dtype_size(dtype));
+    run_all_reduce_parts(parts_signature(call, parts.size(), count, dtype, op), parts, recv, count, dtype, op, false);
+  }
+
+  std::unique_ptr<Request> start_all_reduce_parts(const std::vector<const void*>& parts, void* recv, std::size_t count, DType dtype,
+                                                  ReduceOp op, const Call& call) override {
+    record(CollectiveKind::all_reduce, parts.size() * count * dtype_size(dtype));
+    return started(parts_signature(call, parts.size(), count, dtype, op), call.ticket,
+                   [=, this](const Signature& sig) { run_all_reduce_parts(sig, parts, recv, count, dtype, op, true); });
+  }
+
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) override {
     worker_.drain();
     record(CollectiveKind::all_gather, count * dtype_size(dtype));
@@ -129,6 +147,23 @@ class LocalCommunicator final : public Communicator {
     group_->step(rank_);
   }
 
+  // A call over parts has the signature of the all-reduce of their concatenation, told apart by
+  // the number of parts (a rank that sends one buffer while another sends parts is out of step).
+  static Signature parts_signature(const Call& call, std::size_t parts, std::size_t count, DType dtype, ReduceOp op) {
+    return signature_of(call, CollectiveKind::all_reduce, dtype, parts * count, static_cast<int>(op), parts);
+  }
+
+  void run_all_reduce_parts(const Signature& sig, const std::vector<const void*>& parts, void* recv, std::size_t count, DType dtype,
+                            ReduceOp op, bool on_worker) {
+    group_->arrive(rank_, sig, parts.data(), recv, !on_worker);
+    const std::size_t n = static_cast<std::size_t>(size()), r = static_cast<std::size_t>(rank_), total = parts.size() * count;
+    const std::size_t begin = total * r / n, end = total * (r + 1) / n;
+    std::vector<void*> dsts;
+    for (int q = 0; q < size(); ++q) dsts.push_back(comm::element_at(group_->recv(q), begin, dtype));
+    reduce_block(dsts, begin, end - begin, dtype, op, count);
+    group_->step(rank_);
+  }
+
   void run_all_gather(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype, bool on_worker) {
     group_->arrive(rank_, sig, send, recv, !on_worker);
     const bool large = count * dtype_size(dtype) * static_cast<std::size_t>(size()) >= kStreamBytes;
@@ -169,17 +204,22 @@ class LocalCommunicator final : public Communicator {
   }
 
   // Reduces the ranks' elements [offset, offset + count) of the send buffers into each of dsts.
-  void reduce_block(const std::vector<void*>& dsts, std::size_t offset, std::size_t count, DType dtype, ReduceOp op) {
+  // With `part` (> 0) each rank's send is a list of parts of `part` elements laid end to end.
+  void reduce_block(const std::vector<void*>& dsts, std::size_t offset, std::size_t count, DType dtype, ReduceOp op,
+                    std::size_t part = 0) {
     // Reduce a cache-sized chunk at a time, the ranks in the halving tree (comm/rank_tree.h), so
     // that every rank gets the same bits and a destination may alias a send buffer (a chunk is
     // read before it is written).
     constexpr std::size_t kChunkBytes = 16384;
     const std::size_t es = dtype_size(dtype), chunk = kChunkBytes / es;
     const bool large = count * es * dsts.size() >= kStreamBytes;
-    for (std::size_t begin = 0; begin < count; begin += chunk) {
-      const std::size_t n = std::min(chunk, count - begin);
+    for (std::size_t begin = 0, n = 0; begin < count; begin += n) {
+      const std::size_t at = offset + begin;
+      n = std::min(chunk, count - begin);
+      if (part > 0) n = std::min(n, part - at % part);  // a chunk stays within one part
       const void* sum = comm::reduce_ranks_in_tree(size(), n, dtype, op, tree_, nullptr, [&](int q, void*) -> const void* {
-        return comm::element_at(group_->send(q), offset + begin, dtype);
+        if (part == 0) return comm::element_at(group_->send(q), at, dtype);
+        return comm::element_at(static_cast<const void* const*>(group_->send(q))[at / part], at % part, dtype);
       });
       for (void* dst : dsts) copy_out(comm::element_at(dst, begin, dtype), sum, n * es, large);
     }
