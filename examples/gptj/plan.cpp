@@ -124,14 +124,14 @@ double ring_phase(const DeviceSizes& s, double e, bool remat) {
 }
 
 // Deterministic mode on mp > 1: the LayerNorm output's gradient arrives as four terms (q, k, v and
-// the MLP's input projection read it), kept apart, stacked into one buffer and summed over mp
-// there, then added in order (docs/determinism.md): 3 x 4 + 1 d_model-wide values at once where
-// the default mode adds each as it comes. Under remat beside the rebuilt block's input and
+// the MLP's input projection read it), kept apart, laid end to end in one buffer and summed over mp
+// there in place, then added in order (docs/determinism.md): 11 d_model-wide values at once
+// where the default mode adds each as it comes. Under remat beside the rebuilt block's input and
 // LayerNorm output; without it the block has by then let go of all it kept (`kept`, counted
 // elsewhere) but those two. Measured at the allocator's high-water mark, small, mp=2 and mp=4.
 double terms_phase(const DeviceSizes& s, double e, const PlanOptions& o, double kept) {
   if (!o.deterministic || s.mp == 1) return 0.0;
-  const double terms = 13 * e * s.tokens * s.d, two_wide = 2 * e * s.tokens * s.d;
+  const double terms = 11 * e * s.tokens * s.d, two_wide = 2 * e * s.tokens * s.d;
   return o.remat ? terms + two_wide : std::max(0.0, terms - (kept - two_wide));
 }
 
@@ -183,8 +183,10 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
   const double gathered = s.fsdp > 1 ? e * s.fsdp * (s.largest_in_block + (o.remat ? s.block_params : 0.0)) : 0.0;
   // Inside one block's backward: the MLP's transients (beside the rebuilt block under remat), the
   // ring's phase or deterministic mode's psum of terms.
+  // The terms come at the block's end, after its weight gradients were made.
   const double mlp = mlp_transient(s, e), ring = ring_phase(s, e, o.remat), terms = terms_phase(s, e, o, one_block);
-  const double in_block = std::max({recompute + (o.remat ? block_locals(s, e) : 0.0), recompute + mlp, ring, terms}) + gathered;
+  const double terms_at_end = terms > 0 ? terms + 4 * s.block_params : 0.0;
+  const double in_block = std::max({recompute + (o.remat ? block_locals(s, e) : 0.0), recompute + mlp, ring, terms_at_end}) + gathered;
   // The forward's end: every block's kept values and the last one's locals.
   const double forward_end = s.layers * kept_per_block + recompute + block_locals(s, e) + widened_add(s, bf16);
   p.activations = s.in_flight * s.layers * kept_per_block + head + recompute;

@@ -189,9 +189,17 @@ Tensor psum_in_rank_tree(Communicator& comm, const Call& call, const SumExpressi
                          const Shape& shape, const VaryType& vary, DType narrow, detail::Launch& launch) {
   const DType dtype = summed_dtype(narrow);
   const bool lone = expression.leaves.size() == 1;
-  const auto device = expression.leaves[0].device_ptr();
-  Tensor sums = lone ? fresh_result(shape, dtype, vary, device)
-                     : Tensor::empty(Shape{{"leaves", whole * static_cast<std::int64_t>(expression.leaves.size())}}, dtype, device);
+  const Tensor& first = expression.leaves[0];
+  if (lone && launch.over_input() && first.dtype() == dtype) {  // the caller's own buffer (a gradient bucket), summed where it is
+    Tensor sums = first.with_vary(vary);
+    launch.keep({first});
+    void* in_place = const_cast<void*>(first.raw());  // (marked read by the op's checks; no one else holds it)
+    launch.all_reduce(comm, in_place, in_place, static_cast<std::size_t>(whole), dtype, ReduceOp::sum, call);
+    return launch.then([sums] { return sums; });
+  }
+  Tensor sums = lone ? fresh_result(shape, dtype, vary, first.device_ptr())
+                     : Tensor::empty(Shape{{"leaves", whole * static_cast<std::int64_t>(expression.leaves.size())}}, dtype,
+                                     first.device_ptr());
   all_reduce_leaves(comm, call, expression, dtype, whole, sums, launch);
   return launch.then([sums, expression, whole, shape, vary, narrow, lone]() mutable {
     if (lone) return narrowed(sums, narrow);
