@@ -309,7 +309,6 @@ TEST_CASE("all_reduce_parts reads the parts where they are and gives the bits of
     Runtime rt = Runtime::local(Mesh::parse(fmt::format("mp={}", n)));
     const auto got = rt.run([&](Shard& s) {
       Communicator& comm = s.comm("mp");
-      REQUIRE(comm.reduces_parts());
       std::vector<std::vector<float>> mine;
       std::vector<float> together;
       std::vector<const void*> pointers;
@@ -322,10 +321,11 @@ TEST_CASE("all_reduce_parts reads the parts where they are and gives the bits of
       comm.all_reduce(together.data(), one.data(), one.size(), DType::f32, ReduceOp::sum, Call{"end to end"});
       comm.all_reduce_parts(pointers, blocking.data(), part, DType::f32, ReduceOp::sum, Call{"parts"});
       comm.start_all_reduce_parts(pointers, started.data(), part, DType::f32, ReduceOp::sum, Call{"started parts"})->wait();
-      return std::tuple{one, blocking, started};
+      return std::tuple{one, blocking, started, comm.reduces_parts()};
     });
     for (std::size_t d = 0; d < got.size(); ++d) {
-      const auto& [one, blocking, started] = got[d];
+      const auto& [one, blocking, started, reads_in_place] = got[d];
+      REQUIRE(reads_in_place);
       nax::testing::require_same_bits(blocking, one, fmt::format("blocking parts on device {} of {}", d, n));
       nax::testing::require_same_bits(started, one, fmt::format("started parts on device {} of {}", d, n));
       nax::testing::require_same_bits(one, std::get<0>(got[0]), fmt::format("device {} against device 0", d));
