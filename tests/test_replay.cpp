@@ -91,6 +91,36 @@ TEST_CASE("replay: the groups of a 2-D mesh meet apart; mismatched timelines are
   REQUIRE_THROWS_WITH(gptj::replay({{wait(9)}, {}, {}, {}}, mesh, by_bytes()), Contains("never started"));
 }
 
+TEST_CASE("replay: devices beyond the cores share them, a device waiting in a collective leaves its core, work is CPU time",
+          "[unit][replay]") {
+  const Mesh mesh = Mesh::parse("dp=2,mp=2");
+  auto with_cores = [](int cores) {
+    gptj::ReplayCosts costs = by_bytes();
+    costs.cores = cores;
+    return costs;
+  };
+  const std::vector<Timeline> even(4, Timeline{compute(1.0)});
+  REQUIRE(gptj::replay(even, mesh, with_cores(2)) == Approx(2.0));  // four on two cores, each at half speed
+  REQUIRE(gptj::replay(even, mesh, with_cores(4)) == Approx(1.0));
+  REQUIRE(gptj::replay(even, mesh, with_cores(0)) == Approx(1.0));
+  // the long one runs alone once the others are done: 4 s, not the 3 s of the work over two cores
+  const std::vector<Timeline> uneven = {{compute(3.0)}, {compute(1.0)}, {compute(1.0)}, {compute(1.0)}};
+  REQUIRE(gptj::replay(uneven, mesh, with_cores(2)) == Approx(4.0));
+  // device 0 waits for device 1 from 1 s to 2.5 s: the other three share the two cores meanwhile, at
+  // 2/3 each, so no core idles and the step is the work over the cores, 3.5 s
+  const std::vector<Timeline> waiting = {{compute(0.5), collective(Kind::collective, "mp", 0), compute(0.5)},
+                                         {compute(1.5), collective(Kind::collective, "mp", 0), compute(0.5)},
+                                         {compute(2.0)},
+                                         {compute(2.0)}};
+  REQUIRE(gptj::replay(waiting, mesh, with_cores(2)) == Approx(3.5));
+  // a compute event's work is its CPU time where the trace has it (the rest was waiting for a core)
+  TimelineEvent shared = compute(2.0);
+  shared.cpu_seconds = 1.0;
+  REQUIRE(gptj::work_of(shared) == 1.0);
+  REQUIRE(gptj::replay({{shared}, {compute(1.0)}, {compute(1.0)}, {compute(1.0)}}, mesh, with_cores(2)) == Approx(2.0));
+  REQUIRE(gptj::busiest_compute_s({{shared}, {compute(1.5)}}) == Approx(1.5));
+}
+
 TEST_CASE("replay: fit_links recovers a link from transfers priced on it", "[unit][replay]") {
   const Mesh mesh = Mesh::parse("dp=4");
   const Link truth{"dp", 7e-6, 3e9};
@@ -111,7 +141,7 @@ TEST_CASE("replay: fit_links recovers a link from transfers priced on it", "[uni
 // links fitted to its own collectives gives the measured step time within 10%.
 TEST_CASE("replay: a traced GPT-J step replayed on this machine's own constants takes the measured time within 10%",
           "[e2e][replay]") {
-  for (const std::string mesh : {"dp=2,mp=1", "dp=1,mp=2"}) {
+  for (const std::string mesh : {"dp=2,mp=1", "dp=1,mp=2", "dp=2,mp=2"}) {
     INFO("mesh " << mesh);
     gptj::CompareOptions o;
     o.train = nax::testing::tiny(mesh, 3);

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <nax/io/json.h>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -139,26 +140,35 @@ void barrier(const Mesh& mesh) {
   static_cast<void>(psum(pvary(scalar(0.0), axes), axes));
 }
 
+// The cores the devices of a CPU run share: the machine's (a replay lets more devices than that
+// compute only at a share of a core each); 0 on GPUs, a device each.
+int shared_cores(Backend backend) { return backend == Backend::cpu ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) : 0; }
+
 // The row's traced step (`step`, each device's "step" slice of this sharding) as timelines, the
-// links fitted to its collectives, its measured time and its replay on them.
-void attach_replay(CompareRow& row, const std::vector<trace::RecordedSlice>& slices, const Mesh& mesh, std::int64_t step) {
-  std::vector<std::pair<std::int64_t, std::int64_t>> windows(static_cast<std::size_t>(mesh.size()), {0, -1});
+// links fitted to its collectives, its measured time and its replay on them. On GPUs a device's
+// work is its wall time: its host thread's CPU time is the launches'.
+void attach_replay(CompareRow& row, const std::vector<trace::RecordedSlice>& slices, const Mesh& mesh, std::int64_t step, Backend backend) {
+  std::vector<trace::RecordedSlice> windows(static_cast<std::size_t>(mesh.size()));
+  for (auto& w : windows) w.duration_ns = -1;
   for (const auto& s : slices) {
     if (s.category != "step" || s.transfers || s.device < 0 || s.device >= mesh.size()) continue;
     const auto args = nlohmann::json::parse("{" + s.args + "}");
     if (args.value("sharding", "") == row.sharding && args.value("step", std::int64_t{-1}) == step)
-      windows[static_cast<std::size_t>(s.device)] = {s.start_ns, s.start_ns + s.duration_ns};
+      windows[static_cast<std::size_t>(s.device)] = s;
   }
   double measured = 0;
-  for (const auto& [begin, end] : windows) {
-    if (end < begin) return;  // a device's step is not in the trace
-    measured = std::max(measured, 1e-9 * static_cast<double>(end - begin));
+  for (const auto& w : windows) {
+    if (w.duration_ns < 0) return;  // a device's step is not in the trace
+    measured = std::max(measured, 1e-9 * static_cast<double>(w.duration_ns));
   }
   try {
     row.timelines = timelines_of(slices, windows);
+    if (backend != Backend::cpu)
+      for (auto& timeline : row.timelines)
+        for (auto& e : timeline) e.cpu_seconds = -1;
     row.fitted_links = fit_links(row.timelines, mesh);
     row.traced_step_s = measured;
-    row.replayed_step_s = replay(row.timelines, mesh, measured_costs(row.fitted_links, mesh));
+    row.replayed_step_s = replay(row.timelines, mesh, measured_costs(row.fitted_links, mesh, shared_cores(backend)));
   } catch (const Error& e) {  // a timeline the replay cannot follow: the rows stand without it
     fmt::print(stderr, "compare: the {} row's step is not replayed: {}\n", row.sharding, e.what());
     row.timelines.clear(), row.fitted_links.clear(), row.traced_step_s = row.replayed_step_s = 0;
@@ -314,7 +324,7 @@ std::vector<CompareRow> compare(const CompareOptions& o, const TextData& data) {
   if (process_index() != 0) return rows;
   rows.push_back(row_of("hand", hand_track, o));
   if (with_auto) rows.push_back(row_of("auto", auto_track, o));
-  for (auto& row : rows) attach_replay(row, slices, mesh, o.train.steps - 1);
+  for (auto& row : rows) attach_replay(row, slices, mesh, o.train.steps - 1, o.train.backend);
   if (o.with_jax)
     if (auto jax = run_jax(o, data, rows[0].first_loss)) rows.push_back(*jax);
   return rows;

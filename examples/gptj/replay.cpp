@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -38,8 +40,12 @@ double transfer_seconds(const Slice& c, const std::vector<const Slice*>& waits) 
 
 std::vector<std::string> axes_of(const nlohmann::json& args) { return args.at("mesh_axes").get<std::vector<std::string>>(); }
 
-Timeline timeline_of(const std::vector<const Slice*>& own, const std::vector<const Slice*>& transfers, std::int64_t begin,
-                     std::int64_t end) {
+// The thread's CPU time at a slice's start and end (-1: not recorded).
+std::int64_t thread_at_start(const Slice& s) { return s.thread_start_ns; }
+std::int64_t thread_at_end(const Slice& s) { return s.thread_start_ns < 0 ? -1 : s.thread_start_ns + s.thread_duration_ns; }
+
+Timeline timeline_of(const std::vector<const Slice*>& own, const std::vector<const Slice*>& transfers, const Slice& window) {
+  const std::int64_t begin = window.start_ns, end = end_of(window);
   std::vector<const Slice*> collectives, waits;
   for (const Slice* s : own) {
     if (s->start_ns < begin || end_of(*s) > end) continue;
@@ -55,44 +61,47 @@ Timeline timeline_of(const std::vector<const Slice*>& own, const std::vector<con
     if (t->category == "collective")
       transferred[nlohmann::json::parse("{" + t->args + "}").at("ticket").get<std::uint64_t>()] = transfer_seconds(*t, transfer_waits);
   Timeline out;
-  std::int64_t cursor = begin;
-  auto compute = [&](std::int64_t until) {
+  std::int64_t cursor = begin, thread_cursor = thread_at_start(window);
+  // Compute from the cursor to `until`, where the thread's CPU clock read `thread_until`.
+  auto compute = [&](std::int64_t until, std::int64_t thread_until) {
     if (until > cursor) {
       TimelineEvent e;
       e.seconds = seconds(until - cursor);
+      if (thread_cursor >= 0 && thread_until >= thread_cursor) e.cpu_seconds = std::min(e.seconds, seconds(thread_until - thread_cursor));
       out.push_back(e);
     }
+    if (until >= cursor) thread_cursor = thread_until;
     cursor = std::max(cursor, until);
   };
   for (const Slice* c : collectives) {
     if (c->start_ns < cursor) continue;  // inside the previous collective (a collective made of others)
     const auto args = nlohmann::json::parse("{" + c->args + "}");
     if (c->name == "complete a started collective") {
-      compute(c->start_ns);
+      compute(c->start_ns, thread_at_start(*c));
       TimelineEvent wait;
       wait.kind = TimelineEvent::Kind::wait;
       wait.ticket = args.at("ticket").get<std::uint64_t>();
       out.push_back(wait);
-      cursor = end_of(*c);
+      cursor = end_of(*c), thread_cursor = thread_at_end(*c);
       continue;
     }
     if (args.at("group_size").get<int>() <= 1) continue;  // nothing moves: compute
     TimelineEvent e;
     e.collective = kind_of(c->name), e.bytes = args.at("bytes").get<std::size_t>(), e.mesh_axes = axes_of(args);
     if (args.contains("ticket")) {  // started: its own slice is the device's time; the transfer ran on the worker
-      compute(end_of(*c));
+      compute(end_of(*c), thread_at_end(*c));
       e.kind = TimelineEvent::Kind::start;
       e.ticket = args.at("ticket").get<std::uint64_t>();
       e.seconds = transferred.count(e.ticket) ? transferred.at(e.ticket) : -1;  // no transfers track (MPI, NCCL): unknown
     } else {
-      compute(c->start_ns);
+      compute(c->start_ns, thread_at_start(*c));
       e.kind = TimelineEvent::Kind::collective;
       e.seconds = transfer_seconds(*c, waits);
-      cursor = end_of(*c);
+      cursor = end_of(*c), thread_cursor = thread_at_end(*c);
     }
     out.push_back(e);
   }
-  compute(end);
+  compute(end, thread_at_end(window));
   return out;
 }
 
@@ -125,12 +134,13 @@ using CallRef = std::pair<std::pair<std::vector<std::string>, int>, std::size_t>
 
 }  // namespace
 
-std::vector<Timeline> timelines_of(const std::vector<trace::RecordedSlice>& slices,
-                                   const std::vector<std::pair<std::int64_t, std::int64_t>>& windows) {
+double work_of(const TimelineEvent& e) { return e.cpu_seconds >= 0 ? e.cpu_seconds : e.seconds; }
+
+std::vector<Timeline> timelines_of(const std::vector<trace::RecordedSlice>& slices, const std::vector<trace::RecordedSlice>& windows) {
   std::vector<std::vector<const Slice*>> own(windows.size()), transfers(windows.size());
   for (const auto& s : slices) {
     if (s.device < 0 || s.device >= static_cast<int>(windows.size())) continue;
-    const auto [begin, end] = windows[static_cast<std::size_t>(s.device)];
+    const std::int64_t begin = windows[static_cast<std::size_t>(s.device)].start_ns, end = end_of(windows[static_cast<std::size_t>(s.device)]);
     if (s.transfers) {
       if (s.start_ns >= begin && s.start_ns < end + 1'000'000'000) transfers[static_cast<std::size_t>(s.device)].push_back(&s);
     } else {
@@ -138,7 +148,7 @@ std::vector<Timeline> timelines_of(const std::vector<trace::RecordedSlice>& slic
     }
   }
   std::vector<Timeline> out;
-  for (std::size_t d = 0; d < windows.size(); ++d) out.push_back(timeline_of(own[d], transfers[d], windows[d].first, windows[d].second));
+  for (std::size_t d = 0; d < windows.size(); ++d) out.push_back(timeline_of(own[d], transfers[d], windows[d]));
   return out;
 }
 
@@ -147,7 +157,7 @@ double busiest_compute_s(const std::vector<Timeline>& timelines) {
   for (const auto& timeline : timelines) {
     double computed = 0;
     for (const auto& e : timeline)
-      if (e.kind == TimelineEvent::Kind::compute) computed += e.seconds;
+      if (e.kind == TimelineEvent::Kind::compute) computed += work_of(e);
     busiest = std::max(busiest, computed);
   }
   return busiest;
@@ -156,11 +166,13 @@ double busiest_compute_s(const std::vector<Timeline>& timelines) {
 double replay(const std::vector<Timeline>& timelines, const Mesh& mesh, const ReplayCosts& costs) {
   const int devices = static_cast<int>(timelines.size());
   if (devices != mesh.size()) fail("replay", "{} timelines for the {} devices of mesh {}", devices, mesh.size(), mesh.str());
-  std::vector<double> clock(timelines.size(), 0);
-  std::vector<std::size_t> next(timelines.size(), 0);
+  const auto n = timelines.size();
+  std::vector<std::size_t> next(n, 0);
+  std::vector<double> left(n, -1);  // the work left in the compute event under way (-1: none begun)
   std::map<CallRef::first_type, Group> groups;
   std::map<std::pair<int, std::uint64_t>, CallRef> started;  // (device, ticket) -> its call
-  std::vector<std::optional<CallRef>> blocked(timelines.size());  // the blocking call a device is in
+  std::vector<std::optional<CallRef>> awaited(n);            // the call a device waits for
+  double now = 0, last_end = 0;
 
   auto arrive = [&](int device, const TimelineEvent& e) {
     const std::vector<int> members = mesh.group(device, e.mesh_axes);
@@ -169,55 +181,89 @@ double replay(const std::vector<Timeline>& timelines, const Mesh& mesh, const Re
     g.size = members.size();
     const std::size_t k = g.made[device]++;
     if (g.calls.size() <= k) g.calls.resize(k + 1);
-    g.calls[k].arrived[device] = clock[static_cast<std::size_t>(device)];
+    g.calls[k].arrived[device] = now;
     g.calls[k].price = costs.price(e.collective, e.bytes, e.mesh_axes);
     g.resolve();
     return CallRef{key, k};
   };
+  auto end_of_call = [&](const CallRef& call) { return groups[call.first].calls[call.second].end; };
 
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int d = 0; d < devices; ++d) {
-      const auto i = static_cast<std::size_t>(d);
-      while (next[i] < timelines[i].size()) {
-        const TimelineEvent& e = timelines[i][next[i]];
-        if (e.kind == TimelineEvent::Kind::compute) {
-          clock[i] += e.seconds * costs.compute_scale;
-        } else if (e.kind == TimelineEvent::Kind::start) {
-          started[{d, e.ticket}] = arrive(d, e);
-        } else {
-          const CallRef* call = nullptr;
-          if (e.kind == TimelineEvent::Kind::collective) {
-            if (!blocked[i]) blocked[i] = arrive(d, e);  // arrives once, then waits for the call's end
-            call = &*blocked[i];
+  // Each device goes as far as it can at `now`: through starts, arrivals and the calls that have
+  // ended, up to a compute event with work left or a call that has not.
+  auto advance = [&] {
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int d = 0; d < devices; ++d) {
+        const auto i = static_cast<std::size_t>(d);
+        while (next[i] < timelines[i].size()) {
+          const TimelineEvent& e = timelines[i][next[i]];
+          if (e.kind == TimelineEvent::Kind::compute) {
+            if (left[i] < 0) left[i] = work_of(e) * costs.compute_scale;
+            if (left[i] > 0) break;
+          } else if (e.kind == TimelineEvent::Kind::start) {
+            started[{d, e.ticket}] = arrive(d, e);
           } else {
-            const auto it = started.find({d, e.ticket});
-            if (it == started.end()) fail("replay", "device {} waits for started collective {}, which it never started", d, e.ticket);
-            call = &it->second;
+            if (!awaited[i]) {
+              if (e.kind == TimelineEvent::Kind::collective) {
+                awaited[i] = arrive(d, e);  // arrives once, then waits for the call's end
+              } else {
+                const auto it = started.find({d, e.ticket});
+                if (it == started.end()) fail("replay", "device {} waits for started collective {}, which it never started", d, e.ticket);
+                awaited[i] = it->second;
+              }
+              progress = true;
+            }
+            const auto end = end_of_call(*awaited[i]);
+            if (!end || *end > now) break;  // its group is not all there yet, or the call runs on
+            awaited[i].reset();
           }
-          const auto& end = groups[call->first].calls[call->second].end;
-          if (!end) break;  // its group is not all there yet
-          clock[i] = std::max(clock[i], *end);
-          blocked[i].reset();
+          ++next[i], left[i] = -1;
+          progress = true;
+          if (next[i] == timelines[i].size()) last_end = std::max(last_end, now);
         }
-        ++next[i];
-        progress = true;
       }
     }
+  };
+
+  for (;;) {
+    advance();
+    std::vector<std::size_t> computing;
+    double until = std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (next[i] == timelines[i].size()) continue;
+      if (awaited[i]) {
+        if (const auto end = end_of_call(*awaited[i])) until = std::min(until, *end);
+      } else {
+        computing.push_back(i);
+      }
+    }
+    const double k = static_cast<double>(computing.size());
+    const double rate = costs.cores > 0 && k > costs.cores ? costs.cores / k : 1.0;
+    for (std::size_t i : computing) until = std::min(until, now + left[i] / rate);
+    if (!std::isfinite(until)) break;  // every device is done, or stuck
+    for (std::size_t i : computing) {
+      const double done = (until - now) * rate;
+      left[i] = left[i] - done <= 1e-12 * std::max(1.0, left[i]) ? 0.0 : left[i] - done;
+      if (left[i] == 0.0) ++next[i], left[i] = -1;
+      if (next[i] == timelines[i].size()) last_end = std::max(last_end, until);
+    }
+    now = until;
   }
   for (int d = 0; d < devices; ++d)
     if (next[static_cast<std::size_t>(d)] < timelines[static_cast<std::size_t>(d)].size())
       fail("replay", "device {} is stuck at event {} of {}: its group's devices made different collectives", d, next[static_cast<std::size_t>(d)],
            timelines[static_cast<std::size_t>(d)].size());
-  return *std::max_element(clock.begin(), clock.end());
+  return last_end;
 }
 
-ReplayCosts measured_costs(const Links& links, const Mesh& mesh) {
-  return {1.0, [links, mesh](CollectiveKind kind, std::size_t bytes, const std::vector<std::string>& axes) {
+ReplayCosts measured_costs(const Links& links, const Mesh& mesh, int cores) {
+  return {1.0,
+          [links, mesh](CollectiveKind kind, std::size_t bytes, const std::vector<std::string>& axes) {
             const auto link = links.find(axes);
             if (link == links.end()) fail("replay", "no link fitted for mesh axes {}", fmt::join(axes, ","));
             return CostModel::seconds(kind, bytes, mesh.group_size(axes), link->second);
-          }};
+          },
+          cores};
 }
 
 Links fit_links(const std::vector<Timeline>& timelines, const Mesh& mesh) {

@@ -29,6 +29,7 @@ struct Event {
   std::string name, args;
   std::int64_t start_ns, duration_ns;
   int device;  // its track: a device, -1 the host, -2 - d device d's transfers
+  std::int64_t thread_start_ns = -1, thread_duration_ns = -1;
 };
 
 struct ThreadBuffer {
@@ -69,6 +70,14 @@ std::int64_t now_ns() {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
+
+// The calling thread's CPU time; read for the slices that are not ops (RecordedSlice).
+std::int64_t thread_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+bool with_thread_time(std::string_view category) { return category != "op"; }
 
 std::string microseconds(std::int64_t ns) { return fmt::format("{}.{:03}", ns / 1000, ns % 1000); }
 
@@ -132,7 +141,7 @@ std::vector<RecordedSlice> recorded() {
     if (b->generation != r.generation) continue;
     for (const Event& e : b->events)
       out.push_back({std::string(e.category), e.name, e.args, e.start_ns, e.duration_ns, e.device <= -2 ? -2 - e.device : e.device,
-                     e.device <= -2});
+                     e.device <= -2, e.thread_start_ns, e.thread_duration_ns});
   }
   return out;
 }
@@ -174,6 +183,7 @@ std::string process_path(const std::string& path) {
 void Span::begin(std::string_view category, std::string_view name) {
   category_ = category;
   name_ = name;
+  if (with_thread_time(category)) thread_start_ns_ = thread_ns();
   start_ns_ = now_ns();
   active_ = true;
 }
@@ -186,6 +196,7 @@ void Span::add_args(std::string_view members) {
 
 void Span::record() {
   const std::int64_t end_ns = now_ns();
+  const std::int64_t thread_duration_ns = thread_start_ns_ >= 0 ? thread_ns() - thread_start_ns_ : -1;
   active_ = false;
   ThreadBuffer& b = thread_buffer();
   std::lock_guard lock(b.mutex);
@@ -193,7 +204,8 @@ void Span::record() {
     b.events.clear();
     b.generation = g;
   }
-  b.events.push_back(Event{category_, std::move(name_), std::move(args_), start_ns_, end_ns - start_ns_, t_device});
+  b.events.push_back(Event{category_, std::move(name_), std::move(args_), start_ns_, end_ns - start_ns_, t_device, thread_start_ns_,
+                           thread_duration_ns});
 }
 
 void write(const std::string& requested_path, std::string_view process) {
@@ -216,8 +228,12 @@ void write(const std::string& requested_path, std::string_view process) {
         if (e.device >= 0) devices.insert(e.device);
         else if (e.device == -1) host = true;
         else transfers.insert(-2 - e.device);
-        out += fmt::format("{{\"ph\": \"X\", \"cat\": \"{}\", \"name\": {}, \"pid\": {}, \"tid\": {}, \"ts\": {}, \"dur\": {}, \"args\": {{{}}}}},\n",
-                           e.category, quote(e.name), pid, tid, microseconds(e.start_ns - applied), microseconds(e.duration_ns), e.args);
+        const std::string thread_time = e.thread_start_ns < 0 ? std::string()
+                                        : fmt::format(", \"tts\": {}, \"tdur\": {}", microseconds(e.thread_start_ns),
+                                                      microseconds(e.thread_duration_ns));
+        out += fmt::format("{{\"ph\": \"X\", \"cat\": \"{}\", \"name\": {}, \"pid\": {}, \"tid\": {}, \"ts\": {}, \"dur\": {}{}, \"args\": {{{}}}}},\n",
+                           e.category, quote(e.name), pid, tid, microseconds(e.start_ns - applied), microseconds(e.duration_ns), thread_time,
+                           e.args);
       }
     }
   }

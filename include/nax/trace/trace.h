@@ -53,6 +53,10 @@ struct RecordedSlice {
   std::int64_t start_ns = 0, duration_ns = 0;
   int device = -1;
   bool transfers = false;
+  // The recording thread's CPU time (CLOCK_THREAD_CPUTIME_ID) at the start and spent inside, -1
+  // on op slices (many and short: reading the clock is a system call), written as "tts" and
+  // "tdur": between two slices it is what the device computed, apart from waiting for a core.
+  std::int64_t thread_start_ns = -1, thread_duration_ns = -1;
 };
 // This process's slices since start(), in no particular order (a copy: recording may go on).
 std::vector<RecordedSlice> recorded();
@@ -130,7 +134,7 @@ class Span {
   ~Span() { close(); }
   Span(Span&& other) noexcept
       : category_(other.category_), name_(std::move(other.name_)), args_(std::move(other.args_)), start_ns_(other.start_ns_),
-        active_(std::exchange(other.active_, false)), observer_(std::exchange(other.observer_, nullptr)) {}
+        thread_start_ns_(other.thread_start_ns_), active_(std::exchange(other.active_, false)), observer_(std::exchange(other.observer_, nullptr)) {}
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
   Span& operator=(Span&&) = delete;
@@ -153,7 +157,7 @@ class Span {
 
   std::string_view category_;
   std::string name_, args_;
-  std::int64_t start_ns_ = 0;
+  std::int64_t start_ns_ = 0, thread_start_ns_ = -1;
   bool active_ = false;
   Observer* observer_ = nullptr;  // told when this span closes
 };
