@@ -1,4 +1,6 @@
 // Elementwise ops, reductions and layout ops against element-by-element references.
+#include <cmath>
+#include <cstring>
 #include <functional>
 #include <numeric>
 
@@ -85,6 +87,42 @@ TEST_CASE("integer and bf16 arithmetic", "[ops]") {
   Tensor y = h * h + 0.5;
   REQUIRE(y.dtype() == DType::bf16);
   REQUIRE(y.to_vector<double>() == std::vector<double>{0.5, 1.5, 4.5, 9.5, 16.5});
+}
+
+TEST_CASE("bf16 elementwise ops give the bits of widening to f32, the f32 op and one rounding", "[ops][bf16]") {
+  // Values whose f32 results land on bf16 ties, overflow, underflow, NaN and infinities, and a
+  // broadcast (b along j only) and a transposed operand, so that every stride pattern is met.
+  std::vector<float> va, vb;
+  const std::vector<float> specials = {0.0f, -0.0f, 1.0f, 1.0f + 0x1.0p-8f, 3.0e38f, -3.0e38f, 1.0e-39f, INFINITY, -INFINITY, NAN};
+  for (int i = 0; i < 37; ++i)
+    for (int j = 0; j < 23; ++j) {
+      const float t = static_cast<float>(std::sin(0.7 * i + 1.3 * j)) * std::ldexp(1.0f, (i * 7 + j) % 40 - 20);
+      va.push_back(specials[static_cast<std::size_t>(i * 23 + j) % specials.size()] * (j % 3 == 0 ? 1.0f : 0.0f) + t);
+    }
+  for (int j = 0; j < 23; ++j) vb.push_back(j % 5 == 0 ? specials[static_cast<std::size_t>(j) % specials.size()] : 0.37f * static_cast<float>(j - 11));
+  const Tensor a = cast(from_vector(Shape{{"i", 37}, {"j", 23}}, va), DType::bf16);
+  const Tensor b = cast(from_vector(Shape{{"j", 23}}, vb), DType::bf16);
+  const Tensor at = transpose(cast(from_vector(Shape{{"j", 23}, {"i", 37}}, va), DType::bf16), {"i", "j"});
+  auto same_bits = [](const Tensor& got, const Tensor& want_f32) {
+    const Tensor want = cast(want_f32, DType::bf16);
+    REQUIRE(got.dtype() == DType::bf16);
+    const auto g = got.to_vector<float>(), w = want.to_vector<float>();
+    REQUIRE(g.size() == w.size());
+    for (std::size_t k = 0; k < g.size(); ++k) {
+      INFO("element " << k << ": " << g[k] << " vs " << w[k]);
+      REQUIRE(((std::isnan(g[k]) && std::isnan(w[k])) || std::memcmp(&g[k], &w[k], sizeof(float)) == 0));
+    }
+  };
+  const Tensor fa = cast(a, DType::f32), fb = cast(b, DType::f32), fat = cast(at, DType::f32);
+  same_bits(a + b, fa + fb);
+  same_bits(b - a, fb - fa);
+  same_bits(a * at, fa * fat);
+  same_bits(a / b, fa / fb);
+  same_bits(maximum(a, at), maximum(fa, fat));
+  same_bits(minimum(at, b), minimum(fat, fb));
+  same_bits(pow(abs(a), b), pow(abs(fa), fb));
+  same_bits(lt(a, b), lt(fa, fb));
+  same_bits(eq(a, at), eq(fa, fat));
 }
 
 TEST_CASE("reductions over one or several named axes", "[ops]") {

@@ -47,7 +47,7 @@ Tensor binary_forward(kernels::BinaryOp op, const Tensor& a_in, const Tensor& b_
   detail::check_same_dtype(name, a_in, b_in);
   Shape shape(broadcast_axes(name, a_in, b_in));
   VaryType vary = detail::merge_vary(name, {&a_in, &b_in});
-  if (detail::needs_widening(a_in))
+  if (detail::needs_widening(a_in) && !detail::kernels_of(a_in).binary_computes(DType::bf16))
     return detail::narrow_to(binary_forward(op, detail::widen(a_in), detail::widen(b_in)), DType::bf16);
 
   Tensor out = detail::make_result(shape, a_in.dtype(), vary, a_in.device_ptr());

@@ -145,6 +145,9 @@ class Kernels {
   // Whether gemm takes `dtype` itself even where computes() says no: bf16 on a CPU with bf16
   // dot-product instructions (bf16 operands, f32 sums, one rounding per element, as on a GPU).
   virtual bool gemm_computes(DType dtype) const { return computes(dtype); }
+  // Whether binary takes `dtype` itself even where computes() says no: bf16 on the CPU, widened
+  // to f32 in registers and rounded once (the bits of widening the operands first).
+  virtual bool binary_computes(DType dtype) const { return computes(dtype); }
 
   // --- memory ---
   virtual void copy_from_host(void* dst, const void* host_src, std::size_t bytes) = 0;

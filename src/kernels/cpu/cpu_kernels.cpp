@@ -17,6 +17,7 @@ class CpuKernels final : public Kernels {
   Backend backend() const override { return Backend::cpu; }
   bool computes(DType dtype) const override { return dtype != DType::bf16; }
   bool gemm_computes(DType dtype) const override { return computes(dtype) || (dtype == DType::bf16 && cpu::bf16_gemm_available()); }
+  bool binary_computes(DType dtype) const override { return computes(dtype) || dtype == DType::bf16; }
 
   void copy_from_host(void* dst, const void* src, std::size_t bytes) override { copy_bytes(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override { copy_bytes(dst, src, bytes); }

@@ -1,9 +1,12 @@
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/strided.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace nax::cpu {
 
@@ -50,6 +53,32 @@ void binary_rows(const T* a, const T* b, T* out, const Layout<3>& layout) {
   });
 }
 
+// bf16 operands and result, computed in f32 a block of a row at a time: the bits of widening both
+// to f32, the f32 op, and rounding its result once, without the f32 copies of whole tensors.
+template <BinaryOp op>
+void binary_rows_bf16(const std::uint16_t* a, const std::uint16_t* b, std::uint16_t* out, const Layout<3>& layout) {
+  for_each_row<3>(layout, [&](const std::array<std::int64_t, 3>& off, std::int64_t n, const std::array<std::int64_t, 3>& s) {
+    constexpr std::int64_t kBlock = 512;
+    alignas(64) float fa[kBlock], fb[kBlock], fo[kBlock];
+    for (std::int64_t begin = 0; begin < n; begin += kBlock) {
+      const std::int64_t m = std::min(kBlock, n - begin);
+      widen_bf16(a + off[0] + begin * s[0], s[0], fa, m);
+      widen_bf16(b + off[1] + begin * s[1], s[1], fb, m);
+      for (std::int64_t i = 0; i < m; ++i) fo[i] = apply<float, op>(fa[i], fb[i]);
+      round_to_bf16(fo, out + off[2] + begin * s[2], s[2], m);
+    }
+  });
+}
+
+void binary_bf16(BinaryOp op, const std::uint16_t* a, const std::uint16_t* b, std::uint16_t* out, const Layout<3>& l) {
+  switch (op) {
+#define NAX_CASE(name) case BinaryOp::name: return binary_rows_bf16<BinaryOp::name>(a, b, out, l);
+    NAX_CASE(add) NAX_CASE(sub) NAX_CASE(mul) NAX_CASE(div) NAX_CASE(max) NAX_CASE(min) NAX_CASE(pow)
+    NAX_CASE(eq) NAX_CASE(ne) NAX_CASE(lt) NAX_CASE(le) NAX_CASE(gt) NAX_CASE(ge)
+#undef NAX_CASE
+  }
+}
+
 template <typename T>
 void binary_typed(BinaryOp op, const T* a, const T* b, T* out, const Layout<3>& l) {
   switch (op) {
@@ -77,6 +106,9 @@ void unary_typed(UnaryOp op, const T* in, T* out, std::int64_t n) {
 }  // namespace
 
 void binary(BinaryOp op, DType dtype, const void* a, const void* b, void* out, const Layout<3>& layout) {
+  if (dtype == DType::bf16)
+    return binary_bf16(op, static_cast<const std::uint16_t*>(a), static_cast<const std::uint16_t*>(b), static_cast<std::uint16_t*>(out),
+                       layout);
   NAX_DISPATCH_NUMERIC(dtype, "binary", T,
                        binary_typed<T>(op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), layout));
 }
