@@ -5,6 +5,7 @@
 #endif
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace nax::cpu {
 
@@ -53,6 +54,10 @@ void stream_copy(void* dst, const void* src, std::size_t bytes) {
 namespace {
 template <typename From, typename To>
 void convert_typed(const From* src, To* dst, std::int64_t n) {
+  if constexpr (std::is_same_v<From, float> && std::is_same_v<To, bf16>)
+    return round_to_bf16(src, reinterpret_cast<std::uint16_t*>(dst), 1, n);
+  if constexpr (std::is_same_v<From, bf16> && std::is_same_v<To, float>)
+    return widen_bf16(reinterpret_cast<const std::uint16_t*>(src), 1, dst, n);
   for (std::int64_t i = 0; i < n; ++i) {
     if constexpr (std::is_same_v<From, bf16>) dst[i] = static_cast<To>(static_cast<float>(src[i]));
     else if constexpr (std::is_same_v<To, bf16>) dst[i] = bf16(static_cast<float>(src[i]));
