@@ -182,8 +182,8 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
   // otherwise).
   const double gathered = s.fsdp > 1 ? e * s.fsdp * (s.largest_in_block + (o.remat ? s.block_params : 0.0)) : 0.0;
   // Inside one block's backward: the MLP's transients (beside the rebuilt block under remat), the
-  // ring's phase or deterministic mode's psum of terms.
-  // The terms come at the block's end, after its weight gradients were made.
+  // ring's phase or deterministic mode's psum of terms, which comes at the block's end, beside the
+  // block's weight gradients.
   const double mlp = mlp_transient(s, e), ring = ring_phase(s, e, o.remat), terms = terms_phase(s, e, o, one_block);
   const double terms_at_end = terms > 0 ? terms + 4 * s.block_params : 0.0;
   const double in_block = std::max({recompute + (o.remat ? block_locals(s, e) : 0.0), recompute + mlp, ring, terms_at_end}) + gathered;

@@ -172,7 +172,7 @@ double replay(const std::vector<Timeline>& timelines, const Mesh& mesh, const Re
   std::map<CallRef::first_type, Group> groups;
   std::map<std::pair<int, std::uint64_t>, CallRef> started;  // (device, ticket) -> its call
   std::vector<std::optional<CallRef>> awaited(n);            // the call a device waits for
-  double now = 0, last_end = 0;
+  double now = 0;  // the last event's time once every device is done: the step's
 
   auto arrive = [&](int device, const TimelineEvent& e) {
     const std::vector<int> members = mesh.group(device, e.mesh_axes);
@@ -219,7 +219,6 @@ double replay(const std::vector<Timeline>& timelines, const Mesh& mesh, const Re
           }
           ++next[i], left[i] = -1;
           progress = true;
-          if (next[i] == timelines[i].size()) last_end = std::max(last_end, now);
         }
       }
     }
@@ -245,7 +244,6 @@ double replay(const std::vector<Timeline>& timelines, const Mesh& mesh, const Re
       const double done = (until - now) * rate;
       left[i] = left[i] - done <= 1e-12 * std::max(1.0, left[i]) ? 0.0 : left[i] - done;
       if (left[i] == 0.0) ++next[i], left[i] = -1;
-      if (next[i] == timelines[i].size()) last_end = std::max(last_end, until);
     }
     now = until;
   }
@@ -253,7 +251,7 @@ double replay(const std::vector<Timeline>& timelines, const Mesh& mesh, const Re
     if (next[static_cast<std::size_t>(d)] < timelines[static_cast<std::size_t>(d)].size())
       fail("replay", "device {} is stuck at event {} of {}: its group's devices made different collectives", d, next[static_cast<std::size_t>(d)],
            timelines[static_cast<std::size_t>(d)].size());
-  return last_end;
+  return now;
 }
 
 ReplayCosts measured_costs(const Links& links, const Mesh& mesh, int cores) {

@@ -43,10 +43,6 @@ void Launch::permute(Communicator& c, const void* send, void* recv, std::size_t 
   else c.permute(send, recv, count, dtype, pairs, call);
 }
 
-void Launch::keep(std::initializer_list<Tensor> buffers) {
-  if (start()) kept_.insert(kept_.end(), buffers.begin(), buffers.end());
-}
-
 void Launch::keep(const std::vector<Tensor>& buffers) {
   if (start()) kept_.insert(kept_.end(), buffers.begin(), buffers.end());
 }

@@ -3,7 +3,6 @@
 // rest of the op kept until a Pending's wait). The collectives' forward functions take a Launch,
 // so the blocking and the start forms share their checks, vary rules and packing.
 #include <functional>
-#include <initializer_list>
 #include <memory>
 #include <string>
 #include <utility>
@@ -36,7 +35,6 @@ class Launch {
                const std::vector<std::pair<int, int>>& pairs, const Call& call);
   // Buffers a started call reads or writes: alive until it completes, and marked pending until
   // then, so that a write to one (Tensor::mutable_data) is an error naming the collective.
-  void keep(std::initializer_list<Tensor> buffers);
   void keep(const std::vector<Tensor>& buffers);
 
   // The op's result, made by `finish` from the received data: at once when the call was blocking

@@ -14,6 +14,13 @@ std::string_view dtype_name(DType dtype);
 DType parse_dtype(std::string_view name);
 bool is_floating(DType dtype);
 
+// The bf16 bits of the f32 with bits `u`: rounded to nearest even, a NaN kept a (quiet) NaN.
+// Branch-free, so that loops of it vectorise (the CPU kernels' conversions use it).
+inline std::uint16_t bf16_bits_of(std::uint32_t u) {
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+  return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
 // Brain float 16: the upper half of an IEEE f32, rounded to nearest even.
 struct bf16 {
   std::uint16_t bits = 0;
@@ -22,12 +29,7 @@ struct bf16 {
   explicit bf16(float value) {
     std::uint32_t u;
     std::memcpy(&u, &value, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN stays a (quiet) NaN
-      bits = static_cast<std::uint16_t>((u >> 16) | 0x40u);
-      return;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    bits = static_cast<std::uint16_t>(u >> 16);
+    bits = bf16_bits_of(u);
   }
   explicit operator float() const {
     std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;

@@ -36,7 +36,7 @@ class LocalCommunicator final : public Communicator {
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const Call& call) override {
     worker_.drain();
     record(CollectiveKind::all_reduce, count * dtype_size(dtype));
-    run_all_reduce(signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)), send, recv, count, dtype, op,
+    run_all_reduce(signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)), send, recv, count, 0, dtype, op,
                    false);
   }
 
@@ -44,7 +44,7 @@ class LocalCommunicator final : public Communicator {
                                             const Call& call) override {
     record(CollectiveKind::all_reduce, count * dtype_size(dtype));
     return started(signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op)), call.ticket,
-                   [=, this](const Signature& sig) { run_all_reduce(sig, send, recv, count, dtype, op, true); });
+                   [=, this](const Signature& sig) { run_all_reduce(sig, send, recv, count, 0, dtype, op, true); });
   }
 
   // One rendezvous for all the parts: each rank publishes its list of part pointers as its send
@@ -55,14 +55,14 @@ class LocalCommunicator final : public Communicator {
                         const Call& call) override {
     worker_.drain();
     record(CollectiveKind::all_reduce, parts.size() * count * dtype_size(dtype));
-    run_all_reduce_parts(parts_signature(call, parts.size(), count, dtype, op), parts, recv, count, dtype, op, false);
+    run_all_reduce(parts_signature(call, parts.size(), count, dtype, op), parts.data(), recv, parts.size() * count, count, dtype, op, false);
   }
 
   std::unique_ptr<Request> start_all_reduce_parts(const std::vector<const void*>& parts, void* recv, std::size_t count, DType dtype,
                                                   ReduceOp op, const Call& call) override {
     record(CollectiveKind::all_reduce, parts.size() * count * dtype_size(dtype));
     return started(parts_signature(call, parts.size(), count, dtype, op), call.ticket,
-                   [=, this](const Signature& sig) { run_all_reduce_parts(sig, parts, recv, count, dtype, op, true); });
+                   [=, this](const Signature& sig) { run_all_reduce(sig, parts.data(), recv, parts.size() * count, count, dtype, op, true); });
   }
 
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) override {
@@ -135,7 +135,9 @@ class LocalCommunicator final : public Communicator {
  private:
   // The collectives' rendezvous and data movement, after record(); `on_worker`: run by the worker,
   // which the deadlock search does not follow (the device's own thread waits in wait()).
-  void run_all_reduce(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, bool on_worker) {
+  // `part` > 0: `send` is a list of parts of `part` elements, `count` in all (all_reduce_parts).
+  void run_all_reduce(const Signature& sig, const void* send, void* recv, std::size_t count, std::size_t part, DType dtype, ReduceOp op,
+                      bool on_worker) {
     group_->arrive(rank_, sig, send, recv, !on_worker);
     // Reduce-scatter and all-gather in one pass: this rank reduces its 1/n slice and writes the
     // result straight into every rank's recv buffer, so each byte is read once and written once.
@@ -143,7 +145,7 @@ class LocalCommunicator final : public Communicator {
     const std::size_t begin = count * r / n, end = count * (r + 1) / n;
     std::vector<void*> dsts;
     for (int q = 0; q < size(); ++q) dsts.push_back(comm::element_at(group_->recv(q), begin, dtype));
-    reduce_block(dsts, begin, end - begin, dtype, op);
+    reduce_block(dsts, begin, end - begin, dtype, op, part);
     group_->step(rank_);
   }
 
@@ -151,17 +153,6 @@ class LocalCommunicator final : public Communicator {
   // the number of parts (a rank that sends one buffer while another sends parts is out of step).
   static Signature parts_signature(const Call& call, std::size_t parts, std::size_t count, DType dtype, ReduceOp op) {
     return signature_of(call, CollectiveKind::all_reduce, dtype, parts * count, static_cast<int>(op), parts);
-  }
-
-  void run_all_reduce_parts(const Signature& sig, const std::vector<const void*>& parts, void* recv, std::size_t count, DType dtype,
-                            ReduceOp op, bool on_worker) {
-    group_->arrive(rank_, sig, parts.data(), recv, !on_worker);
-    const std::size_t n = static_cast<std::size_t>(size()), r = static_cast<std::size_t>(rank_), total = parts.size() * count;
-    const std::size_t begin = total * r / n, end = total * (r + 1) / n;
-    std::vector<void*> dsts;
-    for (int q = 0; q < size(); ++q) dsts.push_back(comm::element_at(group_->recv(q), begin, dtype));
-    reduce_block(dsts, begin, end - begin, dtype, op, count);
-    group_->step(rank_);
   }
 
   void run_all_gather(const Signature& sig, const void* send, void* recv, std::size_t count, DType dtype, bool on_worker) {

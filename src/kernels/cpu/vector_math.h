@@ -7,19 +7,17 @@
 #include <cstdint>
 #include <utility>
 
+#include "nax/core/dtype.h"
+
 namespace nax::cpu {
 
 // bf16 <-> f32 on the raw bits, a strided run at a time, written so that the compiler vectorises
-// them: widening is exact; rounding is bf16(float)'s (to nearest even, a NaN kept a quiet NaN).
+// them: widening is exact; rounding is bf16(float)'s (nax/core/dtype.h's bf16_bits_of).
 inline void widen_bf16(const std::uint16_t* in, std::int64_t stride, float* out, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<std::uint32_t>(in[i * stride]) << 16);
 }
 inline void round_to_bf16(const float* in, std::uint16_t* out, std::int64_t stride, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::uint32_t u = std::bit_cast<std::uint32_t>(in[i]);
-    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
-    out[i * stride] = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-  }
+  for (std::int64_t i = 0; i < n; ++i) out[i * stride] = bf16_bits_of(std::bit_cast<std::uint32_t>(in[i]));
 }
 
 // exp(x) in f32: x = n ln2 + r with |r| <= ln2/2, exp(r) by its Taylor series to degree 7
