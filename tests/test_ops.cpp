@@ -1,4 +1,5 @@
 // Elementwise ops, reductions and layout ops against element-by-element references.
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -89,9 +90,23 @@ TEST_CASE("integer and bf16 arithmetic", "[ops]") {
   REQUIRE(y.to_vector<double>() == std::vector<double>{0.5, 1.5, 4.5, 9.5, 16.5});
 }
 
+namespace {
+// x rounded to bf16 by arithmetic, apart from the bit manipulations under test: 8 significant bits
+// (fewer below 2^-126, bf16's subnormals), ties to even; past bf16's largest value an infinity.
+float bf16_reference(float x) {
+  if (std::isnan(x) || std::isinf(x) || x == 0) return x;
+  int e = 0;
+  static_cast<void>(std::frexp(x, &e));  // |x| = m 2^e, 0.5 <= m < 1
+  const double quantum = std::ldexp(1.0, std::max(e - 8, -133));
+  return static_cast<float>(std::nearbyint(static_cast<double>(x) / quantum) * quantum);
+}
+float from_bits(bf16 h) { return std::bit_cast<float>(static_cast<std::uint32_t>(h.bits) << 16); }
+}  // namespace
+
 TEST_CASE("bf16 elementwise ops give the bits of widening to f32, the f32 op and one rounding", "[ops][bf16]") {
   // Values whose f32 results land on bf16 ties, overflow, underflow, NaN and infinities, and a
-  // broadcast (b along j only) and a transposed operand, so that every stride pattern is met.
+  // broadcast (b along j only) and a transposed operand, so that every stride pattern is met. The
+  // reference widens the operands' bits, applies the op in f32 and rounds by arithmetic, all here.
   std::vector<float> va, vb;
   const std::vector<float> specials = {0.0f, -0.0f, 1.0f, 1.0f + 0x1.0p-8f, 3.0e38f, -3.0e38f, 1.0e-39f, INFINITY, -INFINITY, NAN};
   for (int i = 0; i < 37; ++i)
@@ -103,26 +118,33 @@ TEST_CASE("bf16 elementwise ops give the bits of widening to f32, the f32 op and
   const Tensor a = cast(from_vector(Shape{{"i", 37}, {"j", 23}}, va), DType::bf16);
   const Tensor b = cast(from_vector(Shape{{"j", 23}}, vb), DType::bf16);
   const Tensor at = transpose(cast(from_vector(Shape{{"j", 23}, {"i", 37}}, va), DType::bf16), {"i", "j"});
-  auto same_bits = [](const Tensor& got, const Tensor& want_f32) {
-    const Tensor want = cast(want_f32, DType::bf16);
+  const auto ha = a.to_vector<bf16>(), hb = b.to_vector<bf16>(), hat = at.to_vector<bf16>();
+  REQUIRE(ha.size() == 37 * 23);
+  REQUIRE(hat.size() == 37 * 23);
+  // got[i, j] against f(x[i, j], y[i, j]) rounded, x and y given per (i, j) as bf16 values
+  auto check = [](const Tensor& got, const std::function<float(std::size_t, std::size_t)>& want) {
     REQUIRE(got.dtype() == DType::bf16);
-    const auto g = got.to_vector<float>(), w = want.to_vector<float>();
-    REQUIRE(g.size() == w.size());
-    for (std::size_t k = 0; k < g.size(); ++k) {
-      INFO("element " << k << ": " << g[k] << " vs " << w[k]);
-      REQUIRE(((std::isnan(g[k]) && std::isnan(w[k])) || std::memcmp(&g[k], &w[k], sizeof(float)) == 0));
-    }
+    const auto g = got.to_vector<bf16>();
+    REQUIRE(g.size() == 37 * 23);
+    for (std::size_t i = 0; i < 37; ++i)
+      for (std::size_t j = 0; j < 23; ++j) {
+        const float w = bf16_reference(want(i, j)), h = from_bits(g[i * 23 + j]);
+        INFO("element (" << i << ", " << j << "): " << h << " vs " << w);
+        REQUIRE(((std::isnan(h) && std::isnan(w)) || std::bit_cast<std::uint32_t>(h) == std::bit_cast<std::uint32_t>(w)));
+      }
   };
-  const Tensor fa = cast(a, DType::f32), fb = cast(b, DType::f32), fat = cast(at, DType::f32);
-  same_bits(a + b, fa + fb);
-  same_bits(b - a, fb - fa);
-  same_bits(a * at, fa * fat);
-  same_bits(a / b, fa / fb);
-  same_bits(maximum(a, at), maximum(fa, fat));
-  same_bits(minimum(at, b), minimum(fat, fb));
-  same_bits(pow(abs(a), b), pow(abs(fa), fb));
-  same_bits(lt(a, b), lt(fa, fb));
-  same_bits(eq(a, at), eq(fa, fat));
+  auto x = [&](std::size_t i, std::size_t j) { return from_bits(ha[i * 23 + j]); };
+  auto xt = [&](std::size_t i, std::size_t j) { return from_bits(hat[i * 23 + j]); };
+  auto y = [&](std::size_t, std::size_t j) { return from_bits(hb[j]); };
+  check(a + b, [&](auto i, auto j) { return x(i, j) + y(i, j); });
+  check(transpose(b - a, {"i", "j"}), [&](auto i, auto j) { return y(i, j) - x(i, j); });  // b's axes first: [j, i]
+  check(a * at, [&](auto i, auto j) { return x(i, j) * xt(i, j); });
+  check(a / b, [&](auto i, auto j) { return x(i, j) / y(i, j); });
+  check(maximum(a, at), [&](auto i, auto j) { return x(i, j) > xt(i, j) ? x(i, j) : xt(i, j); });
+  check(minimum(at, b), [&](auto i, auto j) { return xt(i, j) < y(i, j) ? xt(i, j) : y(i, j); });
+  check(pow(abs(a), b), [&](auto i, auto j) { return std::pow(std::fabs(x(i, j)), y(i, j)); });
+  check(lt(a, b), [&](auto i, auto j) { return x(i, j) < y(i, j) ? 1.0f : 0.0f; });
+  check(eq(a, at), [&](auto i, auto j) { return x(i, j) == xt(i, j) ? 1.0f : 0.0f; });
 }
 
 TEST_CASE("reductions over one or several named axes", "[ops]") {
