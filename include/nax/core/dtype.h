@@ -1,5 +1,5 @@
 #pragma once
-// Element types. bf16 is a storage type on the CPU: kernels compute it in f32.
+// Element types. bf16 is a storage type on the CPU: kernels compute it in f32 (load, compute, round).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

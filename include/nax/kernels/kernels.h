@@ -140,7 +140,8 @@ class Kernels {
   // thread, so that later calls need not switch devices (nor touch GPU 0's context).
   virtual void bind_thread() {}
   // Whether the kernels compute `dtype` themselves; the op layer widens other floating dtypes to
-  // f32 first (the CPU computes bf16 in f32, but for its GEMM: gemm_computes).
+  // f32 first (the CPU computes bf16 in f32, but for its GEMM and binary ops: gemm_computes,
+  // binary_computes).
   virtual bool computes(DType dtype) const = 0;
   // Whether gemm takes `dtype` itself even where computes() says no: bf16 on a CPU with bf16
   // dot-product instructions (bf16 operands, f32 sums, one rounding per element, as on a GPU).

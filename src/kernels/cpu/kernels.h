@@ -1,7 +1,7 @@
 #pragma once
 // CPU kernels: raw compute on pointers, as the Kernels methods of their names say
 // (nax/kernels/kernels.h). Layouts are given in elements; f32, f64 and i32 (bf16 is converted to
-// f32 by the op layer, except by cast and copy which handle it directly).
+// f32 by the op layer, except by cast, copy, binary and the GEMM, which handle it directly).
 #include <cstddef>
 #include <cstdint>
 
