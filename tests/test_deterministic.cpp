@@ -342,3 +342,37 @@ TEST_CASE("deterministic psum of a difference of partial sums equals one device'
     for (const auto& g : got) REQUIRE(g == want_bits);
   }
 }
+
+TEST_CASE("deterministic psum of a sum of partial sums over one mesh axis, then another, equals one device's sum",
+          "[mesh][deterministic]") {
+  // Both psum paths: the communicator's own reduction, and the gather of every rank's value.
+  const deterministic::GatherPsumsForTesting gather(GENERATE(false, true));
+  const Shape global{{"k", 64}, {"i", 4}};
+  const Tensor x = spread_values(global, 27), y = spread_values(global, 28);
+  std::vector<float> want;
+  for (std::int64_t i = 0; i < 4; ++i) {
+    std::vector<float> cx, cy;
+    for (std::int64_t k = 0; k < 64; ++k) {
+      cx.push_back(x.to_vector<float>()[static_cast<std::size_t>(k * 4 + i)]);
+      cy.push_back(y.to_vector<float>()[static_cast<std::size_t>(k * 4 + i)]);
+    }
+    want.push_back(host_tree(cx) + host_tree(cy));
+  }
+  std::vector<std::uint32_t> want_bits(want.size());
+  std::memcpy(want_bits.data(), want.data(), sizeof(float) * want.size());
+  for (const std::string mesh : {"mp=1,cp=1", "mp=2,cp=2", "mp=1,cp=4", "mp=4,cp=1"}) {
+    INFO("mesh " << mesh);
+    Runtime rt = deterministic_runtime(mesh);
+    AxisRules rules;
+    rules.set("k", {"mp", "cp"});  // k cut mp-major: the minor cut (cp) is finished first
+    const auto got = rt.run([&](Shard& s) {
+      const Tensor sum_ab = sum(s.shard(x, rules), "k") + sum(s.shard(y, rules), "k");
+      const Tensor scattered = psum(psum_scatter(sum_ab, "cp", "i"), "mp");
+      return std::vector<std::vector<std::uint32_t>>{bits(psum(psum(sum_ab, "cp"), "mp")), bits(all_gather_invariant(scattered, "cp", "i"))};
+    });
+    for (const auto& g : got) {
+      REQUIRE(g[0] == want_bits);
+      REQUIRE(g[1] == want_bits);
+    }
+  }
+}

@@ -128,8 +128,12 @@ Assembly assemble(const Mesh& mesh, const std::string& mesh_name, const std::vec
     summed.push_back(m);
     if (v0.vary.local_mean(m)) mean_divisor *= mesh.axis_size(m);
   }
-  // Blocks by (per-device coordinates, block offsets), each a list of (rank in the sum, values).
-  std::map<std::vector<int>, std::map<std::vector<std::int64_t>, std::vector<std::pair<int, const std::vector<double>*>>>> blocks;
+  // A local mean recorded with its sum and count (deterministic mode) is rebuilt as pmean finishes
+  // it: the sums added over the ranks, divided by the global count; else the means averaged.
+  bool from_sums = mean_divisor != 1;
+  for (const OpValue* v : held) from_sums = from_sums && v->mean_count > 0 && v->mean_sum.size() == v->values.size();
+  // Blocks by (per-device coordinates, block offsets), each a list of (rank in the sum, value).
+  std::map<std::vector<int>, std::map<std::vector<std::int64_t>, std::vector<std::pair<int, const OpValue*>>>> blocks;
   for (int d = 0; d < mesh.size(); ++d) {
     std::vector<int> coords = mesh.coords(d), first = coords;
     for (const auto& m : invariant) first[static_cast<std::size_t>(mesh.axis_position(m))] = 0;
@@ -156,7 +160,7 @@ Assembly assemble(const Mesh& mesh, const std::string& mesh_name, const std::vec
       for (const auto& m : v0.vary.split_mesh_axes(a.name)) block = block * mesh.axis_size(m) + mesh.coord(d, m);
       offsets.push_back(block * a.size);
     }
-    blocks[per_device][offsets].emplace_back(rank, &held[static_cast<std::size_t>(d)]->values);
+    blocks[per_device][offsets].emplace_back(rank, held[static_cast<std::size_t>(d)]);
   }
   const auto local_strides = strides_of(v0.shape), global_strides = strides_of(g.shape);
   for (auto& [coords, by_offset] : blocks) {
@@ -165,15 +169,17 @@ Assembly assemble(const Mesh& mesh, const std::string& mesh_name, const std::vec
     for (auto& [offsets, parts] : by_offset) {
       std::sort(parts.begin(), parts.end());
       std::vector<const std::vector<double>*> ordered;
-      for (const auto& p : parts) ordered.push_back(p.second);
+      double count = 0;
+      for (const auto& p : parts) ordered.push_back(from_sums ? &p.second->mean_sum : &p.second->values), count += static_cast<double>(p.second->mean_count);
       std::vector<double> block = tree_sum(g.dtype, ordered, 0, ordered.size());
+      const double divisor = from_sums ? count : mean_divisor;
       for (std::size_t i = 0; i < block.size(); ++i) {
         std::int64_t rest = static_cast<std::int64_t>(i), at = 0;
         for (std::size_t k = 0; k < local_strides.size(); ++k) {
           at += (offsets[k] + rest / local_strides[k]) * global_strides[k];
           rest %= local_strides[k];
         }
-        whole[static_cast<std::size_t>(at)] = mean_divisor == 1 ? block[i] : round_to(g.dtype, block[i] / mean_divisor);
+        whole[static_cast<std::size_t>(at)] = divisor == 1 ? block[i] : round_to(g.dtype, block[i] / divisor);
       }
     }
   }

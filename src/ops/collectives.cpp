@@ -12,6 +12,7 @@
 #include "ops/tape.h"
 #include "ops/collective_forward.h"
 #include "ops/internal.h"
+#include "nax/trace/trace.h"
 
 namespace nax {
 
@@ -202,7 +203,24 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
 }
 
 
+// Deterministic mode: a sum of partial sums reduced over some of the mesh axes its terms are
+// partial over stays a sum of terms over the others: each term is reduced alone, the terms added
+// after, so that the last reduction still finishes each term in the tree and adds them in order
+// (psum over cp, then over mp adds as one psum over both; summed as one, the terms' partial sums
+// over cp would be added before their sums over mp).
+bool keeps_terms(const Tensor& x, const Names& mesh_axes) {
+  if (!deterministic::on() || deterministic::terms_of(x).empty()) return false;
+  const auto& reduced = mesh_axes.list();
+  for (const auto& m : x.vary().partial_mesh_axes())
+    if (x.vary().partial_sum(m) && std::find(reduced.begin(), reduced.end(), m) == reduced.end()) return true;
+  return false;
+}
+
 Tensor summed(std::string_view op, const Tensor& x, const Names& mesh_axes, const CallSite& site) {
+  if (keeps_terms(x, mesh_axes)) {
+    const auto terms = deterministic::terms_of(x);  // (a copy: the calls below add records)
+    return summed(op, terms[0], mesh_axes, site) + summed(op, terms[1], mesh_axes, site);
+  }
   detail::Launch launch = detail::Launch::blocking();
   return with_transpose(op.data(), x, reduce_collective(op, ReduceOp::sum, x, mesh_axes, site, launch), site,
                         [mesh_axes](const Tensor& g) { return pvary(g, mesh_axes); });
@@ -441,6 +459,10 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
 }  // namespace
 
 Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
+  if (keeps_terms(x, mesh_axes)) {  // (as psum's)
+    const auto terms = deterministic::terms_of(x);
+    return psum_scatter(terms[0], mesh_axes, axis, where) + psum_scatter(terms[1], mesh_axes, axis, where);
+  }
   const CallSite site = site_of(where);
   detail::Launch launch = detail::Launch::blocking();
   return with_transpose("psum_scatter", x, psum_scatter_forward(x, mesh_axes, axis, site, launch), site,
@@ -585,6 +607,7 @@ bool summed_over(const Tensor& g, const Names& group) {
   return true;
 }
 Tensor own_block(const Tensor& g, const Tensor& x, const Names& group, const std::string& axis) {
+  const auto op_span = enter_op("own_block", {{&g, OnPartial::move}});  // one op, typed as it returns (the locator reads it)
   const std::int64_t block = x.shape().has(axis) ? x.shape().size(axis) : 1;
   const auto r = static_cast<std::int64_t>(axis_index(group).item());
   const Tensor mine = unstack(slice(g, axis, r * block, (r + 1) * block), x, axis);
@@ -593,7 +616,7 @@ Tensor own_block(const Tensor& g, const Tensor& x, const Names& group, const std
     if (x.vary().kind(m) == Vary::Split) vary.set_split(m, x.vary().split_axis(m));
     else vary.set_varying(m);
   }
-  return mine.with_vary(vary);
+  return trace::made(mine.with_vary(vary));  // (the retyped block is the result observers read)
 }
 }  // namespace detail
 

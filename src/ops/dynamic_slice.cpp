@@ -3,6 +3,7 @@
 #include "ops/tape.h"
 #include "nax/ops/index_ops.h"
 #include "ops/row_ops.h"
+#include "nax/trace/trace.h"
 
 namespace nax {
 
@@ -31,8 +32,9 @@ Tensor write_block(const Tensor& x, const Tensor& update, const std::string& axi
   return concat(pieces, axis);
 }
 
+// (the retyped result is the op's: observers such as the locator's recorder read its type)
 Tensor with_start_vary(std::string_view op, const Tensor& out, const Tensor& start) {
-  return out.with_vary(detail::merge_vary(op, {&out, &start}));
+  return trace::made(out.with_vary(detail::merge_vary(op, {&out, &start})));
 }
 
 void check_update(const Tensor& x, const Tensor& update, const std::string& axis) {

@@ -22,6 +22,10 @@ struct OpValue {
   // Deterministic mode's sum of partial sums (Tensor::partial_terms): the two partial sums it adds,
   // each with its own terms, the tree of adds that psum redoes after adding each leaf over the ranks.
   std::vector<OpValue> terms;
+  // Deterministic mode's local mean (a mean over a tensor axis cut over the mesh): the local sum it
+  // divided and its count, which pmean finishes as the psum of the sums over the global count.
+  std::vector<double> mean_sum;
+  std::int64_t mean_count = 0;
 };
 
 // One op as one device ran it.
