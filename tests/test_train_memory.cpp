@@ -163,10 +163,14 @@ TEST_CASE("gptj plan --deterministic is within 5% of the measured peak in determ
   // mp > 1: the LayerNorm output's gradient arrives as four terms, psummed side by side; with
   // sequence parallelism the LayerNorm keeps its whole input. The default plan misses both.
   // A pipeline's stage with micro-batches: the terms at a block's end, beside its weight gradients.
-  for (const std::string mesh : {"dp=1,mp=2", "dp=1,mp=4", "dp=2,mp=2", "dp=1,mp=2 remat", "dp=1,mp=2 sp", "dp=1,mp=1", "mp=2,pp=2 micro"}) {
+  // cp: sequence parallelism over cp, each block on the whole sequence with cp's slices of its
+  // heads and mlp columns (block.h), which it keeps.
+  for (const std::string mesh : {"dp=1,mp=2", "dp=1,mp=4", "dp=2,mp=2", "dp=1,mp=2 remat", "dp=1,mp=2 sp", "dp=1,mp=1", "mp=2,pp=2 micro",
+                                 "cp=2", "mp=2,cp=2", "cp=4 remat"}) {
     const bool remat = mesh.find(" remat") != std::string::npos, sp = mesh.find(" sp") != std::string::npos;
+    const bool cp = mesh.find("cp=") != std::string::npos;
     gptj::TrainOptions o = nax::testing::tiny(mesh.substr(0, mesh.find(' ')), 2);
-    o.config = "small", o.batch = 8, o.seq = sp ? 256 : 128, o.remat = remat, o.sequence_parallel = sp, o.deterministic = true;
+    o.config = "small", o.batch = 8, o.seq = sp || cp ? 256 : 128, o.remat = remat, o.sequence_parallel = sp, o.deterministic = true;
     o.micro_batches = mesh.find(" micro") != std::string::npos ? 2 : 1;
     const double measured = static_cast<double>(gptj::train(o, nax::testing::corpus()).peak_bytes);
     gptj::PlanOptions p;
@@ -179,8 +183,8 @@ TEST_CASE("gptj plan --deterministic is within 5% of the measured peak in determ
   gptj::PlanOptions p;
   p.deterministic = true, p.dtype = DType::bf16;
   REQUIRE_THROWS_WITH(gptj::plan_memory(p), Catch::Matchers::Contains("--deterministic computes in f32"));
-  p.dtype = DType::f32, p.mesh = "cp=2", p.seq = 256;
-  REQUIRE_THROWS_WITH(gptj::plan_memory(p), Catch::Matchers::Contains("--deterministic"));
+  p.dtype = DType::f32, p.mesh = "cp=2,mp=2", p.seq = 256;
+  REQUIRE_THROWS_WITH(gptj::plan_memory(p), Catch::Matchers::Contains("list mp before cp"));
 }
 
 TEST_CASE("gptj plan's stage 0 is within 5% of the measured peak of a pipeline's first stage", "[gptj][plan][memory][pipeline]") {

@@ -7,6 +7,8 @@
 // a psum_scatter along seq takes the psum's place. In deterministic mode the LayerNorm runs after
 // the gather and the output bias is added as the own block of a whole-sequence bias, so that every
 // sum over the rows (batch, seq) runs over whole rows, as on one device (docs/determinism.md).
+// Context parallelism over cp: ring attention (ring_attention.h); in deterministic mode instead
+// sequence parallelism over cp, the heads and mlp columns cut over cp beside mp.
 #include <nax/nax.h>
 
 #include <cmath>
@@ -32,7 +34,7 @@ struct BlockConfig {
   // normalized and output_bias).
   bool deterministic = false;
   // x: [batch, seq|cp, embed], the positions of this device's two zigzag chunks (ring_attention.h;
-  // a training layout too).
+  // a training layout too). Deterministic: a contiguous block of seq, gathered by every block.
   bool context_parallel = false;
 };
 
@@ -77,6 +79,32 @@ struct KVCache {
   std::int64_t length() const { return k.defined() ? k.shape().size("seq") : 0; }
 };
 
+// This device's block of `axis` of a value the same on every device of `mesh_axis` (cut beside the
+// mesh axes that already cut `axis`, as their most minor cut). The slice's transpose writes each
+// device's block into zeros and psums them over `mesh_axis`: nothing overlaps, the sum is exact.
+inline nax::Tensor own_block(const nax::Tensor& whole, const std::string& mesh_axis, const std::string& axis) {
+  using namespace nax;
+  const std::int64_t block = whole.size(axis) / axis_size(mesh_axis);
+  const Tensor start = axis_index(mesh_axis) * scalar(static_cast<double>(block), DType::i32);
+  std::vector<std::string> cuts = whole.vary().split_mesh_axes(axis);  // a slice is no block of them: cut again, with mesh_axis
+  cuts.push_back(mesh_axis);
+  return as_split(dynamic_slice(whole, axis, start, block), Names(cuts), axis);
+}
+
+// Deterministic context parallelism: x is cut along seq over cp in contiguous blocks, and each
+// block gathers the sequence and cuts its heads and mlp columns over cp beside mp (sequence
+// parallelism, with cp in mp's place), so that every sum over the tokens runs over whole rows and
+// attention is one device's over its heads (ring attention's online softmax adds in an order that
+// depends on cp; docs/determinism.md).
+inline bool context_gathered(const BlockConfig& c) { return c.context_parallel && c.deterministic; }
+
+// The block's projections with this device's heads and mlp columns of cp's cut of them.
+inline BlockParams heads_over_cp(BlockParams p) {
+  for (nax::Tensor* t : {&p.q, &p.k, &p.v, &p.out}) *t = own_block(*t, "cp", "heads");
+  for (nax::Tensor* t : {&p.mlp_in, &p.mlp_in_bias, &p.mlp_out}) *t = own_block(*t, "cp", "mlp");
+  return p;
+}
+
 // Context parallelism: q and k turned at their chunks' positions, attention around the cp ring.
 // Under remat, as ring attention's backward recomputes (and passes around again) what its forward
 // made: the blocks received and the partial results would otherwise be kept for every step, as
@@ -94,7 +122,7 @@ inline nax::Tensor ring_attention_of(const BlockParams& p, const nax::Tensor& h,
 
 inline nax::Tensor attention(const BlockParams& p, const nax::Tensor& h, const BlockConfig& c, KVCache* cache = nullptr) {
   using namespace nax;
-  if (c.context_parallel) return dot(ring_attention_of(p, h, c), p.out, {"heads", "head_dim"});  // partial over mp
+  if (c.context_parallel && !c.deterministic) return dot(ring_attention_of(p, h, c), p.out, {"heads", "head_dim"});  // partial over mp
   const std::int64_t offset = cache != nullptr ? cache->length() : 0;
   Tensor q = rotary(dot(h, p.q, "embed"), "seq", "head_dim", c.rotary_dims, offset);  // [batch, seq, heads|mp, head_dim]
   Tensor k = rotary(dot(h, p.k, "embed"), "seq", "head_dim", c.rotary_dims, offset);
@@ -121,13 +149,19 @@ inline nax::Tensor whole_sequence(const nax::Tensor& h, const BlockConfig& c, st
 }
 
 // A row-parallel projection's partial sum over mp, finished: whole, or this device's block of seq.
+// Deterministic context parallelism: partial over mp and cp (the heads cut mp-major), reduce-
+// scattered over cp first, then psummed over mp: the order of the canonical tree.
 inline nax::Tensor sum_over_mp(const nax::Tensor& partial, const BlockConfig& c, std::source_location where = std::source_location::current()) {
+  if (context_gathered(c)) return nax::psum(nax::psum_scatter(partial, "cp", "seq", where), "mp", where);
   return c.sequence_parallel ? nax::psum_scatter(partial, "mp", "seq", where) : nax::psum(partial, "mp", where);
 }
 
 // Deterministic sequence parallelism: a sum over rows cut along seq behind the batch holds no block
 // of the canonical tree, so the values whose gradients sum over rows are made whole first.
-inline bool rows_whole(const BlockConfig& c) { return c.sequence_parallel && c.deterministic; }
+inline bool rows_whole(const BlockConfig& c) { return (c.sequence_parallel || c.context_parallel) && c.deterministic; }
+
+// The mesh axis that cuts x's seq when rows_whole.
+inline std::string seq_cut(const BlockConfig& c) { return c.context_parallel ? "cp" : "mp"; }
 
 // layer_norm(x) as the projections read it, over every position. Sequence parallel: normalized on
 // this device's block, then gathered; deterministic: gathered (invariant over mp, as in the plain
@@ -135,7 +169,7 @@ inline bool rows_whole(const BlockConfig& c) { return c.sequence_parallel && c.d
 // psummed, not reduce-scattered.
 inline nax::Tensor normalized(const nax::Tensor& x, const nax::Tensor& scale, const nax::Tensor& bias, double eps, const BlockConfig& c,
                               std::source_location where = std::source_location::current()) {
-  if (rows_whole(c)) return nax::layer_norm(nax::all_gather_invariant(x, "mp", "seq", where), "embed", scale, bias, eps);
+  if (rows_whole(c)) return nax::layer_norm(nax::all_gather_invariant(x, seq_cut(c), "seq", where), "embed", scale, bias, eps);
   return whole_sequence(nax::layer_norm(x, "embed", scale, bias, eps), c, where);
 }
 
@@ -144,25 +178,24 @@ inline nax::Tensor normalized(const BlockParams& p, const nax::Tensor& x, const 
   return normalized(x, p.ln_scale, p.ln_bias, c.layer_norm_eps, c, where);
 }
 
-// The output bias as added to x. Deterministic sequence parallelism: this device's block of seq
+// The output bias as added to x. Deterministic sequence or context parallelism: this device's block of seq
 // of the bias broadcast over every row (batch cut as x's), so its gradient is gathered along seq by
 // the slice's transpose (a psum of blocks that do not overlap: exact) and summed over whole rows.
 inline nax::Tensor output_bias(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c) {
   using namespace nax;
   if (!rows_whole(c)) return p.mlp_out_bias;
-  VaryType rows = x.vary();  // the batch as x's; the whole sequence on every mp device
-  rows.set_invariant("mp");
-  const std::int64_t block = x.size("seq");
-  const Shape whole{{"batch", x.size("batch")}, {"seq", block * axis_size("mp")}, {"embed", x.size("embed")}};
-  const Tensor every_row = zeros(whole, x.dtype()).with_vary(rows) + p.mlp_out_bias;
-  const Tensor start = axis_index("mp") * scalar(static_cast<double>(block), DType::i32);
-  return as_split(dynamic_slice(every_row, "seq", start, block), "mp", "seq");
+  const std::string cut = seq_cut(c);
+  VaryType rows = x.vary();  // the batch as x's; the whole sequence on every device of the cut
+  rows.set_invariant(cut);
+  const Shape whole{{"batch", x.size("batch")}, {"seq", x.size("seq") * axis_size(cut)}, {"embed", x.size("embed")}};
+  return own_block(zeros(whole, x.dtype()).with_vary(rows) + p.mlp_out_bias, cut, "seq");
 }
 
 // x: [batch, seq, embed], Invariant over mp ([batch, seq|mp, embed] with c.sequence_parallel).
 // The bias is added after the sum: once, not once per device. (Two statements: the attention and
 // MLP outputs and their sum go at the first one's end, before the residual's values are made.)
-inline nax::Tensor block(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c, KVCache* cache = nullptr) {
+inline nax::Tensor block(const BlockParams& whole, const nax::Tensor& x, const BlockConfig& c, KVCache* cache = nullptr) {
+  const BlockParams p = context_gathered(c) ? heads_over_cp(whole) : whole;
   const nax::Tensor h = normalized(p, x, c);
   const nax::Tensor mixed = sum_over_mp(attention(p, h, c, cache) + mlp(p, h), c);
   return x + mixed + output_bias(p, x, c);
@@ -170,7 +203,8 @@ inline nax::Tensor block(const BlockParams& p, const nax::Tensor& x, const Block
 
 // Megatron-LM's layout: sequential residual, a psum after attention and another after the MLP
 // (the same parameters; the one LayerNorm is applied before each half).
-inline nax::Tensor megatron_block(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c, KVCache* = nullptr) {
+inline nax::Tensor megatron_block(const BlockParams& whole, const nax::Tensor& x, const BlockConfig& c, KVCache* = nullptr) {
+  const BlockParams p = context_gathered(c) ? heads_over_cp(whole) : whole;
   const nax::Tensor a = x + sum_over_mp(attention(p, normalized(p, x, c), c), c);
   return a + sum_over_mp(mlp(p, normalized(p, a, c)), c) + output_bias(p, a, c);
 }

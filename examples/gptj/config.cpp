@@ -92,19 +92,33 @@ void check_dp_mp_only(const nax::Mesh& mesh, const char* what) {
 
 namespace {
 
-void check_context_parallel(const nax::Mesh& mesh, std::int64_t seq, bool sequence_parallel, bool deterministic) {
+// Deterministic mode runs cp as sequence parallelism with the heads and mlp columns cut over cp
+// beside mp (block.h): contiguous blocks of seq, and the projections cut mp-major, as the mode's
+// psums add them.
+void check_deterministic_context(const nax::Mesh& mesh, std::int64_t seq, const Config& c) {
+  const std::int64_t cp = context_devices(mesh), mp = mesh.axis_size("mp");
+  if (seq % cp != 0)
+    nax::fail("mesh", "--deterministic cuts the sequence over cp in {} blocks: seq = {} is not divisible by cp={} (mesh {})", cp, seq,
+              cp, mesh.str());
+  for (const auto& [what, size] : {std::pair<const char*, std::int64_t>{"heads", c.n_heads}, {"d_ff", c.d_ff}})
+    if (size % (mp * cp) != 0)
+      nax::fail("mesh", "--deterministic on cp={} cuts the {} over mp and cp: {} = {} of config '{}' is not divisible by mp x cp = {} "
+                "(mesh {})", cp, what, what, size, c.name, mp * cp, mesh.str());
+  if (mp > 1 && mesh.axis_position("cp") < mesh.axis_position("mp"))
+    nax::fail("mesh", "--deterministic on mesh {}: the heads are cut over mp, then within each mp block over cp, and the mode's psums "
+              "add the devices in mesh order; list mp before cp (e.g. --mesh mp={},cp={})", mesh.str(), mp, cp);
+}
+
+void check_context_parallel(const nax::Mesh& mesh, std::int64_t seq, bool sequence_parallel, bool deterministic, const Config& c) {
   const std::int64_t cp = context_devices(mesh);
   if (cp == 1) return;
-  if (seq % (2 * cp) != 0)
-    nax::fail("mesh", "context parallelism cuts the sequence into 2 cp = {} chunks (two per device, zigzag): seq = {} is not "
-              "divisible by {} (mesh {})", 2 * cp, seq, 2 * cp, mesh.str());
   if (sequence_parallel && mesh.axis_size("mp") > 1)
     nax::fail("gptj", "--sequence-parallel on a mesh with cp={} (mesh {}): the sequence would be cut over both cp and mp, which the "
               "model does not do yet; use one of the two", cp, mesh.str());
-  if (deterministic)
-    nax::fail("gptj", "--deterministic on cp={}: each device holds two chunks of the sequence in every row, so the weights' gradients "
-              "(sums over the tokens) and ring attention's online softmax add in orders that depend on cp (docs/determinism.md); "
-              "drop --deterministic or the cp axis", cp);
+  if (deterministic) return check_deterministic_context(mesh, seq, c);
+  if (seq % (2 * cp) != 0)
+    nax::fail("mesh", "context parallelism cuts the sequence into 2 cp = {} chunks (two per device, zigzag): seq = {} is not "
+              "divisible by {} (mesh {})", 2 * cp, seq, 2 * cp, mesh.str());
 }
 
 void check_sequence_parallel(const nax::Mesh& mesh, std::int64_t seq) {
@@ -115,8 +129,8 @@ void check_sequence_parallel(const nax::Mesh& mesh, std::int64_t seq) {
 
 }  // namespace
 
-void check_sequence_layout(const nax::Mesh& mesh, std::int64_t seq, bool sequence_parallel, bool deterministic) {
-  check_context_parallel(mesh, seq, sequence_parallel, deterministic);
+void check_sequence_layout(const nax::Mesh& mesh, std::int64_t seq, bool sequence_parallel, bool deterministic, const Config& c) {
+  check_context_parallel(mesh, seq, sequence_parallel, deterministic, c);
   if (sequence_parallel) check_sequence_parallel(mesh, seq);
 }
 

@@ -64,7 +64,7 @@ void check_micro_batches(const nax::Mesh& mesh, std::int64_t batch, std::int64_t
 // parallelism (each device two chunks of 2 cp, zigzag). Checks that the cuts divide seq, and
 // refuses in deterministic mode on mp > 1 (sequence parallelism) or cp > 1 (ring attention):
 // docs/determinism.md says why. The two do not combine yet.
-void check_sequence_layout(const nax::Mesh& mesh, std::int64_t seq, bool sequence_parallel, bool deterministic);
+void check_sequence_layout(const nax::Mesh& mesh, std::int64_t seq, bool sequence_parallel, bool deterministic, const Config& c);
 // Whether the mesh has no cp, fsdp or pp axis of more than one device.
 bool dp_mp_only(const nax::Mesh& mesh);
 // Whether the global view (--sharding auto) can place the model on the mesh: dp, mp and fsdp (its

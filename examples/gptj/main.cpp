@@ -200,7 +200,8 @@ void train_help() {
       "                     with --sharding auto, placements that propagation completes (same steps;\n"
       "                     checkpoints as without)\n"
       "  --deterministic    bitwise-identical results on every mesh (docs/determinism.md): every\n"
-      "                     sum in a canonical order fixed by the global problem; slower\n"
+      "                     sum in a canonical order fixed by the global problem; slower; cp runs\n"
+      "                     as sequence parallelism over cp (contiguous blocks, heads cut over cp)\n"
       "  --allow-nonfinite  with --init-from or --resume: load weights holding NaN or infinities\n"
       "                     (refused otherwise); a non-finite loss still stops the run\n"
       "  --trace FILE       write a timeline of every device's ops and collectives (Chrome trace JSON,\n"
@@ -333,11 +334,11 @@ void compare_help() {
       "                     train (the automatic one without); with --meshes, on both meshes\n"
       "  --quiet            no progress line\n\n"
       "gptj compare --meshes A,B [--deterministic] [flags]: the locator instead. Runs --steps (default 1)\n"
-      "training steps of the hand-coded model on meshes A and B (DPxMP, e.g. 1x1,2x2), every op's values\n"
+      "training steps of the hand-coded model on meshes A and B (DPxMP, e.g. 1x1,2x2, or named meshes apart by ';'), every op's values\n"
       "recorded on every device, rebuilt as global tensors and compared op by op; prints the first op whose\n"
       "value differs (its position, name, shape, elements differing, first difference, largest difference)\n"
       "and exits 1, or prints \"no difference in N ops\" and exits 0 (docs/locator.md). Use small configs.\n"
-      "  --meshes A,B       the two meshes, DPxMP each\n");
+      "  --meshes A,B       the two meshes, DPxMP each (or 'A;B', named: 'cp=2;mp=2,cp=2')\n");
 }
 
 int run_compare(int argc, char** argv) {

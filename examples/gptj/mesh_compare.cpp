@@ -7,6 +7,7 @@
 #include "compare.h"
 #include "learner.h"
 #include "nax/debug/locator.h"
+#include "train.h"
 
 namespace gptj {
 
@@ -14,8 +15,9 @@ using namespace nax;
 
 namespace {
 
-// "2x1" (dp x mp) as the mesh dp=2,mp=1.
+// "2x1" (dp x mp) as the mesh dp=2,mp=1; a mesh with named axes ("mp=2,cp=2") as --mesh takes it.
 Mesh mesh_of(const std::string& spec) {
+  if (spec.find('=') != std::string::npos) return model_mesh(spec);
   const std::size_t x = spec.find('x');
   int dp = 0, mp = 0;
   const char* end = spec.data() + spec.size();
@@ -34,7 +36,7 @@ MeshRun run_on(const Mesh& mesh, const CompareOptions& o, const TextData& data) 
   const TrainOptions& t = o.train;
   const Config config = padded_for(config_by_name(t.config), mesh);
   check_fits(config, mesh, t.batch);
-  check_sequence_layout(mesh, t.seq, t.sequence_parallel, t.deterministic);
+  check_sequence_layout(mesh, t.seq, t.sequence_parallel, t.deterministic, config);
   const AxisRules rules = axis_rules(mesh);
   Runtime rt = Runtime::local(mesh, runtime_options(t.backend, t.deterministic));  // every device's records in this process
   MeshRun run;
@@ -44,7 +46,7 @@ MeshRun run_on(const Mesh& mesh, const CompareOptions& o, const TextData& data) 
       const trace::Span step_span("step", fmt::format("step {}", step));
       const double lr = nn::warmup_cosine(step, t.warmup, t.steps, t.lr);
       auto [inputs, targets] = data.batch(TextData::Split::train, step, t.batch, t.seq, t.seed);
-      const double loss = learner.step(s.shard(inputs, rules), s.shard(targets, rules), lr).loss;
+      const double loss = learner.step(device_tokens(s, inputs, rules), device_tokens(s, targets, rules), lr).loss;
       if (s.device() == 0) run.losses.push_back(loss);
     }
   });
@@ -53,15 +55,17 @@ MeshRun run_on(const Mesh& mesh, const CompareOptions& o, const TextData& data) 
 
 }  // namespace
 
+// "1x1,2x2", or named meshes apart by ';' ("dp=1,mp=1;mp=2,cp=2").
 std::vector<std::string> split_meshes(const std::string& list) {
   std::vector<std::string> out;
+  const char between = list.find(';') != std::string::npos ? ';' : ',';
   std::size_t start = 0;
   while (start <= list.size()) {
-    const std::size_t comma = std::min(list.find(',', start), list.size());
+    const std::size_t comma = std::min(list.find(between, start), list.size());
     out.push_back(list.substr(start, comma - start));
     start = comma + 1;
   }
-  if (out.size() != 2) fail("compare", "--meshes takes two meshes, e.g. 1x1,2x2; got '{}'", list);
+  if (out.size() != 2) fail("compare", "--meshes takes two meshes, e.g. 1x1,2x2 or 'dp=1,mp=1;mp=2,cp=2'; got '{}'", list);
   for (const auto& m : out) mesh_of(m);
   return out;
 }

@@ -123,7 +123,12 @@ BlockConfig Model::block_config_for(bool generating) const {
   return bc;
 }
 
+// Deterministic context parallelism: the whole sequence's embeddings, then this device's block, so
+// that the table's gradient sums whole rows.
 Tensor Model::embed(const std::vector<Tensor>& values, const Tensor& ids, const BlockConfig& bc) const {
+  if (context_gathered(bc))
+    return own_block(psum(embedding(param(values, "transformer.wte.weight"), all_gather_invariant(ids, "cp", "seq"), "vocab"), "mp"), "cp",
+                     "seq");
   return sum_over_mp(embedding(param(values, "transformer.wte.weight"), ids, "vocab"), bc);
 }
 
@@ -135,7 +140,13 @@ Tensor Model::head(const std::vector<Tensor>& values, const Tensor& x, const Blo
 Tensor Model::stage_forward(const std::vector<Tensor>& values, const Tensor& input, const Tensor& ids, const Tensor& targets) const {
   const BlockConfig bc = block_config_for(false);
   const Tensor x = stage_blocks(values, stage_.first() ? embed(values, ids, bc) : input, bc);
-  return stage_.last() ? mean_loss(head(values, x, bc), targets) : x;
+  return stage_.last() ? mean_loss(head(values, x, bc), targets_for(targets, bc)) : x;
+}
+
+// The targets as the head's logits hold them: the whole sequence under deterministic context
+// parallelism (its head runs on gathered rows).
+Tensor Model::targets_for(const Tensor& targets, const BlockConfig& bc) const {
+  return context_gathered(bc) ? all_gather_invariant(targets, "cp", "seq") : targets;
 }
 
 Tensor Model::stage_activation_zeros(const Tensor& ids) const {
@@ -169,7 +180,7 @@ Tensor Model::mean_loss(const Tensor& logits, const Tensor& targets) const {
   return cut.empty() ? local : pmean(local, cut);
 }
 
-Tensor Model::loss(const Tensor& ids, const Tensor& targets) const { return mean_loss(logits(ids), targets); }
+Tensor Model::loss(const Tensor& ids, const Tensor& targets) const { return mean_loss(logits(ids), targets_for(targets, block_config_for(false))); }
 
 void Model::require_whole(const char* what) const {
   if (stage_.count > 1)

@@ -76,6 +76,7 @@ class Model {
   nax::Tensor embed(const std::vector<nax::Tensor>& values, const nax::Tensor& ids, const BlockConfig& bc) const;
   nax::Tensor head(const std::vector<nax::Tensor>& values, const nax::Tensor& x, const BlockConfig& bc) const;
   nax::Tensor mean_loss(const nax::Tensor& logits, const nax::Tensor& targets) const;
+  nax::Tensor targets_for(const nax::Tensor& targets, const BlockConfig& bc) const;
   void require_whole(const char* what) const;  // refuses a model that holds one pipeline stage
 
   Config config_;

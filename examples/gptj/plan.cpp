@@ -33,6 +33,10 @@ struct DeviceSizes {
   // Context parallelism: a device holds 1 / cp of the positions, and each block's attention is
   // the ring, checkpointed (block.h): it keeps its output only, and rebuilds the rest in the backward.
   double cp = 1;
+  bool ring = false;
+  // The devices a block's heads and mlp columns are cut over: mp, and in deterministic mode cp too
+  // (sequence parallelism over cp, block.h), whose blocks then run on the whole sequence.
+  double head_cut = 1;
   // FSDP: the parameters (and their gradients and moments) cut over fsdp, the batch too; each
   // block's parameters whole while it runs, and their gradient whole until its reduce-scatter.
   double fsdp = 1;
@@ -67,15 +71,18 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o, co
   s.micro = static_cast<double>(o.micro_batches);
   s.last = stage.last();
   s.in_flight = stage.count > 1 ? static_cast<double>(in_flight_on(schedule, stage.index)) : 1.0;
-  s.tokens = static_cast<double>(o.batch) / data_parallel_devices(mesh) / s.micro * static_cast<double>(o.seq) / s.cp;
+  s.ring = s.cp > 1 && !o.deterministic;
+  const bool cp_gathered = s.cp > 1 && o.deterministic;
+  s.head_cut = mp * (cp_gathered ? s.cp : 1);
+  s.tokens = static_cast<double>(o.batch) / data_parallel_devices(mesh) / s.micro * static_cast<double>(o.seq) / (s.ring ? s.cp : 1);
   s.d = static_cast<double>(c.d_model);
-  s.attn = static_cast<double>(c.n_heads * c.head_dim) / mp;
-  s.ff = static_cast<double>(c.d_ff) / mp;
-  s.heads = static_cast<double>(c.n_heads) / mp;
+  s.attn = static_cast<double>(c.n_heads * c.head_dim) / s.head_cut;
+  s.ff = static_cast<double>(c.d_ff) / s.head_cut;
+  s.heads = static_cast<double>(c.n_heads) / s.head_cut;
   s.vocab = static_cast<double>(c.vocab) / mp;
   s.layers = static_cast<double>(stage.end_layer - stage.first_layer);
-  s.sequence_cut = o.sequence_parallel && mp > 1;  // mp=1: the plain model (Model::logits)
-  s.cut = s.sequence_cut ? 1 / mp : 1.0;
+  s.sequence_cut = (o.sequence_parallel && mp > 1) || cp_gathered;  // mp=1: the plain model (Model::logits)
+  s.cut = cp_gathered ? 1 / s.cp : s.sequence_cut ? 1 / mp : 1.0;
   s.whole_norm_input = s.sequence_cut && o.deterministic;
   return s;
 }
@@ -88,7 +95,7 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o, co
 // runs on) and the attention's log-sum-exp per head. Under bf16 also the bf16 copies of the block's
 // parameters. With cp the ring runs under remat and keeps its output only.
 double block_saved(const DeviceSizes& s, double e, bool bf16) {
-  const double attention = s.cp > 1 ? e * s.attn : e * 4 * s.attn + 4 * s.heads;
+  const double attention = s.ring ? e * s.attn : e * 4 * s.attn + 4 * s.heads;
   const double normed = s.whole_norm_input ? 1.0 : s.cut;  // the positions the LayerNorm ran on
   return s.tokens * (e * (normed * s.d + s.d + 2 * s.ff) + attention + 4 * 2 * normed) + (bf16 ? 2 * s.block_params : 0.0);
 }
@@ -99,14 +106,14 @@ double block_saved(const DeviceSizes& s, double e, bool bf16) {
 // the reduce-scatter's whole staging buffer and its cut result). Under remat the rebuilt block
 // holds them at the end of its recompute.
 double block_locals(const DeviceSizes& s, double e) {
-  const double summed = s.mp == 1 ? 0.0 : s.sequence_cut ? s.d + s.cut * s.d : s.d;
+  const double summed = s.head_cut == 1 ? 0.0 : s.sequence_cut ? s.d + s.cut * s.d : s.d;
   return s.tokens * e * std::max(s.d + s.ff, 3 * s.d + summed);
 }
 
 // The ring's recompute in one block's backward (ring_attention.h): q, k and v with their chunks
 // and turned copies, the blocks received and their chunks, each pair's output and the combines'
 // products and sums, about 4 cp + 6 values of heads x head_dim / mp per position.
-double ring_transient(const DeviceSizes& s, double e) { return s.cp > 1 ? s.tokens * e * (4 * s.cp + 6) * s.attn : 0.0; }
+double ring_transient(const DeviceSizes& s, double e) { return s.ring ? s.tokens * e * (4 * s.cp + 6) * s.attn : 0.0; }
 
 // The values alive inside one block's backward besides the parameters' gradients and what the
 // block saved. The MLP's backward runs first (it was recorded last): its d_ff-wide gradients beside
@@ -119,7 +126,7 @@ double mlp_transient(const DeviceSizes& s, double e) { return s.tokens * e * (2 
 // at the allocator's high-water mark, small, cp=2 and mp=2,cp=2). Zero without cp (plain
 // attention's backward adds less than the MLP's).
 double ring_phase(const DeviceSizes& s, double e, bool remat) {
-  if (s.cp == 1) return 0.0;
+  if (!s.ring) return 0.0;
   return ring_transient(s, e) + s.tokens * e * (s.d + s.cut * s.d + (remat ? 2 * s.ff : 0.0));
 }
 
@@ -130,7 +137,7 @@ double ring_phase(const DeviceSizes& s, double e, bool remat) {
 // LayerNorm output; without it the block has by then let go of all it kept (`kept`, counted
 // elsewhere) but those two. Measured at the allocator's high-water mark, small, mp=2 and mp=4.
 double terms_phase(const DeviceSizes& s, double e, const PlanOptions& o, double kept) {
-  if (!o.deterministic || s.mp == 1) return 0.0;
+  if (!o.deterministic || s.head_cut == 1) return 0.0;
   const double terms = 11 * e * s.tokens * s.d, two_wide = 2 * e * s.tokens * s.d;
   return o.remat ? terms + two_wide : std::max(0.0, terms - (kept - two_wide));
 }
@@ -166,10 +173,13 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
   p.gradients = 4 * s.params;
   p.optimizer = 8 * (o.zero ? std::ceil(s.params / s.dp) : s.params);
   const double one_block = block_saved(s, e, bf16);
-  // FSDP keeps each block's gathered parameters for its backward unless remat gathers them again there.
-  const double gathered_kept = s.fsdp > 1 ? e * s.block_params * s.fsdp : 0.0;
+  // FSDP keeps each block's gathered parameters for its backward unless remat gathers them again
+  // there; deterministic cp keeps cp's slices of them (block.h: the projections read the slices).
+  const double sliced = s.head_cut > s.mp ? s.cp : 1.0;
+  const double gathered_kept = s.fsdp > 1 || sliced > 1 ? e * s.block_params * s.fsdp / sliced : 0.0;
   const double kept_per_block = o.remat ? e * s.tokens * s.cut * s.d : one_block + gathered_kept;  // remat keeps each block's input only
-  const double recompute = o.remat ? one_block : 0.0;                       // and rebuilds one block at a time
+  const double slices = sliced > 1 ? e * s.block_params * s.fsdp / sliced : 0.0;
+  const double recompute = o.remat ? one_block + slices : 0.0;  // and rebuilds one block at a time (with its slices)
   const double wide_head = s.fsdp > 1 ? e * s.head_params * s.fsdp : 0.0;  // FSDP: wte and lm_head whole
   const double head = (s.last ? head_saved(s, e, bf16) : (bf16 ? 2 * s.head_params : 0.0)) + wide_head;
   // Micro-batch k's backward: the stage still keeps the micro-batches whose forward ran ahead of it
@@ -235,7 +245,7 @@ MemoryPlan plan_memory(const Config& c, const Mesh& mesh, const PlanOptions& o) 
   if (o.dtype != DType::f32 && o.dtype != DType::bf16) fail("plan", "--dtype expects bf16 or f32, got '{}'", dtype_name(o.dtype));
   if (o.batch < 1) fail("plan", "--batch must be at least 1, got {}", o.batch);
   check_fits(c, mesh, o.batch);
-  check_sequence_layout(mesh, o.seq, o.sequence_parallel, o.deterministic);
+  check_sequence_layout(mesh, o.seq, o.sequence_parallel, o.deterministic, c);
   if (o.deterministic && o.dtype != DType::f32)
     fail("plan", "--deterministic computes in f32 (a bf16 partial sum's rounding depends on the devices sharing it: "
          "docs/determinism.md): drop --dtype {} or --deterministic", dtype_name(o.dtype));

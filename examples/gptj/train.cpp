@@ -273,8 +273,10 @@ Tensor micro_major(const Tensor& batch, std::int64_t dp, std::int64_t micro) {
   return from_vector(batch.shape(), out, batch.dtype());
 }
 
+// Context parallelism: in zigzag order for ring attention; in deterministic mode the blocks are
+// contiguous (the model gathers the sequence in every block, block.h).
 Tensor device_tokens(Shard& s, const Tensor& tokens, const AxisRules& rules) {
-  return s.shard(zigzag_order(tokens, context_devices(s.mesh())), rules);
+  return s.shard(s.deterministic() ? tokens : zigzag_order(tokens, context_devices(s.mesh())), rules);
 }
 
 std::pair<Tensor, Tensor> device_batch(Shard& s, const TextData& data, const TrainOptions& o, const AxisRules& rules, std::int64_t step) {
@@ -319,7 +321,7 @@ Config config_of_run(const TrainOptions& o, const TextData& data, const Mesh& me
 
 void check_run(const Config& config, const Mesh& mesh, const TrainOptions& o, const char* command) {
   check_fits(config, mesh, o.batch);
-  check_sequence_layout(mesh, o.seq, o.sequence_parallel, o.deterministic);
+  check_sequence_layout(mesh, o.seq, o.sequence_parallel, o.deterministic, config);
   if (o.sharding == "auto" && !placed_automatically(mesh)) check_dp_mp_only(mesh, "--sharding auto (the global view)");
   if (pipeline_stages(mesh) > 1 && o.micro_batches < pipeline_stages(mesh) && !o.quiet && process_index() == 0)
     fmt::print(stderr, "gptj {}: --micro-batches {} on pp={}: the stages mostly wait (bubble {:.0f}%); use at least {} micro-batches\n",
