@@ -7,7 +7,8 @@
 #   tests/determinism/meshes.sh GPTJ CONFIG STEPS SHARDINGS [LAUNCHER...]
 # Batch 8 of 24 tokens: a device's token count (48 on dp=4) is not a power of two, as in real runs.
 # SHARDINGS: hand, auto or hand,auto. With a LAUNCHER (e.g. mpirun -np 4): each sharding also
-# under it on the 4-device meshes, one process per device, against the threads' 1x1 run.
+# under it on the 4-device meshes, one process per device, against the threads' 1x1 run
+# (DETERMINISM_LAUNCHED_MESHES: others).
 set -euo pipefail
 gptj=$1 config=$2 steps=$3
 IFS=, read -r -a shardings <<< "$4"
@@ -69,7 +70,8 @@ done
 echo "same bits: gptj logits and gptj sample on mp=1, 2, 4"
 if [ ${#launcher[@]} -gt 0 ]; then
   for sharding in "${shardings[@]}"; do
-    for mesh in dp=2,mp=2 dp=1,mp=4 dp=4,mp=1; do
+    read -r -a launched <<< "${DETERMINISM_LAUNCHED_MESHES:-dp=2,mp=2 dp=1,mp=4 dp=4,mp=1}"
+    for mesh in "${launched[@]}"; do
       name="launched-$sharding-${mesh//[=,]/_}"
       run "$name" "$mesh" "$sharding" "${launcher[@]}"
       same "$sharding-dp_1_mp_1" "$name"
