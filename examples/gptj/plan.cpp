@@ -131,8 +131,8 @@ double ring_phase(const DeviceSizes& s, double e, bool remat) {
 }
 
 // Deterministic mode on mp > 1: the LayerNorm output's gradient arrives as four terms (q, k, v and
-// the MLP's input projection read it), kept apart, laid end to end in one buffer and summed over mp
-// there in place, then added in order (docs/determinism.md): 11 d_model-wide values at once
+// the MLP's input projection read it), kept apart, summed over mp (and cp) side by side into one
+// buffer, then added in order (docs/determinism.md): 11 d_model-wide values at once
 // where the default mode adds each as it comes. Under remat beside the rebuilt block's input and
 // LayerNorm output; without it the block has by then let go of all it kept (`kept`, counted
 // elsewhere) but those two. Measured at the allocator's high-water mark, small, mp=2 and mp=4.

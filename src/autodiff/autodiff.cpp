@@ -108,6 +108,7 @@ Tensor piece_of(const Tensor& reduced, const EndToEnd& e, std::size_t i) { retur
 // go as they enter the bucket), one after.
 std::vector<Tensor> psum_together(std::vector<Tensor> parts, const std::vector<std::string>& axes) {
   if (parts.size() == 1) return {psum(parts[0], axes)};
+  if (std::vector<Tensor> alike = detail::psum_alike(parts, Names(axes)); !alike.empty()) return alike;  // read where they lie
   EndToEnd e = lay_end_to_end(std::move(parts), axes);
   const Tensor reduced = detail::psum_over_input(std::exchange(e.flat, Tensor()), Names(axes));
   std::vector<Tensor> out;

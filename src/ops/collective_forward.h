@@ -39,6 +39,13 @@ Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch, std:
 Tensor psum_over_input(const Tensor& x, const Names& mesh_axes, std::source_location where = std::source_location::current());
 Pending<Tensor> start_psum_over_input(const Tensor& x, const Names& mesh_axes,
                                       std::source_location where = std::source_location::current());
+// Deterministic mode: psum of each of several values of one shape and dtype over the same mesh
+// axes (the terms of a value autodiff keeps apart), in one call of a communicator that reads them
+// where they lie (Communicator::all_reduce_parts): their sums side by
+// side in one buffer, handed out as pieces of it; no gradient is recorded. Empty where the
+// communicator reads no parts (the caller lays the values end to end in a bucket instead).
+std::vector<Tensor> psum_alike(const std::vector<Tensor>& parts, const Names& mesh_axes,
+                               std::source_location where = std::source_location::current());
 Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch, std::source_location where);
 Tensor launch_all_gather_invariant(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch,
                                    std::source_location where);

@@ -582,6 +582,35 @@ namespace detail {
 Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch, std::source_location where) {
   return reduce_collective("psum", ReduceOp::sum, x, mesh_axes, site_of(where), launch);
 }
+std::vector<Tensor> psum_alike(const std::vector<Tensor>& parts, const Names& named_axes, std::source_location where) {
+  const Tensor& first = parts.at(0);
+  Shard* shard = Shard::current();
+  if (!deterministic::on() || shard == nullptr || parts.size() < 2 || first.dtype() != deterministic::summed_dtype(first.dtype()))
+    return {};
+  for (const Tensor& t : parts)
+    if (t.dtype() != first.dtype() || t.shape() != first.shape()) return {};
+  const Names mesh_axes = deterministic::in_mesh_order(named_axes);
+  if (!shard->comm(mesh_axes).reduces_parts()) return {};
+  Launch launch = Launch::blocking();
+  Context c = enter("psum", &first, mesh_axes, site_of(where), &launch, fmt::format(", {} parts alike", parts.size()));
+  VaryType vary;  // per device over what the parts vary over, Invariant over the summed axes
+  for (const Tensor& t : parts)
+    for (const auto& e : t.vary().entries()) vary.set_varying(e.mesh_axis);
+  for (const auto& m : mesh_axes.list()) vary.set_invariant(m);
+  const std::int64_t whole = first.numel(), n = static_cast<std::int64_t>(parts.size());
+  Tensor sums = make_result(Shape{{"parts", n}, {"part", whole}}, first.dtype(), vary, first.device_ptr());
+  std::vector<const void*> raw;
+  for (const Tensor& t : parts) raw.push_back(t.raw());
+  std::vector<Tensor> kept = parts;
+  kept.push_back(sums);
+  launch.keep(kept);
+  launch.all_reduce_parts(c.comm, raw, sums.raw_mutable(), static_cast<std::size_t>(whole), first.dtype(), ReduceOp::sum, c.call);
+  const Tensor summed = launch.then([sums] { return sums; });
+  std::vector<Tensor> out;
+  const std::size_t bytes = first.nbytes();
+  for (std::size_t i = 0; i < parts.size(); ++i) out.push_back(summed.piece(i * bytes, first.shape()));
+  return out;
+}
 Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch, std::source_location where) {
   return gather_collective("all_gather", x, cut_order("start_all_gather", x, mesh_axes, axis), axis, false, site_of(where), false, launch);
 }
