@@ -97,9 +97,8 @@ TEST_CASE("gptj --sharding auto with --sequence-parallel: the residual stream pl
     REQUIRE(nax::testing::max_rel_error(a.losses, reference.losses) <= 1e-5);
     // Over mp: the gathers and reduce-scatters of sequence parallelism, not the plain auto view's
     // all-reduces (a reduce-scatter's input counts whole: more bytes than the all-reduce), within
-    // 10% of the hand-coded program's bytes on dp and mp (on fsdp the propagation also moves the
-    // gathered parameters' other forms: 1.41x measured).
-    REQUIRE(a.bytes_per_step.at("mp") <= (mesh == "mp=2,fsdp=2" ? 1.5 : 1.1) * h.bytes_per_step.at("mp"));
+    // 10% of the hand-coded program's bytes.
+    REQUIRE(a.bytes_per_step.at("mp") <= 1.1 * h.bytes_per_step.at("mp"));
     if (mesh != "mp=2,fsdp=2") REQUIRE(a.bytes_per_step.at("mp") > p.bytes_per_step.at("mp"));  // (plain auto on fsdp moves 6x more)
   }
 }

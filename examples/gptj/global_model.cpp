@@ -23,15 +23,20 @@ GlobalTensor GlobalModel::block(std::int64_t layer, const GlobalTensor& x) const
   return attn + ff + x;
 }
 
-// Sequence parallelism's placements: the batch cut as the data is (axis_rules), the sequence over
-// mp when `seq_cut`, the rest whole. Without it (or on mp=1) x is left to propagation.
+// The residual stream's and the LayerNorms' placements: the batch cut as the data is (axis_rules),
+// the sequence over mp when `seq_cut` with sequence parallelism, the rest whole. FSDP needs the
+// constraint too: its parameters are cut along embed over fsdp, and left to itself propagation
+// would gather the batch (the ids are the smallest thing to move) and contract over embed cut
+// over fsdp, psumming every activation, where FSDP gathers each parameter instead (as
+// with_sharding_constraint does in a JAX FSDP model). Without either x is left to propagation.
 GlobalTensor GlobalModel::placed(const GlobalTensor& x, bool seq_cut) const {
   const Mesh& mesh = Shard::current()->mesh();
-  if (!sequence_parallel_ || !mesh.has("mp") || mesh.axis_size("mp") == 1) return x;
+  const bool sequence_cut = sequence_parallel_ && mesh.has("mp") && mesh.axis_size("mp") > 1;
+  if (!sequence_cut && fsdp_devices(mesh) == 1) return x;
   const AxisRules data = axis_rules(mesh);
   AxisRules rules;
   if (!data.mesh_axes("batch").empty()) rules.set("batch", data.mesh_axes("batch"));
-  if (seq_cut) rules.set("seq", {"mp"});
+  if (sequence_cut && seq_cut) rules.set("seq", {"mp"});
   return with_sharding_constraint(x, rules);
 }
 

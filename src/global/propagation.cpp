@@ -106,6 +106,23 @@ class Chooser {
     }
   }
 
+  // A result made partial here (a reduced factor cut, no operand partial already) owes a
+  // reduction later: at least a reduce-scatter of it. Counted so that a cheap move of one operand
+  // does not win over gathering the other when the sum it leaves is larger than both (FSDP's
+  // wide MLP weight: moving the activations' cut to embed leaves every hidden value to psum).
+  double finishing_cost(const Candidate& c, const std::string& m) const {
+    const int n = mesh_.axis_size(m);
+    if (!c.output.is_partial() || n == 1) return 0;
+    for (const auto& p : c.inputs)
+      if (p.is_partial()) return 0;  // the sum was owed already
+    double elements = 1;
+    for (const auto& f : rule_.output)
+      for (std::size_t i = 0; i < factors_.size(); ++i)
+        if (factors_[i] == f) elements *= static_cast<double>(local_size_[i]);
+    const auto bytes = static_cast<std::size_t>(elements) * dtype_size(inputs_[0]->dtype());
+    return model_->seconds(CollectiveKind::reduce_scatter, bytes, n, m);
+  }
+
   // Every operand having factor f cut along it; the result cut along it, or partial when f is reduced.
   Candidate cut(const std::string& f) const {
     Candidate c;
@@ -152,6 +169,7 @@ class Chooser {
     std::size_t best = 0;
     for (std::size_t i = 0; i < candidates.size(); ++i) {
       price(candidates[i], m);
+      candidates[i].cost += finishing_cost(candidates[i], m);
       if (candidates[i].cheaper_than(candidates[best])) best = i;
     }
     cut_factor_ = cut_factors[best];

@@ -105,7 +105,21 @@ struct Redistribution {
     }
   }
 
-  // Phase 2: reduce the partial values the target does not keep partial, one mesh axis at a time
+  // Phase 2: the cuts that cost nothing, a replica's own block, before any reduction, so that the
+  // psums move the cut value (FSDP's embedding: its partial sum over mp cut along the batch over
+  // fsdp first, then summed): in the target's order, up to the first cut over a mesh axis on which
+  // the value is not a replica.
+  void shard_replicas() {
+    for (const auto& axis : t.shape().names()) {
+      const auto wanted = cuts_of(target, axis, mesh);
+      for (std::size_t i = cuts_of(now, axis, mesh).size(); i < wanted.size() && now.on(wanted[i]).is_replicate(); ++i) {
+        t = own_block(t, wanted[i], axis);
+        now.set(wanted[i], Placement::shard(axis));
+      }
+    }
+  }
+
+  // Phase 3: reduce the partial values the target does not keep partial, one mesh axis at a time
   // (two rings, e.g. inside and across nodes, beat one flat ring over both under the alpha-beta model).
   void reduce() {
     for (const auto& m : mesh.axis_names()) {
@@ -125,7 +139,7 @@ struct Redistribution {
     }
   }
 
-  // Phase 3: a replica becomes a partial sum by keeping it on the group's first device only (a
+  // Phase 4: a replica becomes a partial sum by keeping it on the group's first device only (a
   // partial max of copies is the copies themselves).
   void make_partial() {
     for (const auto& m : mesh.axis_names()) {
@@ -143,7 +157,7 @@ struct Redistribution {
     }
   }
 
-  // Phase 4: cut what the target cuts, at the minor end.
+  // Phase 5: cut what the target cuts, at the minor end.
   void shard() {
     for (const auto& axis : t.shape().names()) {
       const auto cuts = cuts_of(now, axis, mesh);
@@ -167,6 +181,7 @@ GlobalTensor redistribute(const GlobalTensor& x, const Placements& target) {
   check_target(x, target, mesh);
   Redistribution r{mesh, target, x.local(), x.placements()};
   r.unshard();
+  r.shard_replicas();
   r.reduce();
   r.make_partial();
   r.shard();
