@@ -1,6 +1,9 @@
 // Core types: dtypes, shapes, meshes, axis rules, the caching allocator, the counter-based RNG.
+#include <filesystem>
+#include <fstream>
 #include <set>
 
+#include "files.h"
 #include "helpers.h"
 
 using namespace nax;
@@ -86,6 +89,30 @@ TEST_CASE("caching allocator reuses freed blocks and tracks bytes in use and pea
   REQUIRE(alloc->stats().bytes_reserved == 0);
   alloc->reset_peak();
   REQUIRE(alloc->stats().peak_bytes_in_use == 0);
+}
+
+TEST_CASE("NAX_MEMORY_PEAK_TRACE writes what was live at the allocator's high-water mark, by call stack", "[core][memory]") {
+  const std::string path = nax::testing::scratch_dir("peak_trace") + ".txt";
+  std::filesystem::remove(path);
+  setenv("NAX_MEMORY_PEAK_TRACE", path.c_str(), 1);
+  {
+    auto alloc = make_caching_host_allocator();
+    unsetenv("NAX_MEMORY_PEAK_TRACE");
+    std::vector<void*> same_place;
+    for (int i = 0; i < 2; ++i) same_place.push_back(alloc->allocate(2000));  // one call stack
+    void* c = alloc->allocate(1500);  // the peak: 5500 bytes in three allocations
+    alloc->deallocate(same_place[1], 2000);
+    void* d = alloc->allocate(700);  // after the peak: not in the note
+    alloc->deallocate(same_place[0], 2000);
+    alloc->deallocate(c, 1500);
+    alloc->deallocate(d, 700);
+  }  // the trace is written as the allocator goes
+  const std::string text = nax::testing::file_bytes(path);
+  CHECK_THAT(text, Catch::Matchers::Contains("peak 5500 bytes in use; noted at 5500 bytes: 3 live allocations from 2 call stacks"));
+  CHECK_THAT(text, Catch::Matchers::Contains("4000 bytes in 2 allocations"));
+  CHECK_THAT(text, Catch::Matchers::Contains("1500 bytes in 1 allocations"));
+  CHECK_THAT(text, !Catch::Matchers::Contains("700 bytes"));
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("tensors return their memory to the device's cache", "[core]") {

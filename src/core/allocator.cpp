@@ -1,5 +1,7 @@
 #include "nax/core/allocator.h"
 
+#include "core/peak_trace.h"
+
 #include <sys/mman.h>
 
 #include <bit>
@@ -16,6 +18,10 @@ std::size_t caching_size_class(std::size_t bytes, std::size_t min_block) {
   std::size_t step = p / 8;  // p/2 .. p in quarters of p/2
   return (bytes + step - 1) / step * step;
 }
+
+CachingAllocator::CachingAllocator(std::size_t min_block) : min_block_(min_block), peak_trace_(PeakTrace::from_environment()) {}
+
+CachingAllocator::~CachingAllocator() = default;
 
 void* CachingAllocator::allocate(std::size_t bytes) {
   const std::size_t cls = caching_size_class(bytes, min_block_);
@@ -37,7 +43,11 @@ void* CachingAllocator::allocate(std::size_t bytes) {
     stats_.bytes_reserved += cls;
   }
   stats_.bytes_in_use += bytes;
-  if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  if (peak_trace_) peak_trace_->allocated(ptr, bytes);
+  if (stats_.bytes_in_use > stats_.peak_bytes_in_use) {
+    stats_.peak_bytes_in_use = stats_.bytes_in_use;
+    if (peak_trace_) peak_trace_->peak(stats_.bytes_in_use);
+  }
   return ptr;
 }
 
@@ -45,6 +55,7 @@ void CachingAllocator::deallocate(void* ptr, std::size_t bytes) {
   if (ptr == nullptr) return;
   std::lock_guard lock(mutex_);
   stats_.bytes_in_use -= bytes;
+  if (peak_trace_) peak_trace_->freed(ptr);
   free_[caching_size_class(bytes, min_block_)].push_back(ptr);
 }
 
@@ -56,6 +67,7 @@ AllocatorStats CachingAllocator::stats() const {
 void CachingAllocator::reset_peak() {
   std::lock_guard lock(mutex_);
   stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  if (peak_trace_) peak_trace_->reset(stats_.bytes_in_use);
 }
 
 void CachingAllocator::empty_cache() {

@@ -84,7 +84,7 @@ struct OpRecorder::Observer final : trace::Observer {
   }
 
   static OpValue value_of(const Tensor& t) {
-    OpValue v{t.shape(), t.dtype(), t.vary(), t.to_vector<double>(), {}};
+    OpValue v{t.shape(), t.dtype(), t.vary(), t.to_vector<double>(), {}, {}, 0};
     for (const Tensor& term : deterministic::terms_of(t)) v.terms.push_back(value_of(term));
     if (const auto mean = deterministic::local_mean_of(t)) v.mean_sum = mean->sum.to_vector<double>(), v.mean_count = mean->count;
     return v;

@@ -31,11 +31,18 @@ class Allocator {
 // then steps of a quarter of the power of two below (large tensors waste at most 25%).
 std::size_t caching_size_class(std::size_t bytes, std::size_t min_block);
 
+// What held memory at an allocator's high-water mark, for finding what a memory plan misses: with
+// NAX_MEMORY_PEAK_TRACE=FILE in the environment every allocation keeps its call stack, the live
+// ones are noted at each new peak, and when the allocator goes the note is written to FILE (the
+// first allocator; FILE.1, FILE.2, ... for the others, a device each), grouped by call stack,
+// largest first, symbolized by addr2line where it is installed. Slow: a debugging aid.
+class PeakTrace;
+
 // The caching over a backend's raw allocation (host memory, cudaMalloc, ...): free lists per size
 // class, statistics, and one retry after emptying the cache when the raw allocation fails.
 class CachingAllocator : public Allocator {
  public:
-  ~CachingAllocator() override = default;  // a backend's destructor calls empty_cache()
+  ~CachingAllocator() override;  // a backend's destructor calls empty_cache()
   void* allocate(std::size_t bytes) final;
   void deallocate(void* ptr, std::size_t bytes) final;
   AllocatorStats stats() const final;
@@ -43,7 +50,7 @@ class CachingAllocator : public Allocator {
   void empty_cache() final;
 
  protected:
-  explicit CachingAllocator(std::size_t min_block) : min_block_(min_block) {}
+  explicit CachingAllocator(std::size_t min_block);
   virtual void* raw_allocate(std::size_t bytes) = 0;  // nullptr when out of memory
   virtual void raw_free(void* ptr) = 0;
   [[noreturn]] virtual void out_of_memory(std::size_t bytes, const AllocatorStats& stats) = 0;
@@ -55,6 +62,7 @@ class CachingAllocator : public Allocator {
   mutable std::mutex mutex_;
   std::map<std::size_t, std::vector<void*>> free_;
   AllocatorStats stats_;
+  std::unique_ptr<PeakTrace> peak_trace_;  // NAX_MEMORY_PEAK_TRACE
 };
 
 // Host memory, 64-byte aligned, cached by size class.
