@@ -139,7 +139,10 @@ double ring_phase(const DeviceSizes& s, double e, bool remat) {
 double terms_phase(const DeviceSizes& s, double e, const PlanOptions& o, double kept) {
   if (!o.deterministic || s.head_cut == 1) return 0.0;
   const double terms = 11 * e * s.tokens * s.d, two_wide = 2 * e * s.tokens * s.d;
-  return o.remat ? terms + two_wide : std::max(0.0, terms - (kept - two_wide));
+  // (deterministic cp under remat: also the rebuilt block's attention and MLP outputs, whole-sequence
+  // partial sums that its reduce-scatters read; NAX_MEMORY_PEAK_TRACE, small, mp=2,cp=2)
+  const double rebuilt_outputs = s.head_cut > s.mp ? two_wide : 0.0;
+  return o.remat ? terms + two_wide + rebuilt_outputs : std::max(0.0, terms - (kept - two_wide));
 }
 
 // The forward's end under bf16: an add's operands and result in f32 (bf16 ops compute in f32
