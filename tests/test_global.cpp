@@ -178,6 +178,22 @@ TEST_CASE("dot: every strategy on one mesh axis, and its communication", "[globa
   }
 }
 
+// FSDP's projection: activations cut along the batch, the weight along the contraction. Moving the
+// activations' cut to the contraction is the cheapest move, but it leaves a wide partial result to
+// reduce; gathering the weight leaves nothing: the chooser counts the reduction a move owes.
+TEST_CASE("dot: a partial result made by moving an operand's cut pays for its reduction", "[global]") {
+  Runtime rt = Runtime::local(Mesh::parse("x=2"));
+  const Tensor a = host_normal(Shape{{"b", 64}, {"k", 16}}, "a"), w = host_normal(Shape{{"k", 16}, {"n", 512}}, "w");
+  rt.run([&](Shard& s) {
+    GlobalTensor ga = GlobalTensor::from_host(a, AxisRules{{"b", "x"}}), gw = GlobalTensor::from_host(w, AxisRules{{"k", "x"}});
+    GlobalTensor out;
+    auto calls = calls_during(s, [&] { out = dot(ga, gw, "k"); });
+    NAX_EXPECT(out.placement("x") == Placement::shard("b"));  // the weight gathered, the batch kept cut
+    NAX_EXPECT(count(calls, CollectiveKind::all_gather) == 1 && total(calls) == 1);
+    NAX_EXPECT(close(out.to_host(), dot(a, w, "k")));
+  });
+}
+
 TEST_CASE("the cost model picks the cheaper redistribution", "[global]") {
   Runtime rt = Runtime::local(Mesh::parse("x=2"));
   // a is big and cut along m, w small and cut along n: gathering w is cheaper than gathering a.

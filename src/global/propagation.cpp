@@ -106,15 +106,22 @@ class Chooser {
     }
   }
 
-  // A result made partial here (a reduced factor cut, no operand partial already) owes a
-  // reduction later: at least a reduce-scatter of it. Counted so that a cheap move of one operand
-  // does not win over gathering the other when the sum it leaves is larger than both (FSDP's
-  // wide MLP weight: moving the activations' cut to embed leaves every hidden value to psum).
+  // A result made partial by moving an operand's cut onto the reduced factor owes a reduction
+  // later that the move could have spared: at least a reduce-scatter of it. Counted so that a
+  // cheap move of one operand does not win over gathering the other when the sum it leaves is
+  // larger than both (FSDP's wide MLP weight: moving the activations' cut from batch to embed
+  // leaves every hidden value to psum). Operands cut there already, or sliced from replicas, make
+  // the partial sums tensor parallelism means to make: nothing is counted.
   double finishing_cost(const Candidate& c, const std::string& m) const {
     const int n = mesh_.axis_size(m);
     if (!c.output.is_partial() || n == 1) return 0;
-    for (const auto& p : c.inputs)
-      if (p.is_partial()) return 0;  // the sum was owed already
+    bool moved = false;
+    for (std::size_t i = 0; i < inputs_.size(); ++i) {
+      const Placement& from = inputs_[i]->placement(m);
+      if (c.inputs[i].is_partial()) return 0;  // the sum was owed already
+      moved = moved || !(from == c.inputs[i] || from.is_replicate());
+    }
+    if (!moved) return 0;
     double elements = 1;
     for (const auto& f : rule_.output)
       for (std::size_t i = 0; i < factors_.size(); ++i)
