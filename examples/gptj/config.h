@@ -61,9 +61,9 @@ void check_fits(const Config& c, const nax::Mesh& mesh, std::int64_t batch);
 void check_micro_batches(const nax::Mesh& mesh, std::int64_t batch, std::int64_t micro, const char* command);
 
 // How the sequence of a training run is cut: over mp with sequence parallelism, over cp by context
-// parallelism (each device two chunks of 2 cp, zigzag). Checks that the cuts divide seq, and
-// refuses in deterministic mode on mp > 1 (sequence parallelism) or cp > 1 (ring attention):
-// docs/determinism.md says why. The two do not combine yet.
+// parallelism (each device two chunks of 2 cp, zigzag; in deterministic mode one contiguous block,
+// the heads and d_ff cut over mp x cp, mp listed before cp: docs/determinism.md). Checks that the
+// cuts divide seq and the heads. The two do not combine yet.
 void check_sequence_layout(const nax::Mesh& mesh, std::int64_t seq, bool sequence_parallel, bool deterministic, const Config& c);
 // Whether the mesh has no cp, fsdp or pp axis of more than one device.
 bool dp_mp_only(const nax::Mesh& mesh);

@@ -529,7 +529,7 @@ int run_plan(int argc, char** argv) {
                     "  --remat            activation checkpointing per block, as for gptj train\n"
                     "  --zero             AdamW's moments cut over dp, as for gptj train\n"
                     "  --sequence-parallel  activations between blocks cut along seq over mp, as for gptj train\n"
-                    "  --deterministic    deterministic mode's psums of terms, as for gptj train (f32; no cp)\n"
+                    "  --deterministic    deterministic mode's psums of terms, as for gptj train (f32)\n"
                     "  --device-memory M  e.g. 141GB, 80GiB                             (default 141GB, an H200)\n");
               },
               {{"--remat", set_true(o.remat)}, {"--zero", set_true(o.zero)}, {"--sequence-parallel", set_true(o.sequence_parallel)},

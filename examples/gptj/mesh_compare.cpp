@@ -59,6 +59,8 @@ MeshRun run_on(const Mesh& mesh, const CompareOptions& o, const TextData& data) 
 std::vector<std::string> split_meshes(const std::string& list) {
   std::vector<std::string> out;
   const char between = list.find(';') != std::string::npos ? ';' : ',';
+  if (between == ',' && list.find('=') != std::string::npos)
+    fail("compare", "--meshes '{}': named meshes go apart by ';' (e.g. 'dp=1,mp=1;mp=2,cp=2'), commas name their axes", list);
   std::size_t start = 0;
   while (start <= list.size()) {
     const std::size_t comma = std::min(list.find(between, start), list.size());

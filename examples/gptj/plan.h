@@ -22,7 +22,7 @@ struct PlanOptions {
   bool remat = false;
   bool zero = false;
   bool sequence_parallel = false;
-  bool deterministic = false;  // as gptj train --deterministic (f32 only; no cp)
+  bool deterministic = false;  // as gptj train --deterministic (f32 only)
   double bucket_mb = 25;  // as gptj train's --bucket-mb
   std::int64_t micro_batches = 1;  // as gptj train's; with pp, what the stages pass along
   std::string schedule = "1f1b";   // with pp, as gptj train's

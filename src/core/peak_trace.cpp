@@ -3,6 +3,7 @@
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <new>
 #include <set>
 
 namespace nax {
@@ -17,6 +19,13 @@ namespace nax {
 namespace {
 
 std::atomic<int> traces_made{0};
+
+// The path with "%p" replaced by the process id (one file per process under mpirun).
+std::string with_pid(std::string path) {
+  const std::string pid = std::to_string(getpid());
+  for (std::size_t at = path.find("%p"); at != std::string::npos; at = path.find("%p", at + pid.size())) path.replace(at, 2, pid);
+  return path;
+}
 
 // A frame as "function (module)" where dladdr or addr2line can name it, else its address.
 class Symbolizer {
@@ -30,7 +39,11 @@ class Symbolizer {
       by_module[info.dli_fname].push_back({a, reinterpret_cast<std::uintptr_t>(a) - reinterpret_cast<std::uintptr_t>(info.dli_fbase) - 1});
       if (info.dli_sname != nullptr) names_[a] = demangled(info.dli_sname);
     }
-    for (const auto& [module, frames] : by_module) ask_addr2line(module, frames);
+    constexpr std::size_t kPerCall = 256;  // addresses per addr2line command line
+    for (const auto& [module, frames] : by_module)
+      for (std::size_t i = 0; i < frames.size(); i += kPerCall)
+        ask_addr2line(module, {frames.begin() + static_cast<std::ptrdiff_t>(i),
+                               frames.begin() + static_cast<std::ptrdiff_t>(std::min(frames.size(), i + kPerCall))});
   }
 
   std::string name(void* a) const {
@@ -81,15 +94,24 @@ std::unique_ptr<PeakTrace> PeakTrace::from_environment() {
   const char* path = std::getenv("NAX_MEMORY_PEAK_TRACE");
   if (path == nullptr || *path == '\0') return nullptr;
   const int index = traces_made.fetch_add(1);
-  return std::make_unique<PeakTrace>(index == 0 ? std::string(path) : std::string(path) + "." + std::to_string(index));
+  const std::string file = with_pid(path);
+  return std::make_unique<PeakTrace>(index == 0 ? file : file + "." + std::to_string(index));
 }
 
-PeakTrace::~PeakTrace() { write(); }
+PeakTrace::~PeakTrace() {
+  try {
+    write();
+  } catch (...) {  // a debugging aid: the program's end is not its business
+  }
+}
 
 void PeakTrace::allocated(void* ptr, std::size_t bytes) {
-  Live& l = live_[ptr];
-  l.bytes = bytes;
-  l.depth = backtrace(l.frames.data(), kFrames);
+  try {
+    Live& l = live_[ptr];
+    l.bytes = bytes;
+    l.depth = backtrace(l.frames.data(), kFrames);
+  } catch (const std::bad_alloc&) {  // untraced, not lost: the allocation itself stands
+  }
 }
 
 void PeakTrace::freed(void* ptr) { live_.erase(ptr); }

@@ -66,6 +66,10 @@ Tensor psum(Communicator& comm, const Call& call, const Tensor& x, const Names& 
 Tensor psum_scatter(Communicator& comm, const Call& call, const Tensor& x, const Names& mesh_axes, Tensor out, std::int64_t outer,
                     detail::Launch& launch);
 
+// Whether this reduction may be the communicator's own: it adds the ranks in the canonical order
+// (Communicator::adds_in_rank_tree), unless a test asked for the gather path.
+bool adds_in_rank_tree(const Communicator& comm, CollectiveKind kind, std::int64_t count, DType dtype);
+
 // Tests: while one is alive (and `on`), psum and psum_scatter gather every rank's value even where
 // the communicator adds the ranks in the halving tree itself, so that both paths meet the same
 // references.

@@ -239,6 +239,10 @@ Tensor psum_scatter_in_rank_tree(Communicator& comm, const Call& call, const Sum
 
 }  // namespace
 
+bool adds_in_rank_tree(const Communicator& comm, CollectiveKind kind, std::int64_t count, DType dtype) {
+  return communicator_adds(comm, kind, count, dtype);
+}
+
 DType summed_dtype(DType dtype) { return dtype == DType::bf16 ? DType::f32 : dtype; }
 
 Tensor psum(Communicator& comm, const Call& call, const Tensor& x, const Names& mesh_axes, const VaryType& vary, detail::Launch& launch) {

@@ -119,7 +119,7 @@ class Chooser {
     for (std::size_t i = 0; i < inputs_.size(); ++i) {
       const Placement& from = inputs_[i]->placement(m);
       if (c.inputs[i].is_partial()) return 0;  // the sum was owed already
-      moved = moved || !(from == c.inputs[i] || from.is_replicate());
+      moved = moved || (c.inputs[i].is_shard() && !(from == c.inputs[i] || from.is_replicate()));
     }
     if (!moved) return 0;
     double elements = 1;

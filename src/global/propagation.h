@@ -29,7 +29,7 @@ struct Rule {
 struct Strategy {
   std::vector<Placements> inputs;
   Placements output;
-  double cost_s = 0;  // the redistributions' cost under the cost model
+  double cost_s = 0;  // the redistributions' cost under the cost model, and the reductions a moved cut leaves owed
 };
 
 // The cheapest strategy for `inputs` (cached per rule signature, input placements and shapes).

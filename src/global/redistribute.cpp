@@ -15,6 +15,7 @@
 
 #include <algorithm>
 
+#include "deterministic/deterministic.h"
 #include "ops/tape.h"
 #include "global/propagation.h"
 #include "nax/ops/collectives.h"
@@ -108,8 +109,10 @@ struct Redistribution {
   // Phase 2: the cuts that cost nothing, a replica's own block, before any reduction, so that the
   // psums move the cut value (FSDP's embedding: its partial sum over mp cut along the batch over
   // fsdp first, then summed): in the target's order, up to the first cut over a mesh axis on which
-  // the value is not a replica.
+  // the value is not a replica. Not for deterministic mode's sum of partial sums, which takes no
+  // slice before its psum finishes its terms.
   void shard_replicas() {
+    if (!deterministic::terms_of(t).empty()) return;
     for (const auto& axis : t.shape().names()) {
       const auto wanted = cuts_of(target, axis, mesh);
       for (std::size_t i = cuts_of(now, axis, mesh).size(); i < wanted.size() && now.on(wanted[i]).is_replicate(); ++i) {

@@ -97,8 +97,19 @@ Pending<Tensor> with_gradient(const std::string& op, const Tensor& x, Pending<Te
 
 }  // namespace
 
+namespace {
+
+// Deterministic mode's sum of partial sums that stays one over other mesh axes (detail::keeps_terms)
+// is reduced term by term at the start, blocking: the same value as the blocking form.
+Pending<Tensor> reduced_term_by_term(std::string what, Tensor reduced) {
+  return Pending<Tensor>(std::move(what), [reduced] { return reduced; });
+}
+
+}  // namespace
+
 Pending<Tensor> start_psum(const Tensor& x, const Names& mesh_axes, std::source_location where) {
   const std::string what = describe(fmt::format("start_psum({}, {})", x.str(), mesh_axes.str()), where);
+  if (detail::keeps_terms(x, mesh_axes)) return reduced_term_by_term(what, psum(x, mesh_axes, where));
   detail::Launch launch = detail::Launch::started(what);
   Tensor ready = detail::launch_psum(x, mesh_axes, launch, where);
   return with_gradient("start_psum", x, pending_of(what, std::move(launch), ready), where, [mesh_axes, what](const Tensor& g) {
@@ -149,6 +160,7 @@ Pending<Tensor> start_all_gather_invariant(const Tensor& x, const Names& mesh_ax
 
 Pending<Tensor> start_psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
   const std::string what = describe(fmt::format("start_psum_scatter({}, {}, {})", x.str(), mesh_axes.str(), axis), where);
+  if (detail::keeps_terms(x, mesh_axes)) return reduced_term_by_term(what, psum_scatter(x, mesh_axes, axis, where));
   detail::Launch launch = detail::Launch::started(what);
   Tensor ready = detail::launch_psum_scatter(x, mesh_axes, axis, launch, where);
   return with_gradient("start_psum_scatter", x, pending_of(what, std::move(launch), ready), where, [mesh_axes, axis, where](const Tensor& g) {

@@ -39,11 +39,20 @@ Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch, std:
 Tensor psum_over_input(const Tensor& x, const Names& mesh_axes, std::source_location where = std::source_location::current());
 Pending<Tensor> start_psum_over_input(const Tensor& x, const Names& mesh_axes,
                                       std::source_location where = std::source_location::current());
+// Deterministic mode: a sum of partial sums reduced over some of the mesh axes its terms are
+// partial over stays a sum of terms over the others (of one device, too: the program is then the
+// same on every mesh, as the locator compares it op by op): each
+// term is reduced alone and the terms added after, so that the last reduction still finishes each
+// term in the tree and adds them in order. psum over cp, then over mp thus adds as one psum over
+// both where the mesh lists mp before cp (a group is ranked in mesh order); summed as one value,
+// the terms' partial sums over cp would be added before their sums over mp.
+bool keeps_terms(const Tensor& x, const Names& mesh_axes);
 // Deterministic mode: psum of each of several values of one shape and dtype over the same mesh
 // axes (the terms of a value autodiff keeps apart), in one call of a communicator that reads them
-// where they lie (Communicator::all_reduce_parts): their sums side by
-// side in one buffer, handed out as pieces of it; no gradient is recorded. Empty where the
-// communicator reads no parts (the caller lays the values end to end in a bucket instead).
+// where they lie (Communicator::all_reduce_parts) and adds in the rank tree: their sums side by side
+// in one buffer, handed out as pieces of it; no gradient is recorded. Empty otherwise (another
+// mode, bf16, shapes that differ, or another communicator: the caller lays the values end to end in
+// a bucket instead).
 std::vector<Tensor> psum_alike(const std::vector<Tensor>& parts, const Names& mesh_axes,
                                std::source_location where = std::source_location::current());
 Tensor launch_all_gather(const Tensor& x, const Names& mesh_axes, const std::string& axis, Launch& launch, std::source_location where);

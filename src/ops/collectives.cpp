@@ -203,23 +203,15 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
 }
 
 
-// Deterministic mode: a sum of partial sums reduced over some of the mesh axes its terms are
-// partial over stays a sum of terms over the others: each term is reduced alone, the terms added
-// after, so that the last reduction still finishes each term in the tree and adds them in order
-// (psum over cp, then over mp adds as one psum over both; summed as one, the terms' partial sums
-// over cp would be added before their sums over mp).
-bool keeps_terms(const Tensor& x, const Names& mesh_axes) {
-  if (!deterministic::on() || deterministic::terms_of(x).empty()) return false;
-  const auto& reduced = mesh_axes.list();
-  for (const auto& m : x.vary().partial_mesh_axes())
-    if (x.vary().partial_sum(m) && std::find(reduced.begin(), reduced.end(), m) == reduced.end()) return true;
-  return false;
-}
-
 Tensor summed(std::string_view op, const Tensor& x, const Names& mesh_axes, const CallSite& site) {
-  if (keeps_terms(x, mesh_axes)) {
+  if (detail::keeps_terms(x, mesh_axes)) {  // each term reduced alone; the transpose is x's
     const auto terms = deterministic::terms_of(x);  // (a copy: the calls below add records)
-    return summed(op, terms[0], mesh_axes, site) + summed(op, terms[1], mesh_axes, site);
+    Tensor out;
+    {
+      NoGrad terms_only;
+      out = summed(op, terms[0], mesh_axes, site) + summed(op, terms[1], mesh_axes, site);
+    }
+    return with_transpose(op.data(), x, out, site, [mesh_axes](const Tensor& g) { return pvary(g, mesh_axes); });
   }
   detail::Launch launch = detail::Launch::blocking();
   return with_transpose(op.data(), x, reduce_collective(op, ReduceOp::sum, x, mesh_axes, site, launch), site,
@@ -459,11 +451,16 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
 }  // namespace
 
 Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
-  if (keeps_terms(x, mesh_axes)) {  // (as psum's)
-    const auto terms = deterministic::terms_of(x);
-    return psum_scatter(terms[0], mesh_axes, axis, where) + psum_scatter(terms[1], mesh_axes, axis, where);
-  }
   const CallSite site = site_of(where);
+  if (detail::keeps_terms(x, mesh_axes)) {  // (as psum's)
+    const auto terms = deterministic::terms_of(x);
+    Tensor out;
+    {
+      NoGrad terms_only;
+      out = psum_scatter(terms[0], mesh_axes, axis, where) + psum_scatter(terms[1], mesh_axes, axis, where);
+    }
+    return with_transpose("psum_scatter", x, out, site, [mesh_axes, axis](const Tensor& g) { return all_gather(g, mesh_axes, axis); });
+  }
   detail::Launch launch = detail::Launch::blocking();
   return with_transpose("psum_scatter", x, psum_scatter_forward(x, mesh_axes, axis, site, launch), site,
                         [mesh_axes, axis](const Tensor& g) { return all_gather(g, mesh_axes, axis); });
@@ -582,6 +579,14 @@ namespace detail {
 Tensor launch_psum(const Tensor& x, const Names& mesh_axes, Launch& launch, std::source_location where) {
   return reduce_collective("psum", ReduceOp::sum, x, mesh_axes, site_of(where), launch);
 }
+bool keeps_terms(const Tensor& x, const Names& mesh_axes) {
+  if (!deterministic::on() || deterministic::terms_of(x).empty()) return false;
+  const auto& reduced = mesh_axes.list();
+  for (const auto& m : x.vary().partial_mesh_axes())
+    if (x.vary().partial_sum(m) && std::find(reduced.begin(), reduced.end(), m) == reduced.end()) return true;
+  return false;
+}
+
 std::vector<Tensor> psum_alike(const std::vector<Tensor>& parts, const Names& named_axes, std::source_location where) {
   const Tensor& first = parts.at(0);
   Shard* shard = Shard::current();
@@ -590,7 +595,9 @@ std::vector<Tensor> psum_alike(const std::vector<Tensor>& parts, const Names& na
   for (const Tensor& t : parts)
     if (t.dtype() != first.dtype() || t.shape() != first.shape()) return {};
   const Names mesh_axes = deterministic::in_mesh_order(named_axes);
-  if (!shard->comm(mesh_axes).reduces_parts()) return {};
+  Communicator& comm = shard->comm(mesh_axes);
+  const auto count = static_cast<std::int64_t>(parts.size()) * first.numel();
+  if (!comm.reduces_parts() || !deterministic::adds_in_rank_tree(comm, CollectiveKind::all_reduce, count, first.dtype())) return {};
   Launch launch = Launch::blocking();
   Context c = enter("psum", &first, mesh_axes, site_of(where), &launch, fmt::format(", {} parts alike", parts.size()));
   VaryType vary;  // per device over what the parts vary over, Invariant over the summed axes

@@ -34,8 +34,9 @@ std::size_t caching_size_class(std::size_t bytes, std::size_t min_block);
 // What held memory at an allocator's high-water mark, for finding what a memory plan misses: with
 // NAX_MEMORY_PEAK_TRACE=FILE in the environment every allocation keeps its call stack, the live
 // ones are noted at each new peak, and when the allocator goes the note is written to FILE (the
-// first allocator; FILE.1, FILE.2, ... for the others, a device each), grouped by call stack,
-// largest first, symbolized by addr2line where it is installed. Slow: a debugging aid.
+// process's first allocator; FILE.1, FILE.2, ... for the others in the order they were made, a
+// device each; "%p" in FILE becomes the process id), grouped by call stack, largest first,
+// symbolized by addr2line where it is installed. Slow: a debugging aid.
 class PeakTrace;
 
 // The caching over a backend's raw allocation (host memory, cudaMalloc, ...): free lists per size
