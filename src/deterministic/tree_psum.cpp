@@ -14,11 +14,6 @@ namespace {
 
 std::atomic<bool> gather_psums{false};  // GatherPsumsForTesting
 
-// Whether this reduction may be the communicator's own: it adds the ranks in the canonical order.
-bool communicator_adds(const Communicator& comm, CollectiveKind kind, std::int64_t count, DType dtype) {
-  return !gather_psums.load(std::memory_order_relaxed) && comm.adds_in_rank_tree(kind, static_cast<std::size_t>(count), dtype);
-}
-
 // out = a + b over `count` elements (the last add of a tree, written where its result goes).
 void add_into(kernels::Kernels& kernels, DType dtype, const void* a, const void* b, void* out, std::int64_t count) {
   const kernels::Layout<3> flat{.rank = 1, .sizes = {count}, .strides = {{{1}, {1}, {1}}}};
@@ -240,7 +235,7 @@ Tensor psum_scatter_in_rank_tree(Communicator& comm, const Call& call, const Sum
 }  // namespace
 
 bool adds_in_rank_tree(const Communicator& comm, CollectiveKind kind, std::int64_t count, DType dtype) {
-  return communicator_adds(comm, kind, count, dtype);
+  return !gather_psums.load(std::memory_order_relaxed) && comm.adds_in_rank_tree(kind, static_cast<std::size_t>(count), dtype);
 }
 
 DType summed_dtype(DType dtype) { return dtype == DType::bf16 ? DType::f32 : dtype; }
@@ -248,7 +243,7 @@ DType summed_dtype(DType dtype) { return dtype == DType::bf16 ? DType::f32 : dty
 Tensor psum(Communicator& comm, const Call& call, const Tensor& x, const Names& mesh_axes, const VaryType& vary, detail::Launch& launch) {
   const SumExpression expression = SumExpression::of(x, mesh_axes);
   const std::int64_t whole = x.numel();
-  if (communicator_adds(comm, CollectiveKind::all_reduce, whole * static_cast<std::int64_t>(expression.leaves.size()),
+  if (adds_in_rank_tree(comm, CollectiveKind::all_reduce, whole * static_cast<std::int64_t>(expression.leaves.size()),
                         summed_dtype(x.dtype())))
     return psum_in_rank_tree(comm, call, expression, whole, x.shape(), vary, x.dtype(), launch);
   Tensor gathered = gather_leaves(comm, call, expression, summed_dtype(x.dtype()), whole, [](const Tensor& t) { return t; }, launch);
@@ -270,7 +265,7 @@ Tensor psum_scatter(Communicator& comm, const Call& call, const Tensor& x, const
     detail::regroup(leaf, grouped, outer, n, block / outer, false);
     return grouped;
   };
-  if (communicator_adds(comm, CollectiveKind::reduce_scatter, block * static_cast<std::int64_t>(expression.leaves.size()),
+  if (adds_in_rank_tree(comm, CollectiveKind::reduce_scatter, block * static_cast<std::int64_t>(expression.leaves.size()),
                         out.dtype()))
     return psum_scatter_in_rank_tree(comm, call, expression, out, by_rank, x.dtype(), launch);
   Tensor gathered = gather_leaves(comm, call, expression, out.dtype(), whole, by_rank, launch);

@@ -203,19 +203,20 @@ Tensor reduce_collective(std::string_view op, ReduceOp reduce, const Tensor& x_i
 }
 
 
+// detail::keeps_terms: x's two terms each reduced alone, then added (a sum of terms again), with no
+// graph of their own: the caller records the transpose on x, whose terms need not be its operands.
+Tensor reduced_by_terms(const Tensor& x, const std::function<Tensor(const Tensor&)>& reduce) {
+  const auto terms = deterministic::terms_of(x);  // (a copy: the reductions add records)
+  NoGrad terms_only;
+  return reduce(terms[0]) + reduce(terms[1]);
+}
+
 Tensor summed(std::string_view op, const Tensor& x, const Names& mesh_axes, const CallSite& site) {
-  if (detail::keeps_terms(x, mesh_axes)) {  // each term reduced alone; the transpose is x's
-    const auto terms = deterministic::terms_of(x);  // (a copy: the calls below add records)
-    Tensor out;
-    {
-      NoGrad terms_only;
-      out = summed(op, terms[0], mesh_axes, site) + summed(op, terms[1], mesh_axes, site);
-    }
-    return with_transpose(op.data(), x, out, site, [mesh_axes](const Tensor& g) { return pvary(g, mesh_axes); });
-  }
   detail::Launch launch = detail::Launch::blocking();
-  return with_transpose(op.data(), x, reduce_collective(op, ReduceOp::sum, x, mesh_axes, site, launch), site,
-                        [mesh_axes](const Tensor& g) { return pvary(g, mesh_axes); });
+  const Tensor out = detail::keeps_terms(x, mesh_axes)
+                         ? reduced_by_terms(x, [&](const Tensor& t) { return summed(op, t, mesh_axes, site); })
+                         : reduce_collective(op, ReduceOp::sum, x, mesh_axes, site, launch);
+  return with_transpose(op.data(), x, out, site, [mesh_axes](const Tensor& g) { return pvary(g, mesh_axes); });
 }
 }  // namespace
 
@@ -452,18 +453,11 @@ Tensor psum_scatter_forward(const Tensor& x_in, const Names& mesh_axes, const st
 
 Tensor psum_scatter(const Tensor& x, const Names& mesh_axes, const std::string& axis, std::source_location where) {
   const CallSite site = site_of(where);
-  if (detail::keeps_terms(x, mesh_axes)) {  // (as psum's)
-    const auto terms = deterministic::terms_of(x);
-    Tensor out;
-    {
-      NoGrad terms_only;
-      out = psum_scatter(terms[0], mesh_axes, axis, where) + psum_scatter(terms[1], mesh_axes, axis, where);
-    }
-    return with_transpose("psum_scatter", x, out, site, [mesh_axes, axis](const Tensor& g) { return all_gather(g, mesh_axes, axis); });
-  }
   detail::Launch launch = detail::Launch::blocking();
-  return with_transpose("psum_scatter", x, psum_scatter_forward(x, mesh_axes, axis, site, launch), site,
-                        [mesh_axes, axis](const Tensor& g) { return all_gather(g, mesh_axes, axis); });
+  const Tensor out = detail::keeps_terms(x, mesh_axes)
+                         ? reduced_by_terms(x, [&](const Tensor& t) { return psum_scatter(t, mesh_axes, axis, where); })
+                         : psum_scatter_forward(x, mesh_axes, axis, site, launch);
+  return with_transpose("psum_scatter", x, out, site, [mesh_axes, axis](const Tensor& g) { return all_gather(g, mesh_axes, axis); });
 }
 
 // ---------------------------------------------------------------------------------------------
