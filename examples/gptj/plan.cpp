@@ -34,8 +34,9 @@ struct DeviceSizes {
   // the ring, checkpointed (block.h): it keeps its output only, and rebuilds the rest in the backward.
   double cp = 1;
   bool ring = false;
-  // The devices a block's heads and mlp columns are cut over: mp, and in deterministic mode cp too
-  // (sequence parallelism over cp, block.h), whose blocks then run on the whole sequence.
+  // Deterministic mode's cp: sequence parallelism over cp (block.h), the blocks running on the
+  // whole sequence with their heads and mlp columns cut over mp and cp (head_cut devices).
+  bool cp_gathered = false;
   double head_cut = 1;
   // FSDP: the parameters (and their gradients and moments) cut over fsdp, the batch too; each
   // block's parameters whole while it runs, and their gradient whole until its reduce-scatter.
@@ -72,8 +73,8 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o, co
   s.last = stage.last();
   s.in_flight = stage.count > 1 ? static_cast<double>(in_flight_on(schedule, stage.index)) : 1.0;
   s.ring = s.cp > 1 && !o.deterministic;
-  const bool cp_gathered = s.cp > 1 && o.deterministic;
-  s.head_cut = mp * (cp_gathered ? s.cp : 1);
+  s.cp_gathered = s.cp > 1 && o.deterministic;
+  s.head_cut = mp * (s.cp_gathered ? s.cp : 1);
   s.tokens = static_cast<double>(o.batch) / data_parallel_devices(mesh) / s.micro * static_cast<double>(o.seq) / (s.ring ? s.cp : 1);
   s.d = static_cast<double>(c.d_model);
   s.attn = static_cast<double>(c.n_heads * c.head_dim) / s.head_cut;
@@ -81,8 +82,8 @@ DeviceSizes sizes_of(const Config& c, const Mesh& mesh, const PlanOptions& o, co
   s.heads = static_cast<double>(c.n_heads) / s.head_cut;
   s.vocab = static_cast<double>(c.vocab) / mp;
   s.layers = static_cast<double>(stage.end_layer - stage.first_layer);
-  s.sequence_cut = (o.sequence_parallel && mp > 1) || cp_gathered;  // mp=1: the plain model (Model::logits)
-  s.cut = cp_gathered ? 1 / s.cp : s.sequence_cut ? 1 / mp : 1.0;
+  s.sequence_cut = (o.sequence_parallel && mp > 1) || s.cp_gathered;  // mp=1: the plain model (Model::logits)
+  s.cut = s.cp_gathered ? 1 / s.cp : s.sequence_cut ? 1 / mp : 1.0;
   s.whole_norm_input = s.sequence_cut && o.deterministic;
   return s;
 }
@@ -141,7 +142,7 @@ double terms_phase(const DeviceSizes& s, double e, const PlanOptions& o, double 
   const double terms = 11 * e * s.tokens * s.d, two_wide = 2 * e * s.tokens * s.d;
   // (deterministic cp under remat: also the rebuilt block's attention and MLP outputs, whole-sequence
   // partial sums that its reduce-scatters read; NAX_MEMORY_PEAK_TRACE, small, mp=2,cp=2)
-  const double rebuilt_outputs = s.head_cut > s.mp ? two_wide : 0.0;
+  const double rebuilt_outputs = s.cp_gathered ? two_wide : 0.0;
   return o.remat ? terms + two_wide + rebuilt_outputs : std::max(0.0, terms - (kept - two_wide));
 }
 
@@ -178,10 +179,9 @@ MemoryPlan plan_stage(const Config& c, const Mesh& mesh, const PlanOptions& o, c
   const double one_block = block_saved(s, e, bf16);
   // FSDP keeps each block's gathered parameters for its backward unless remat gathers them again
   // there; deterministic cp keeps cp's slices of them (block.h: the projections read the slices).
-  const double sliced = s.head_cut > s.mp ? s.cp : 1.0;
-  const double gathered_kept = s.fsdp > 1 || sliced > 1 ? e * s.block_params * s.fsdp / sliced : 0.0;
+  const double slices = s.cp_gathered ? e * s.block_params * s.fsdp / s.cp : 0.0;
+  const double gathered_kept = s.cp_gathered ? slices : s.fsdp > 1 ? e * s.block_params * s.fsdp : 0.0;
   const double kept_per_block = o.remat ? e * s.tokens * s.cut * s.d : one_block + gathered_kept;  // remat keeps each block's input only
-  const double slices = sliced > 1 ? e * s.block_params * s.fsdp / sliced : 0.0;
   const double recompute = o.remat ? one_block + slices : 0.0;  // and rebuilds one block at a time (with its slices)
   const double wide_head = s.fsdp > 1 ? e * s.head_params * s.fsdp : 0.0;  // FSDP: wte and lm_head whole
   const double head = (s.last ? head_saved(s, e, bf16) : (bf16 ? 2 * s.head_params : 0.0)) + wide_head;
