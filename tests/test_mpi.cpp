@@ -10,6 +10,7 @@
 #include <chrono>
 #include <thread>
 
+#include "core/shared_host_memory.h"
 #include "helpers.h"
 
 using namespace nax;
@@ -162,6 +163,35 @@ TEST_CASE("mpi: single-copy all_reduce in place, through the Communicator", "[mp
       }, 0);
     }
   }
+}
+
+TEST_CASE("mpi: large tensors live in shared blocks the peers read in place, and a block freed and made again is read anew",
+          "[mpi][collectives]") {
+  const Mesh mesh = Mesh::parse(fmt::format("mp={}", world_size()));
+  Runtime mpi = Runtime::mpi(mesh);
+  const auto n = static_cast<std::size_t>(world_size());
+  REQUIRE_NOTHROW(mpi.run([&](Shard& s) {
+    const Tensor x = varying_input(s, Shape{{"i", 131101}}, DType::f32);
+    NAX_EXPECT(shared_host_memory::segment_of(x.raw(), x.nbytes()).has_value());
+    // Each round makes a new block (its own allocator), likely under the fd number of the block
+    // the round before freed: a peer reading a mapping made for the old block would add stale
+    // values. More rounds than a communicator keeps mappings, so old ones are dropped on the way.
+    const std::size_t count = shared_host_memory::kMinBytes / sizeof(float) + 4099;
+    Communicator& comm = s.comm("mp");
+    for (int round = 0; round < 300; ++round) {
+      const auto allocator = make_caching_host_allocator();
+      auto* data = static_cast<float*>(allocator->allocate(count * sizeof(float)));
+      NAX_EXPECT(shared_host_memory::segment_of(data, count * sizeof(float)).has_value());
+      for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<float>(round * 16 + s.device() + (i % 7));
+      comm.all_reduce(data, data, count, DType::f32, ReduceOp::sum, Call{"test all_reduce"});
+      for (std::size_t i = 0; i < count; i += 997) {
+        const double want = static_cast<double>(n) * (round * 16 + static_cast<double>(i % 7)) + static_cast<double>(n * (n - 1) / 2);
+        if (data[i] != want)
+          throw std::runtime_error(fmt::format("round {}: element {} is {}, not {}", round, i, data[i], want));
+      }
+      allocator->deallocate(data, count * sizeof(float));
+    }
+  }));
 }
 
 TEST_CASE("mpi: large collectives with the signature check off, and with NAX_MPI_SINGLE_COPY=0 (Open MPI's own)", "[mpi][collectives]") {

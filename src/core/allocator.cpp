@@ -1,6 +1,7 @@
 #include "nax/core/allocator.h"
 
 #include "core/peak_trace.h"
+#include "core/shared_host_memory.h"
 
 #include <sys/mman.h>
 
@@ -92,6 +93,7 @@ constexpr std::size_t kAlignment = 64;
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
 void* allocate_host(std::size_t bytes) {
+  if (void* shared = shared_host_memory::allocate(bytes)) return shared;
   if (bytes < kHugePage) return std::aligned_alloc(kAlignment, bytes);
   void* ptr = nullptr;
   if (posix_memalign(&ptr, kHugePage, bytes) != 0) return nullptr;
@@ -106,7 +108,9 @@ class CachingHostAllocator final : public CachingAllocator {
 
  private:
   void* raw_allocate(std::size_t bytes) override { return allocate_host(bytes); }
-  void raw_free(void* ptr) override { std::free(ptr); }
+  void raw_free(void* ptr) override {
+    if (!shared_host_memory::free(ptr)) std::free(ptr);
+  }
   [[noreturn]] void out_of_memory(std::size_t, const AllocatorStats&) override { throw std::bad_alloc(); }
 };
 

@@ -69,7 +69,7 @@ class MpiCommunicator final : public Communicator {
   bool adds_in_rank_tree(CollectiveKind kind, std::size_t count, DType dtype) const override {
     if (size() <= 2) return true;
     const std::size_t bytes = count * dtype_size(dtype) * (kind == CollectiveKind::reduce_scatter ? members_.size() : 1);
-    return (kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter) && single_copy(bytes, nullptr, nullptr);
+    return (kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter) && single_copy(bytes, nullptr, 0, nullptr, 0);
   }
 
   // MPI's own non-blocking collectives, posted after the signature check (which waits for the
@@ -77,7 +77,8 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Request> start_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                             const Call& call) override {
     const auto sig = signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op));
-    const auto direct = single_copy(count * dtype_size(dtype), send, recv);
+    const std::size_t bytes = count * dtype_size(dtype);
+    const auto direct = single_copy(bytes, send, bytes, recv, bytes);
     begin(CollectiveKind::all_reduce, count * dtype_size(dtype), sig, direct);
     if (direct)
       return run_single_copy(sig, [&](auto members, const auto& wait) {
@@ -96,7 +97,8 @@ class MpiCommunicator final : public Communicator {
 
   std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::size_t count, DType dtype, const Call& call) override {
     const auto sig = signature_of(call, CollectiveKind::all_gather, dtype, count);
-    const auto direct = single_copy(count * members_.size() * dtype_size(dtype), send, recv);
+    const std::size_t bytes = count * dtype_size(dtype);
+    const auto direct = single_copy(bytes * members_.size(), send, bytes, recv, bytes * members_.size());
     begin(CollectiveKind::all_gather, count * dtype_size(dtype), sig, direct);
     if (direct)
       return run_single_copy(sig, [&](auto members, const auto& wait) { single_copy_->all_gather(members, count, dtype, wait); });
@@ -114,7 +116,8 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Request> start_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                                 const Call& call) override {
     const auto sig = signature_of(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op));
-    const auto direct = single_copy(count * members_.size() * dtype_size(dtype), send, recv);
+    const std::size_t bytes = count * dtype_size(dtype);
+    const auto direct = single_copy(bytes * members_.size(), send, bytes * members_.size(), recv, bytes);
     begin(CollectiveKind::reduce_scatter, count * members_.size() * dtype_size(dtype), sig, direct);
     if (direct)
       return run_single_copy(sig, [&](auto members, const auto& wait) {
@@ -224,10 +227,11 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiRequest>(*this, std::move(requests), sig);
   }
 
-  // This member's buffers when a call moving `bytes` takes the single-copy path.
-  std::optional<SingleCopy::Buffers> single_copy(std::size_t bytes, const void* send, const void* recv) const {
-    if (single_copy_ == nullptr || bytes < SingleCopy::kMinBytes) return std::nullopt;
-    return SingleCopy::Buffers{reinterpret_cast<std::uint64_t>(send), reinterpret_cast<std::uint64_t>(recv)};
+  // This member's buffers when a call moving `moved` bytes takes the single-copy path.
+  std::optional<SingleCopy::Buffers> single_copy(std::size_t moved, const void* send, std::size_t send_bytes, const void* recv,
+                                                 std::size_t recv_bytes) const {
+    if (single_copy_ == nullptr || moved < SingleCopy::kMinBytes) return std::nullopt;
+    return SingleCopy::own(send, send_bytes, recv, recv_bytes);
   }
 
   // Runs a single-copy collective to its end (it needs every member present, as the signature

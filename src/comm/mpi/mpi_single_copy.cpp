@@ -1,5 +1,8 @@
 #include "comm/mpi/mpi_single_copy.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -7,6 +10,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <string_view>
 
 #include "comm/element_at.h"
@@ -44,11 +48,6 @@ std::uint64_t host_hash() {
   return std::hash<std::string_view>{}(std::string_view(name, static_cast<std::size_t>(length)));
 }
 
-bool willing() {
-  const char* value = std::getenv("NAX_MPI_SINGLE_COPY");
-  return value == nullptr || std::string_view(value) != "0";
-}
-
 // Copies `bytes` at `address` in process `pid` to `local`; false (errno set) when the kernel
 // refuses or the memory is gone.
 bool read_process(std::int64_t pid, std::uint64_t address, void* local, std::size_t bytes) {
@@ -76,11 +75,16 @@ bool readable(const Identity& member) {
 
 }  // namespace
 
+bool SingleCopy::wanted() {
+  const char* value = std::getenv("NAX_MPI_SINGLE_COPY");
+  return value == nullptr || std::string_view(value) != "0";
+}
+
 std::unique_ptr<SingleCopy> SingleCopy::probe(MPI_Comm comm, int rank, int size, const Wait& wait) {
   auto buffers = std::make_unique<ProbeBuffers>();
   ProbeBuffers& b = *buffers;
   b.probe_word = static_cast<std::int64_t>(getpid());
-  b.own = {b.probe_word, host_hash(), reinterpret_cast<std::uint64_t>(&b.probe_word), willing() ? 1 : 0};
+  b.own = {b.probe_word, host_hash(), reinterpret_cast<std::uint64_t>(&b.probe_word), wanted() ? 1 : 0};
   b.members.resize(static_cast<std::size_t>(size));
   auto waited = [&](MPI_Request& request) {
     try {
@@ -110,15 +114,70 @@ std::unique_ptr<SingleCopy> SingleCopy::probe(MPI_Comm comm, int rank, int size,
 SingleCopy::SingleCopy(MPI_Comm comm, int rank, std::vector<std::int64_t> pids)
     : comm_(comm), rank_(rank), pids_(std::move(pids)), incoming_(kChunkBytes) {}
 
+SingleCopy::~SingleCopy() {
+  for (const auto& [key, mapping] : mappings_)
+    if (mapping.at != nullptr) munmap(const_cast<char*>(mapping.at), mapping.bytes);
+}
+
+SingleCopy::Buffers SingleCopy::own(const void* send, std::size_t send_bytes, const void* recv, std::size_t recv_bytes) {
+  auto buffer = [](const void* at, std::size_t bytes) {
+    return Buffer{reinterpret_cast<std::uint64_t>(at), shared_host_memory::segment_of(at, bytes).value_or(shared_host_memory::Segment{})};
+  };
+  return {buffer(send, send_bytes), buffer(recv, recv_bytes)};
+}
+
+const char* SingleCopy::mapped(int q, const shared_host_memory::Segment& block) {
+  const auto key = std::make_pair(q, block.serial);
+  auto it = mappings_.find(key);
+  if (it == mappings_.end()) {
+    if (mappings_.size() >= kMappings) forget_least_used();
+    Mapping mapping;
+    // The owner holds the block (and its fd) until the call's last barrier: the fd is this block's.
+    const std::string path = "/proc/" + std::to_string(pids_[static_cast<std::size_t>(q)]) + "/fd/" + std::to_string(block.fd);
+    if (const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
+      struct stat st {};
+      if (fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) >= block.bytes) {
+        void* at = mmap(nullptr, block.bytes, PROT_READ, MAP_SHARED, fd, 0);
+        if (at != MAP_FAILED) mapping = {static_cast<const char*>(at), block.bytes, 0};
+      }
+      close(fd);
+    }
+    it = mappings_.emplace(key, mapping).first;
+  }
+  it->second.used = calls_;
+  return it->second.at;
+}
+
+void SingleCopy::forget_least_used() {
+  auto oldest = std::min_element(mappings_.begin(), mappings_.end(),
+                                 [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
+  if (oldest->second.at != nullptr) munmap(const_cast<char*>(oldest->second.at), oldest->second.bytes);
+  mappings_.erase(oldest);
+}
+
+std::vector<const char*> SingleCopy::in_place(std::span<const Buffers> members, Side which) {
+  ++calls_;
+  std::vector<const char*> at(members.size(), nullptr);
+  for (std::size_t q = 0; q < members.size(); ++q) {
+    const Buffer& buffer = members[q].*which;
+    if (static_cast<int>(q) == rank_) {
+      at[q] = reinterpret_cast<const char*>(buffer.address);
+    } else if (buffer.block.fd >= 0) {
+      if (const char* base = mapped(static_cast<int>(q), buffer.block)) at[q] = base + (buffer.address - buffer.block.base);
+    }
+  }
+  return at;
+}
+
 void SingleCopy::barrier(const Wait& wait) {
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
   wait({&request, 1});
 }
 
-void SingleCopy::read(int q, std::uint64_t address, void* local, std::size_t bytes) const {
-  if (q == rank_) {
-    std::memcpy(local, reinterpret_cast<const void*>(address), bytes);
+void SingleCopy::read(int q, std::uint64_t address, const char* at, void* local, std::size_t bytes) const {
+  if (at != nullptr) {
+    std::memcpy(local, at, bytes);
     return;
   }
   const std::int64_t pid = pids_[static_cast<std::size_t>(q)];
@@ -128,14 +187,15 @@ void SingleCopy::read(int q, std::uint64_t address, void* local, std::size_t byt
 
 void SingleCopy::reduce(std::span<const Buffers> members, std::size_t offset, std::size_t count, DType dtype, ReduceOp op,
                         void* dst) {
+  const std::vector<const char*> sends = in_place(members, &Buffers::send);
   const std::size_t es = dtype_size(dtype), per_chunk = kChunkBytes / es;
   for (std::size_t begin = 0; begin < count; begin += per_chunk) {
     const std::size_t n = std::min(per_chunk, count - begin), bytes = n * es, at = (offset + begin) * es;
     const void* sum = comm::reduce_ranks_in_tree(static_cast<int>(members.size()), n, dtype, op, tree_, incoming_.data(),
                                                  [&](int q, void* into) -> const void* {
-                                                   const std::uint64_t part = members[static_cast<std::size_t>(q)].send + at;
-                                                   if (q == rank_) return reinterpret_cast<const void*>(part);
-                                                   read(q, part, into, bytes);
+                                                   const char* here = sends[static_cast<std::size_t>(q)];
+                                                   if (here != nullptr) return here + at;
+                                                   read(q, members[static_cast<std::size_t>(q)].send.address + at, nullptr, into, bytes);
                                                    return into;
                                                  });
     std::memcpy(comm::element_at(dst, begin, dtype), sum, bytes);
@@ -147,27 +207,31 @@ void SingleCopy::reduce(std::span<const Buffers> members, std::size_t offset, st
 void SingleCopy::all_reduce(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Wait& wait) {
   const std::size_t n = members.size(), r = static_cast<std::size_t>(rank_), es = dtype_size(dtype);
   auto begin_of = [&](std::size_t q) { return count * q / n; };
-  void* recv = reinterpret_cast<void*>(members[r].recv);
+  void* recv = reinterpret_cast<void*>(members[r].recv.address);
   reduce(members, begin_of(r), begin_of(r + 1) - begin_of(r), dtype, op, comm::element_at(recv, begin_of(r), dtype));
   barrier(wait);
-  for (std::size_t q = 0; q < n; ++q)
-    if (q != r)
-      read(static_cast<int>(q), members[q].recv + begin_of(q) * es, comm::element_at(recv, begin_of(q), dtype),
-           (begin_of(q + 1) - begin_of(q)) * es);
+  const std::vector<const char*> results = in_place(members, &Buffers::recv);
+  for (std::size_t q = 0; q < n; ++q) {
+    if (q == r) continue;
+    const std::size_t at = begin_of(q) * es;
+    read(static_cast<int>(q), members[q].recv.address + at, results[q] != nullptr ? results[q] + at : nullptr,
+         comm::element_at(recv, begin_of(q), dtype), (begin_of(q + 1) - begin_of(q)) * es);
+  }
   barrier(wait);
 }
 
 void SingleCopy::reduce_scatter(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Wait& wait) {
   const std::size_t r = static_cast<std::size_t>(rank_);
-  reduce(members, count * r, count, dtype, op, reinterpret_cast<void*>(members[r].recv));
+  reduce(members, count * r, count, dtype, op, reinterpret_cast<void*>(members[r].recv.address));
   barrier(wait);
 }
 
 void SingleCopy::all_gather(std::span<const Buffers> members, std::size_t count, DType dtype, const Wait& wait) {
   const std::size_t bytes = count * dtype_size(dtype);
-  void* recv = reinterpret_cast<void*>(members[static_cast<std::size_t>(rank_)].recv);
+  void* recv = reinterpret_cast<void*>(members[static_cast<std::size_t>(rank_)].recv.address);
+  const std::vector<const char*> sends = in_place(members, &Buffers::send);
   for (std::size_t q = 0; q < members.size(); ++q)
-    read(static_cast<int>(q), members[q].send, comm::element_at(recv, count * q, dtype), bytes);
+    read(static_cast<int>(q), members[q].send.address, sends[q], comm::element_at(recv, count * q, dtype), bytes);
   barrier(wait);
 }
 

@@ -1,37 +1,57 @@
 #pragma once
-// Collectives between processes of one host that read each other's buffers directly (Linux's
-// cross-memory attach, process_vm_readv, which Open MPI itself uses for point-to-point), as the
-// thread communicator reads its peers' buffers: each member reduces its block of the result,
-// adding the members' parts in the halving tree (comm/rank_tree.h: the thread communicator's
-// bits), then reads the others' finished blocks. Open MPI's own all-reduce and reduce-scatter copy
-// every block through its transport and reach a third of that on one host.
+// Collectives between processes of one host that read each other's buffers directly, as the thread
+// communicator reads its peers' buffers: each member reduces its block of the result, adding the
+// members' parts in the halving tree (comm/rank_tree.h: the thread communicator's bits), then
+// reads the others' finished blocks. A peer's buffer in a shared host block (core/
+// shared_host_memory.h: large tensors, once MPI runs on one host) is mapped once and read in
+// place with plain loads; any other buffer is copied through the kernel (Linux's cross-memory
+// attach, process_vm_readv, which Open MPI itself uses for point-to-point). Open MPI's own
+// all-reduce and reduce-scatter copy every block through its transport and reach a third of that.
 //
-// A member only ever reads another's memory, never writes it: a member that gives up on a call
-// (an abort, a timeout) cannot have its memory changed by a peer that goes on. The group agrees
-// once, when its communicator is made, whether every member is on this host and readable; each
-// large call then needs the members' buffer addresses (the communicator's signature check gathers
-// them) and ends with a barrier, after which no member reads another's buffers.
+// A member only ever reads another's memory, never writes it (the mappings are read-only): a
+// member that gives up on a call (an abort, a timeout) cannot have its memory changed by a peer
+// that goes on. The group agrees once, when its communicator is made, whether every member is on
+// this host and readable; each large call then needs the members' buffers (the communicator's
+// signature check gathers them) and ends with a barrier, after which no member reads another's
+// buffers.
 #include <mpi.h>
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "comm/rank_tree.h"
+#include "core/shared_host_memory.h"
 #include "nax/comm/communicator.h"
 
 namespace nax::mpi {
 
 class SingleCopy {
  public:
-  // A member's buffers for one call, as addresses in its process.
-  struct Buffers {
-    std::uint64_t send = 0, recv = 0;
+  SingleCopy(const SingleCopy&) = delete;
+  SingleCopy& operator=(const SingleCopy&) = delete;
+  ~SingleCopy();  // unmaps the peers' blocks
+
+  // A member's buffer, as an address in its process and the shared block holding it (fd -1: none).
+  struct Buffer {
+    std::uint64_t address = 0;
+    shared_host_memory::Segment block;
   };
+  // A member's buffers for one call.
+  struct Buffers {
+    Buffer send, recv;
+  };
+  // This process's buffers of `send_bytes` and `recv_bytes`, as the others will read them.
+  static Buffers own(const void* send, std::size_t send_bytes, const void* recv, std::size_t recv_bytes);
   // Waits for MPI requests of the group as the communicator does (aborts, timeouts, peers gone).
   using Wait = std::function<void(std::span<MPI_Request>)>;
+
+  // False under NAX_MPI_SINGLE_COPY=0.
+  static bool wanted();
 
   // Collective over `comm`: null unless every member runs on this host, can read the others'
   // memory, and none has NAX_MPI_SINGLE_COPY=0.
@@ -49,16 +69,36 @@ class SingleCopy {
  private:
   SingleCopy(MPI_Comm comm, int rank, std::vector<std::int64_t> pids);
 
+  // Where each member's buffer (`which` of its Buffers) can be read in place in this process, or
+  // nullptr where it must be copied through the kernel.
+  using Side = Buffer Buffers::*;
+  std::vector<const char*> in_place(std::span<const Buffers> members, Side which);
+  // Member q's shared block, mapped read-only here (nullptr when it cannot be).
+  const char* mapped(int q, const shared_host_memory::Segment& block);
+
   void barrier(const Wait& wait);
-  // Copies `bytes` at `address` in member q's memory (or this process's) to `local`.
-  void read(int q, std::uint64_t address, void* local, std::size_t bytes) const;
+  // Copies `bytes` at `address` in member q's memory to `local`, from `at` (its place here) when
+  // not null.
+  void read(int q, std::uint64_t address, const char* at, void* local, std::size_t bytes) const;
   // Reduces elements [offset, offset + count) of the members' send buffers into `dst`, a
   // cache-sized chunk at a time, the members in the halving tree (comm/rank_tree.h).
   void reduce(std::span<const Buffers> members, std::size_t offset, std::size_t count, DType dtype, ReduceOp op, void* dst);
 
+  struct Mapping {
+    const char* at = nullptr;  // nullptr: the block could not be mapped (it is copied instead)
+    std::size_t bytes = 0;
+    std::uint64_t used = 0;  // the call that last read it
+  };
+  // The peers' shared blocks mapped so far, by (member, block serial); the least recently used
+  // go beyond kMappings (a block its owner has freed stays alive while it is mapped here).
+  static constexpr std::size_t kMappings = 256;
+  void forget_least_used();
+
   MPI_Comm comm_;
   int rank_;
   std::vector<std::int64_t> pids_;
+  std::map<std::pair<int, std::uint64_t>, Mapping> mappings_;
+  std::uint64_t calls_ = 0;
   comm::RankTreeScratch tree_;  // the reduction's partial results (the ranks added in the halving tree)
   std::vector<char> incoming_;  // a peer's chunk, read to be added
 };

@@ -1,5 +1,8 @@
 #include "comm/mpi/mpi_world.h"
 
+#include "comm/mpi/mpi_single_copy.h"
+#include "core/shared_host_memory.h"
+
 #include <fmt/format.h>
 #include <sched.h>
 
@@ -61,11 +64,25 @@ class Backoff {
 // How often (in polls of the requests) the control channel and the clock are looked at.
 constexpr std::uint64_t kControlEvery = 32;
 
+// Whether another process of the job runs on this host (collective over `comm`).
+bool shares_host(MPI_Comm comm) {
+  MPI_Comm local = MPI_COMM_NULL;
+  check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local), "MPI_Comm_split_type");
+  int size = 1;
+  MPI_Comm_size(local, &size);
+  MPI_Comm_free(&local);
+  return size > 1;
+}
+
 }  // namespace
 
 MpiWorld::MpiWorld(Mesh mesh, double timeout_s, bool check_collectives)
     : mesh_(std::move(mesh)), device_(world_rank()), timeout_s_(timeout_s), check_collectives_(check_collectives),
-      parent_(duplicate(MPI_COMM_WORLD, timeout_s)), control_(parent_.get(), device_, mesh_.size()) {}
+      parent_(duplicate(MPI_COMM_WORLD, timeout_s)), control_(parent_.get(), device_, mesh_.size()) {
+  // Every process is here (the duplicate waited for them): the split cannot hang. Large tensors
+  // made from now on are ones the single-copy collectives can read in place.
+  if (shares_host(parent_.get()) && SingleCopy::wanted()) shared_host_memory::enable();
+}
 
 MPI_Comm MpiWorld::create_group_comm(const std::vector<int>& members, const std::string& key, const std::string& label) {
   // Every member tells every other one that it is here; MPI_Comm_create_group (blocking) only

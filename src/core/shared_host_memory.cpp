@@ -1,0 +1,86 @@
+#include "core/shared_host_memory.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <iterator>
+#include <map>
+#include <mutex>
+
+namespace nax::shared_host_memory {
+
+namespace {
+
+std::atomic<bool> sharing{false};
+
+struct Block {
+  int fd;
+  std::uint64_t serial;
+  std::size_t bytes;
+};
+
+// Every live shared block by its address.
+struct Registry {
+  std::mutex mutex;
+  std::map<std::uintptr_t, Block> blocks;
+  std::uint64_t next_serial = 1;
+};
+
+Registry& registry() {
+  static auto* r = new Registry;  // outlives the static allocators that free into it at exit
+  return *r;
+}
+
+}  // namespace
+
+void enable() { sharing.store(true, std::memory_order_release); }
+bool enabled() { return sharing.load(std::memory_order_acquire); }
+
+void* allocate(std::size_t bytes) {
+  if (!enabled() || bytes < kMinBytes) return nullptr;
+  const int fd = memfd_create("nax-host-block", MFD_CLOEXEC);
+  if (fd < 0) return nullptr;
+  void* at = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (at == MAP_FAILED) {
+    close(fd);
+    return nullptr;
+  }
+  static_cast<void>(madvise(at, bytes, MADV_HUGEPAGE));  // granted only where shmem_enabled allows it
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.blocks.emplace(reinterpret_cast<std::uintptr_t>(at), Block{fd, r.next_serial++, bytes});
+  return at;
+}
+
+bool free(void* ptr) {
+  if (!enabled()) return false;  // none was ever made
+  Registry& r = registry();
+  Block block{};
+  {
+    std::lock_guard lock(r.mutex);
+    auto it = r.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (it == r.blocks.end()) return false;
+    block = it->second;
+    r.blocks.erase(it);
+  }
+  munmap(ptr, block.bytes);
+  close(block.fd);
+  return true;
+}
+
+std::optional<Segment> segment_of(const void* ptr, std::size_t bytes) {
+  if (!enabled()) return std::nullopt;
+  const auto at = reinterpret_cast<std::uintptr_t>(ptr);
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  auto it = r.blocks.upper_bound(at);
+  if (it == r.blocks.begin()) return std::nullopt;
+  it = std::prev(it);
+  const auto& [base, block] = *it;
+  if (at + bytes > base + block.bytes) return std::nullopt;
+  return Segment{block.fd, block.serial, base, block.bytes};
+}
+
+}  // namespace nax::shared_host_memory
