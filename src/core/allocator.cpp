@@ -88,8 +88,8 @@ namespace {
 
 constexpr std::size_t kAlignment = 64;
 // Blocks of at least a huge page start on one and ask for huge pages: a step's large tensors then
-// cost 512 times fewer page faults and TLB entries, and the MPI communicator reads a peer's block
-// (process_vm_readv pins it page by page) at memcpy's speed instead of half of it.
+// cost 512 times fewer page faults and TLB entries, and the MPI communicator's copy of a block it
+// cannot map (process_vm_readv pins it page by page) runs at memcpy's speed instead of half of it.
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
 void* allocate_host(std::size_t bytes) {

@@ -1,6 +1,7 @@
 #include "core/shared_host_memory.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,6 +26,7 @@ struct Registry {
   std::mutex mutex;
   std::map<std::uintptr_t, Block> blocks;
   std::uint64_t next_serial = 1;
+  std::size_t max_blocks = 0;  // half the file descriptors this process may open: files need the rest
 };
 
 Registry& registry() {
@@ -34,11 +36,30 @@ Registry& registry() {
 
 }  // namespace
 
-void enable() { sharing.store(true, std::memory_order_release); }
+void enable() {
+  // Each block holds a file descriptor: ask for the most the system allows, and keep half of it.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    rlimit raised = files;
+    raised.rlim_cur = files.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) files = raised;
+  }
+  Registry& r = registry();
+  {
+    std::lock_guard lock(r.mutex);
+    r.max_blocks = files.rlim_cur == RLIM_INFINITY ? std::size_t{1} << 20 : static_cast<std::size_t>(files.rlim_cur / 2);
+  }
+  sharing.store(true, std::memory_order_release);
+}
 bool enabled() { return sharing.load(std::memory_order_acquire); }
 
 void* allocate(std::size_t bytes) {
   if (!enabled() || bytes < kMinBytes) return nullptr;
+  Registry& r = registry();
+  {
+    std::lock_guard lock(r.mutex);
+    if (r.blocks.size() >= r.max_blocks) return nullptr;
+  }
   const int fd = memfd_create("nax-host-block", MFD_CLOEXEC);
   if (fd < 0) return nullptr;
   void* at = MAP_FAILED;
@@ -48,7 +69,6 @@ void* allocate(std::size_t bytes) {
     return nullptr;
   }
   static_cast<void>(madvise(at, bytes, MADV_HUGEPAGE));  // granted only where shmem_enabled allows it
-  Registry& r = registry();
   std::lock_guard lock(r.mutex);
   r.blocks.emplace(reinterpret_cast<std::uintptr_t>(at), Block{fd, r.next_serial++, bytes});
   return at;

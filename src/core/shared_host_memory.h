@@ -10,7 +10,8 @@
 
 namespace nax::shared_host_memory {
 
-// From now on, host blocks of at least kMinBytes are shared (blocks made before stay as they are).
+// From now on, host blocks of at least kMinBytes are shared (blocks made before stay as they are),
+// as many as half the file descriptors the process may open (the soft limit is raised to the hard).
 void enable();
 bool enabled();
 
