@@ -259,11 +259,12 @@ TEST_CASE("with sequence parallelism in deterministic mode both blocks give one 
 
 // The collectives over mp (alone or with dp) that device 0 calls in one forward and backward of the
 // GPT-J block on dp=1,mp=2 (the dp group of one device sums the weights' gradients, a copy).
-CommStats block_calls_over_mp(bool sequence_parallel) {
+CommStats block_calls_over_mp(bool sequence_parallel, std::int64_t overlap_pieces = 1) {
   Runtime rt = Runtime::local(Mesh::parse("dp=1,mp=2"));
   const AxisRules rules = input_rules(rt.mesh(), sequence_parallel);
   gptj::BlockConfig config = kConfig;
   config.sequence_parallel = sequence_parallel;
+  config.overlap_pieces = overlap_pieces;
   auto over_mp = [&] {
     CommStats total;
     for (const auto& [axes, stats] : rt.comm_stats_by_axes(0))
@@ -291,7 +292,7 @@ TEST_CASE("the GPT-J block all-reduces once forward and once backward", "[grad][
   REQUIRE(total_calls(calls) == 2);
 }
 
-TEST_CASE("with sequence parallelism the GPT-J block reduce-scatters and all-gathers once each way", "[grad][block][mesh]") {
+TEST_CASE("with sequence parallelism the GPT-J block reduce-scatters and all-gathers once each way, or once per piece", "[grad][block][mesh]") {
   // Forward: the all_gather of ln(x) along seq and the psum_scatter of attention + MLP; backward,
   // their transposes. One all-reduce is left: the gradients of the LayerNorm and of the output
   // bias, which each device now sums over its block of seq only, summed over dp and mp in one bucket.
@@ -302,4 +303,11 @@ TEST_CASE("with sequence parallelism the GPT-J block reduce-scatters and all-gat
   REQUIRE(calls_of(calls, CollectiveKind::reduce_scatter) == 2);
   REQUIRE(calls_of(calls, CollectiveKind::all_reduce) == 1);
   REQUIRE(total_calls(calls) == 5);
+  // In pieces of the batch (the default mode's overlap): a gather and a reduce-scatter per piece
+  // each way, the same bytes.
+  const CommStats pieces = block_calls_over_mp(true, 2);
+  REQUIRE(calls_of(pieces, CollectiveKind::all_gather) == 4);
+  REQUIRE(calls_of(pieces, CollectiveKind::reduce_scatter) == 4);
+  REQUIRE(calls_of(pieces, CollectiveKind::all_reduce) == 1);
+  REQUIRE(pieces.bytes == calls.bytes);
 }

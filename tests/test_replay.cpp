@@ -161,6 +161,38 @@ TEST_CASE("replay: a traced GPT-J step replayed on this machine's own constants 
   }
 }
 
+// Sequence parallelism's gathers and reduce-scatters over mp, started per piece of the batch: on
+// device 0's traced step, in the forward and (their transposes) in the backward, the device
+// computes between a start and its wait. In one piece nothing over mp is started.
+TEST_CASE("replay: sequence parallelism's collectives over mp overlap the other pieces' compute in the traced step",
+          "[e2e][replay][sequence_parallel]") {
+  auto overlapped_over_mp = [](std::int64_t pieces) {
+    gptj::CompareOptions o;
+    o.train = nax::testing::tiny("dp=1,mp=2", 3);
+    o.train.sequence_parallel = true, o.train.overlap_pieces = pieces;
+    o.timing_skip = 1;
+    const auto rows = gptj::compare(o, nax::testing::corpus());
+    REQUIRE(!rows.empty());
+    const Timeline& t0 = rows[0].timelines.at(0);
+    std::map<CollectiveKind, int> overlapped;  // started collectives over mp with compute before their wait, by kind
+    for (std::size_t i = 0; i < t0.size(); ++i) {
+      if (t0[i].kind != Kind::start || t0[i].mesh_axes != std::vector<std::string>{"mp"}) continue;
+      for (std::size_t j = i + 1; j < t0.size() && !(t0[j].kind == Kind::wait && t0[j].ticket == t0[i].ticket); ++j)
+        if (t0[j].kind == Kind::compute && t0[j].seconds > 0) {
+          overlapped[t0[i].collective] += 1;
+          break;
+        }
+    }
+    return overlapped;
+  };
+  const auto two = overlapped_over_mp(2);
+  // Per block: the second piece's gather and the first piece's reduce-scatter, forward and backward.
+  const int layers = static_cast<int>(gptj::config_by_name("tiny").n_layers);
+  CHECK(two.at(CollectiveKind::all_gather) >= 2 * layers);
+  CHECK(two.at(CollectiveKind::reduce_scatter) >= 2 * layers);
+  CHECK(overlapped_over_mp(1).empty());
+}
+
 // A deterministic FSDP run (started gathers, their transposes, the mode's tree psums) is replayed:
 // every wait pairs with its start.
 TEST_CASE("replay: deterministic FSDP steps are replayed (every wait pairs with its start)", "[e2e][replay][deterministic]") {

@@ -16,10 +16,11 @@ using nax::testing::tiny;
 
 namespace {
 
-nax::testing::LossAndGrads loss_and_grads(const std::string& mesh, bool sequence_parallel, bool remat) {
+nax::testing::LossAndGrads loss_and_grads(const std::string& mesh, bool sequence_parallel, bool remat, std::int64_t overlap_pieces = 2) {
   return nax::testing::loss_and_grads(mesh, [=](gptj::Model& model) {
     model.set_remat(remat);
     model.set_sequence_parallel(sequence_parallel);
+    model.set_overlap_pieces(overlap_pieces);
   });
 }
 
@@ -38,6 +39,26 @@ TEST_CASE("gptj --sequence-parallel: the loss and every parameter's gradient are
         nax::testing::check_close_scaled(cut.grads[i], plain.grads[i], 1e-5, specs[i].name);
     }
   }
+}
+
+TEST_CASE("gptj --sequence-parallel: the batch in 1, 2, 3 or 4 overlapped pieces (uneven too) gives the plain model's loss and "
+          "gradients", "[gptj][sequence_parallel][mesh]") {
+  const auto specs = gptj::parameter_specs(gptj::config_by_name("tiny"));
+  for (const std::string mesh : {"dp=1,mp=2", "dp=2,mp=2", "dp=1,mp=4"}) {
+    const auto plain = loss_and_grads(mesh, false, false);
+    for (std::int64_t pieces : {1, 2, 3, 4}) {
+      for (bool remat : {false, true}) {
+        INFO("mesh " << mesh << ", " << pieces << " pieces" << (remat ? " --remat" : ""));
+        const auto cut = loss_and_grads(mesh, true, remat, pieces);
+        nax::testing::require_close({cut.loss}, {plain.loss}, 1e-5);
+        REQUIRE(cut.grads.size() == specs.size());
+        for (std::size_t i = 0; i < specs.size(); ++i) nax::testing::check_close_scaled(cut.grads[i], plain.grads[i], 1e-5, specs[i].name);
+      }
+    }
+  }
+  auto o = tiny("dp=1,mp=2", 1);
+  o.sequence_parallel = true, o.overlap_pieces = 0;
+  REQUIRE_THROWS_WITH(gptj::train(o, corpus()), Contains("--overlap-pieces must be in [1"));
 }
 
 TEST_CASE("gptj --sequence-parallel: training gives one device's losses on 1x2, 2x2 and 1x4", "[gptj][sequence_parallel][mesh]") {

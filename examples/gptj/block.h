@@ -4,7 +4,8 @@
 // autodiff, one backward). Also the Megatron-style variant: sequential residual, two psums. With
 // sequence parallelism (Megatron-LM's) x is cut along seq over mp between blocks: the LayerNorm
 // runs on this device's block of the sequence, an all_gather along seq feeds the projections and
-// a psum_scatter along seq takes the psum's place. In deterministic mode the LayerNorm runs after
+// a psum_scatter along seq takes the psum's place, the batch in pieces whose transfers overlap the
+// other pieces' compute (overlapped_block). In deterministic mode the LayerNorm runs after
 // the gather and the output bias is added as the own block of a whole-sequence bias, so that every
 // sum over the rows (batch, seq) runs over whole rows, as on one device (docs/determinism.md).
 // Context parallelism over cp: ring attention (ring_attention.h); in deterministic mode instead
@@ -36,6 +37,9 @@ struct BlockConfig {
   // x: [batch, seq|cp, embed], the positions of this device's two zigzag chunks (ring_attention.h;
   // a training layout too). Deterministic: a contiguous block of seq, gathered by every block.
   bool context_parallel = false;
+  // Sequence parallel, default mode: the batch in this many pieces, each piece's gather and
+  // reduce-scatter started while another piece computes (overlapped_block); 1 runs the block whole.
+  std::int64_t overlap_pieces = 2;
 };
 
 // Global shapes of the block's parameters, with Hugging Face GPT-J's names and layouts (a linear
@@ -191,10 +195,41 @@ inline nax::Tensor output_bias(const BlockParams& p, const nax::Tensor& x, const
   return own_block(zeros(whole, x.dtype()).with_vary(rows) + p.mlp_out_bias, cut, "seq");
 }
 
+// Sequence parallelism's transfers overlapped with compute, as Megatron-LM's tp-comm-overlap does
+// by chunking: the batch in pieces, every piece's LayerNorm output gathered at once, then each
+// piece's projections run while the next pieces' gathers are in flight and its reduce-scatter is
+// started as soon as its partial sum is made, under the next piece's projections. The backward
+// (latest op first) starts each piece's transposed transfers the same way, under the other pieces'
+// backward. The same bytes as the whole block; only the first gather and the last reduce-scatter
+// (in the backward, their transposes) wait in the open. Rows never mix across the batch, so the
+// pieces' results are the whole block's.
+inline bool overlapped(const nax::Tensor& x, const BlockConfig& c, const KVCache* cache) {
+  return c.sequence_parallel && !c.deterministic && !c.context_parallel && cache == nullptr && c.overlap_pieces > 1 &&
+         x.size("batch") >= 2;
+}
+
+inline nax::Tensor overlapped_block(const BlockParams& p, const nax::Tensor& x, const BlockConfig& c) {
+  using namespace nax;
+  const std::int64_t batch = x.size("batch"), n = std::min(c.overlap_pieces, batch);
+  std::vector<Pending<Tensor>> gathers, sums;
+  for (std::int64_t i = 0; i < n; ++i)
+    gathers.push_back(start_all_gather(layer_norm(slice(x, "batch", batch * i / n, batch * (i + 1) / n), "embed", p.ln_scale, p.ln_bias,
+                                                  c.layer_norm_eps),
+                                       "mp", "seq"));
+  for (Pending<Tensor>& gathered : gathers) {
+    const Tensor h = gathered.wait();
+    sums.push_back(start_psum_scatter(attention(p, h, c) + mlp(p, h), "mp", "seq"));
+  }
+  std::vector<Tensor> mixed;
+  for (Pending<Tensor>& sum : sums) mixed.push_back(sum.wait());
+  return x + concat(mixed, "batch") + p.mlp_out_bias;
+}
+
 // x: [batch, seq, embed], Invariant over mp ([batch, seq|mp, embed] with c.sequence_parallel).
 // The bias is added after the sum: once, not once per device. (Two statements: the attention and
 // MLP outputs and their sum go at the first one's end, before the residual's values are made.)
 inline nax::Tensor block(const BlockParams& whole, const nax::Tensor& x, const BlockConfig& c, KVCache* cache = nullptr) {
+  if (overlapped(x, c, cache)) return overlapped_block(whole, x, c);
   const BlockParams p = context_gathered(c) ? heads_over_cp(whole) : whole;
   const nax::Tensor h = normalized(p, x, c);
   const nax::Tensor mixed = sum_over_mp(attention(p, h, c, cache) + mlp(p, h), c);

@@ -48,6 +48,7 @@ Learner::Learner(Shard& s, const Config& config, const AxisRules& rules, const T
       eval_timetable_(timetable(Schedule::gpipe, model_.stage().count, 1)) {
   model_.set_remat(options.remat);
   model_.set_sequence_parallel(options.sequence_parallel);
+  model_.set_overlap_pieces(options.overlap_pieces);
   global_.set_sequence_parallel(options.sequence_parallel);
 }
 

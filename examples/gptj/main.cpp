@@ -138,7 +138,8 @@ std::map<std::string, Handler> run_flags(gptj::TrainOptions& o, std::map<std::st
       {"--seq", set_int("--seq", o.seq)},
       {"--lr", set_double("--lr", o.lr)},
       {"--warmup", set_int("--warmup", o.warmup)},
-      {"--seed", set_int("--seed", o.seed)}};
+      {"--seed", set_int("--seed", o.seed)},
+      {"--overlap-pieces", set_int("--overlap-pieces", o.overlap_pieces)}};
   flags.merge(more);
   return flags;
 }
@@ -199,6 +200,9 @@ void train_help() {
       "                     reduce-scatter and all-gather instead of the psums); seq divisible by mp;\n"
       "                     with --sharding auto, placements that propagation completes (same steps;\n"
       "                     checkpoints as without)\n"
+      "  --overlap-pieces N with --sequence-parallel: each block's batch in N pieces, each piece's\n"
+      "                     all-gather and reduce-scatter run while another piece computes (default\n"
+      "                     2; 1: the block whole; deterministic mode runs it whole)\n"
       "  --deterministic    bitwise-identical results on every mesh (docs/determinism.md): every\n"
       "                     sum in a canonical order fixed by the global problem; slower; cp runs\n"
       "                     as sequence parallelism over cp (contiguous blocks, heads cut over cp)\n"

@@ -120,6 +120,7 @@ BlockConfig Model::block_config_for(bool generating) const {
   bc.sequence_parallel = sequence_parallel_ && !generating && axis_size("mp") > 1;  // mp=1: nothing to cut
   bc.context_parallel = !generating && context_devices(Shard::current()->mesh()) > 1;
   bc.deterministic = Shard::current()->deterministic();
+  bc.overlap_pieces = overlap_pieces_;
   return bc;
 }
 

@@ -57,6 +57,7 @@ class Model {
   // head reads it gathered. The same parameters and results; seq must divide by mp. Training
   // only: generation with a KV cache ignores it.
   void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+  void set_overlap_pieces(std::int64_t pieces) { overlap_pieces_ = pieces; }
   bool sequence_parallel() const { return sequence_parallel_; }
 
   const Config& config() const { return config_; }
@@ -85,6 +86,7 @@ class Model {
   Stage stage_;
   bool remat_ = false;
   bool sequence_parallel_ = false;
+  std::int64_t overlap_pieces_ = 2;
 };
 
 }  // namespace gptj

@@ -226,6 +226,7 @@ void check_options(const TrainOptions& o) {
   range("--save-every", o.save_every, 0, kBillion);
   range("--stop-after", o.stop_after, 0, kBillion);
   range("--eval-every", o.eval_every, 0, kBillion);
+  range("--overlap-pieces", o.overlap_pieces, 1, 1 << 24);
   if (!(o.bucket_mb >= 0 && o.bucket_mb <= 1 << 20)) fail("gptj", "--bucket-mb must be in [0, {}], got {}", 1 << 20, o.bucket_mb);
   range("--keep", o.keep, 0, kBillion);
   if (static_cast<std::int64_t>(o.seed) < 0) fail("gptj", "--seed must be at least 0, got {}", static_cast<std::int64_t>(o.seed));

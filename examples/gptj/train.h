@@ -56,6 +56,9 @@ struct TrainOptions {
   double bucket_mb = 25;
   // Megatron-style sequence parallelism over mp (Model::set_sequence_parallel; the hand sharding only).
   bool sequence_parallel = false;
+  // With sequence_parallel, default mode: each block's batch in this many pieces whose gathers and
+  // reduce-scatters overlap the other pieces' compute (BlockConfig::overlap_pieces); 1: none.
+  std::int64_t overlap_pieces = 2;
   // nax::RuntimeOptions::deterministic: the same bits on every mesh (docs/determinism.md).
   bool deterministic = false;
   // Loads (--init-from, --resume) accept weights holding NaN or infinities, which are refused otherwise.
