@@ -31,7 +31,10 @@ struct Identity {
   std::uint64_t host;    // a hash of MPI_Get_processor_name
   std::uint64_t probe;   // the address of a word holding `pid`, for the others to read
   std::int64_t willing;  // 0: NAX_MPI_SINGLE_COPY=0
+  std::int64_t arrivals_fd;  // the member's page of barrier counters (-1: none could be made)
 };
+
+constexpr std::size_t kArrivalsBytes = 4096;
 
 // What the probe's collectives read and write: on the heap, left behind if a wait gives up.
 struct ProbeBuffers {
@@ -68,6 +71,38 @@ bool read_process(std::int64_t pid, std::uint64_t address, void* local, std::siz
   return true;
 }
 
+// A page for this member's barrier counter, in a memfd the others map.
+SingleCopy::Arrivals make_arrivals() {
+  const int fd = memfd_create("nax-barrier", MFD_CLOEXEC);
+  if (fd < 0) return {};
+  void* at = MAP_FAILED;
+  if (ftruncate(fd, kArrivalsBytes) == 0) at = mmap(nullptr, kArrivalsBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (at == MAP_FAILED) {
+    close(fd);
+    return {};
+  }
+  return {fd, static_cast<std::uint64_t*>(at)};
+}
+
+// Process `pid`'s file `fd` (a block or a page of counters), mapped read-only; nullptr when it cannot be.
+const char* map_peer_file(std::int64_t pid, std::int64_t fd, std::size_t bytes) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+  const int here = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (here < 0) return nullptr;
+  const char* mapped = nullptr;
+  struct stat st {};
+  if (fstat(here, &st) == 0 && static_cast<std::uint64_t>(st.st_size) >= bytes) {
+    void* at = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, here, 0);
+    if (at != MAP_FAILED) mapped = static_cast<const char*>(at);
+  }
+  close(here);
+  return mapped;
+}
+
+void unmap(const void* at, std::size_t bytes) {
+  if (at != nullptr) munmap(const_cast<void*>(at), bytes);
+}
+
 bool readable(const Identity& member) {
   std::int64_t seen = 0;
   return read_process(member.pid, member.probe, &seen, sizeof seen) && seen == member.pid;
@@ -84,7 +119,8 @@ std::unique_ptr<SingleCopy> SingleCopy::probe(MPI_Comm comm, int rank, int size,
   auto buffers = std::make_unique<ProbeBuffers>();
   ProbeBuffers& b = *buffers;
   b.probe_word = static_cast<std::int64_t>(getpid());
-  b.own = {b.probe_word, host_hash(), reinterpret_cast<std::uint64_t>(&b.probe_word), wanted() ? 1 : 0};
+  const Arrivals own = make_arrivals();
+  b.own = {b.probe_word, host_hash(), reinterpret_cast<std::uint64_t>(&b.probe_word), wanted() ? 1 : 0, own.fd};
   b.members.resize(static_cast<std::size_t>(size));
   auto waited = [&](MPI_Request& request) {
     try {
@@ -98,25 +134,32 @@ std::unique_ptr<SingleCopy> SingleCopy::probe(MPI_Comm comm, int rank, int size,
   check(MPI_Iallgather(&b.own, sizeof b.own, MPI_BYTE, b.members.data(), sizeof b.own, MPI_BYTE, comm, &request),
         "MPI_Iallgather");
   waited(request);
+  std::vector<const std::uint64_t*> arrivals(static_cast<std::size_t>(size), nullptr);
   for (int q = 0; q < size && b.verdict != 0; ++q) {
     const Identity& member = b.members[static_cast<std::size_t>(q)];
-    if (member.host != b.own.host || member.willing == 0 || (q != rank && !readable(member))) b.verdict = 0;
+    if (member.host != b.own.host || member.willing == 0 || member.arrivals_fd < 0 || (q != rank && !readable(member))) b.verdict = 0;
+    auto& counter = arrivals[static_cast<std::size_t>(q)];
+    counter = q == rank ? own.at : reinterpret_cast<const std::uint64_t*>(map_peer_file(member.pid, member.arrivals_fd, kArrivalsBytes));
+    if (counter == nullptr) b.verdict = 0;
   }
   // The probe words stay until every member has read them: the verdict needs every member's part.
   check(MPI_Iallreduce(MPI_IN_PLACE, &b.verdict, 1, MPI_INT64_T, MPI_MIN, comm, &request), "MPI_Iallreduce");
   waited(request);
-  if (b.verdict == 0) return nullptr;
   std::vector<std::int64_t> pids;
   for (const Identity& member : b.members) pids.push_back(member.pid);
-  return std::unique_ptr<SingleCopy>(new SingleCopy(comm, rank, std::move(pids)));
+  auto single_copy = std::unique_ptr<SingleCopy>(new SingleCopy(rank, std::move(pids), own, std::move(arrivals)));
+  return b.verdict != 0 ? std::move(single_copy) : nullptr;  // else its pages go
 }
 
-SingleCopy::SingleCopy(MPI_Comm comm, int rank, std::vector<std::int64_t> pids)
-    : comm_(comm), rank_(rank), pids_(std::move(pids)), incoming_(kChunkBytes) {}
+SingleCopy::SingleCopy(int rank, std::vector<std::int64_t> pids, Arrivals own, std::vector<const std::uint64_t*> peers)
+    : rank_(rank), pids_(std::move(pids)), own_arrivals_(own), arrivals_(std::move(peers)), incoming_(kChunkBytes) {}
 
 SingleCopy::~SingleCopy() {
-  for (const auto& [key, mapping] : mappings_)
-    if (mapping.at != nullptr) munmap(const_cast<char*>(mapping.at), mapping.bytes);
+  for (const auto& [key, mapping] : mappings_) unmap(mapping.at, mapping.bytes);
+  for (std::size_t q = 0; q < arrivals_.size(); ++q)
+    if (static_cast<int>(q) != rank_) unmap(arrivals_[q], kArrivalsBytes);
+  unmap(own_arrivals_.at, kArrivalsBytes);
+  if (own_arrivals_.fd >= 0) close(own_arrivals_.fd);
 }
 
 SingleCopy::Buffers SingleCopy::own(const void* send, std::size_t send_bytes, const void* recv, std::size_t recv_bytes) {
@@ -131,18 +174,9 @@ const char* SingleCopy::mapped(int q, const shared_host_memory::Segment& block) 
   auto it = mappings_.find(key);
   if (it == mappings_.end()) {
     if (mappings_.size() >= kMappings) forget_least_used();
-    Mapping mapping;
     // The owner holds the block (and its fd) until the call's last barrier: the fd is this block's.
-    const std::string path = "/proc/" + std::to_string(pids_[static_cast<std::size_t>(q)]) + "/fd/" + std::to_string(block.fd);
-    if (const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
-      struct stat st {};
-      if (fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) >= block.bytes) {
-        void* at = mmap(nullptr, block.bytes, PROT_READ, MAP_SHARED, fd, 0);
-        if (at != MAP_FAILED) mapping = {static_cast<const char*>(at), block.bytes, 0};
-      }
-      close(fd);
-    }
-    it = mappings_.emplace(key, mapping).first;
+    const char* at = map_peer_file(pids_[static_cast<std::size_t>(q)], block.fd, block.bytes);
+    it = mappings_.emplace(key, Mapping{at, block.bytes, 0}).first;
   }
   it->second.used = calls_;
   return it->second.at;
@@ -151,7 +185,7 @@ const char* SingleCopy::mapped(int q, const shared_host_memory::Segment& block) 
 void SingleCopy::forget_least_used() {
   auto oldest = std::min_element(mappings_.begin(), mappings_.end(),
                                  [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
-  if (oldest->second.at != nullptr) munmap(const_cast<char*>(oldest->second.at), oldest->second.bytes);
+  unmap(oldest->second.at, oldest->second.bytes);
   mappings_.erase(oldest);
 }
 
@@ -169,10 +203,13 @@ std::vector<const char*> SingleCopy::in_place(std::span<const Buffers> members, 
   return at;
 }
 
-void SingleCopy::barrier(const Wait& wait) {
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
-  wait({&request, 1});
+void SingleCopy::barrier(const Poll& poll) {
+  const std::uint64_t reached = ++barriers_;
+  __atomic_store_n(own_arrivals_.at, reached, __ATOMIC_RELEASE);  // after this member's reads and writes
+  poll([&] {
+    return std::all_of(arrivals_.begin(), arrivals_.end(),
+                       [&](const std::uint64_t* counter) { return __atomic_load_n(counter, __ATOMIC_ACQUIRE) >= reached; });
+  });
 }
 
 void SingleCopy::read(int q, std::uint64_t address, const char* at, void* local, std::size_t bytes) const {
@@ -204,12 +241,12 @@ void SingleCopy::reduce(std::span<const Buffers> members, std::size_t offset, st
 
 // Only member r reads or writes block r of anyone's buffers before the first barrier, and every
 // member's block r is final after it: results may alias send buffers (an in-place all-reduce).
-void SingleCopy::all_reduce(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Wait& wait) {
+void SingleCopy::all_reduce(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Poll& poll) {
   const std::size_t n = members.size(), r = static_cast<std::size_t>(rank_), es = dtype_size(dtype);
   auto begin_of = [&](std::size_t q) { return count * q / n; };
   void* recv = reinterpret_cast<void*>(members[r].recv.address);
   reduce(members, begin_of(r), begin_of(r + 1) - begin_of(r), dtype, op, comm::element_at(recv, begin_of(r), dtype));
-  barrier(wait);
+  barrier(poll);
   const std::vector<const char*> results = in_place(members, &Buffers::recv);
   for (std::size_t q = 0; q < n; ++q) {
     if (q == r) continue;
@@ -217,22 +254,22 @@ void SingleCopy::all_reduce(std::span<const Buffers> members, std::size_t count,
     read(static_cast<int>(q), members[q].recv.address + at, results[q] != nullptr ? results[q] + at : nullptr,
          comm::element_at(recv, begin_of(q), dtype), (begin_of(q + 1) - begin_of(q)) * es);
   }
-  barrier(wait);
+  barrier(poll);
 }
 
-void SingleCopy::reduce_scatter(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Wait& wait) {
+void SingleCopy::reduce_scatter(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Poll& poll) {
   const std::size_t r = static_cast<std::size_t>(rank_);
   reduce(members, count * r, count, dtype, op, reinterpret_cast<void*>(members[r].recv.address));
-  barrier(wait);
+  barrier(poll);
 }
 
-void SingleCopy::all_gather(std::span<const Buffers> members, std::size_t count, DType dtype, const Wait& wait) {
+void SingleCopy::all_gather(std::span<const Buffers> members, std::size_t count, DType dtype, const Poll& poll) {
   const std::size_t bytes = count * dtype_size(dtype);
   void* recv = reinterpret_cast<void*>(members[static_cast<std::size_t>(rank_)].recv.address);
   const std::vector<const char*> sends = in_place(members, &Buffers::send);
   for (std::size_t q = 0; q < members.size(); ++q)
     read(static_cast<int>(q), members[q].send.address, sends[q], comm::element_at(recv, count * q, dtype), bytes);
-  barrier(wait);
+  barrier(poll);
 }
 
 }  // namespace nax::mpi

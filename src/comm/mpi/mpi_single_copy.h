@@ -13,7 +13,9 @@
 // that goes on. The group agrees once, when its communicator is made, whether every member is on
 // this host and readable; each large call then needs the members' buffers (the communicator's
 // signature check gathers them) and ends with a barrier, after which no member reads another's
-// buffers.
+// buffers. A barrier is a counter each member raises in a page of its own that the others map
+// and watch: a member arrives with one store, where MPI's barrier needs every process scheduled
+// in turn to pass its messages on (slow when the host runs more processes than it has cores).
 #include <mpi.h>
 
 #include <cstdint>
@@ -49,6 +51,13 @@ class SingleCopy {
   static Buffers own(const void* send, std::size_t send_bytes, const void* recv, std::size_t recv_bytes);
   // Waits for MPI requests of the group as the communicator does (aborts, timeouts, peers gone).
   using Wait = std::function<void(std::span<MPI_Request>)>;
+  // This member's page of barrier counters (a memfd the others map read-only).
+  struct Arrivals {
+    int fd = -1;
+    std::uint64_t* at = nullptr;
+  };
+  // Polls a condition until it holds, with the same checks.
+  using Poll = std::function<void(const std::function<bool()>&)>;
 
   // False under NAX_MPI_SINGLE_COPY=0.
   static bool wanted();
@@ -62,12 +71,12 @@ class SingleCopy {
   static constexpr std::size_t kMinBytes = std::size_t{256} << 10;
 
   // `members`: every member's buffers for this call, in rank order.
-  void all_reduce(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Wait& wait);
-  void reduce_scatter(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Wait& wait);
-  void all_gather(std::span<const Buffers> members, std::size_t count, DType dtype, const Wait& wait);
+  void all_reduce(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Poll& poll);
+  void reduce_scatter(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Poll& poll);
+  void all_gather(std::span<const Buffers> members, std::size_t count, DType dtype, const Poll& poll);
 
  private:
-  SingleCopy(MPI_Comm comm, int rank, std::vector<std::int64_t> pids);
+  SingleCopy(int rank, std::vector<std::int64_t> pids, Arrivals own, std::vector<const std::uint64_t*> peers);
 
   // Where each member's buffer (`which` of its Buffers) can be read in place in this process, or
   // nullptr where it must be copied through the kernel.
@@ -76,7 +85,8 @@ class SingleCopy {
   // Member q's shared block, mapped read-only here (nullptr when it cannot be).
   const char* mapped(int q, const shared_host_memory::Segment& block);
 
-  void barrier(const Wait& wait);
+  // Every member has reached the same barrier (all of this call's reads and writes before it are done).
+  void barrier(const Poll& poll);
   // Copies `bytes` at `address` in member q's memory to `local`, from `at` (its place here) when
   // not null.
   void read(int q, std::uint64_t address, const char* at, void* local, std::size_t bytes) const;
@@ -94,9 +104,11 @@ class SingleCopy {
   static constexpr std::size_t kMappings = 256;
   void forget_least_used();
 
-  MPI_Comm comm_;
   int rank_;
   std::vector<std::int64_t> pids_;
+  Arrivals own_arrivals_;
+  std::vector<const std::uint64_t*> arrivals_;  // every member's counter, mapped here (this member's too)
+  std::uint64_t barriers_ = 0;
   std::map<std::pair<int, std::uint64_t>, Mapping> mappings_;
   std::uint64_t calls_ = 0;
   comm::RankTreeScratch tree_;  // the reduction's partial results (the ranks added in the halving tree)

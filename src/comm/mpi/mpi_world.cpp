@@ -137,21 +137,31 @@ void MpiWorld::fail_waiting(const Pending& pending, const std::string& why) {
 }
 
 void MpiWorld::wait(std::span<MPI_Request> requests, const Pending& pending, bool finish_on_abort) {
+  poll_until(
+      [&] {
+        int done = 0;
+        check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+        return done != 0;
+      },
+      pending, finish_on_abort, true);
+}
+
+void MpiWorld::wait_until(const std::function<bool()>& done, const Pending& pending) { poll_until(done, pending, false, false); }
+
+void MpiWorld::poll_until(const std::function<bool()>& done, const Pending& pending, bool finish_on_abort, bool requests) {
   Backoff backoff;
   auto released = [&](std::string_view how) {
     return Aborted(fmt::format("{}: {} because the run is aborting: {}", pending.describe(), how, control_.abort_reason()));
   };
   for (std::uint64_t polls = 0;; ++polls) {
-    int done = 0;
-    check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-    if (done != 0) {
+    if (done()) {
       if (finish_on_abort && control_.aborting()) throw released("released after it completed");
       return;
     }
     if (polls % kControlEvery == kControlEvery - 1) {
       control_.poll();
       if (control_.aborting() && !finish_on_abort) {
-        left_pending_ = true;
+        left_pending_ = left_pending_ || requests;
         throw released("released");
       }
       if (int device = member_that_ended_without(pending); device >= 0)

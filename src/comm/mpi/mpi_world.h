@@ -53,11 +53,16 @@ class MpiWorld {
   // its part, as after the signature check), an abort waits for the requests to complete first,
   // so that nothing is left pending.
   void wait(std::span<MPI_Request> requests, const Pending& pending, bool finish_on_abort = false);
+  // Polls `done` until it is true, with the same checks (nothing of MPI's is left pending: an
+  // abort releases the wait at once).
+  void wait_until(const std::function<bool()>& done, const Pending& pending);
   // Throws Aborted (before anything is started) when another device has failed.
   void check_not_aborting(const Pending& pending);
   bool left_pending() const { return left_pending_; }
 
  private:
+  // `requests`: MPI requests are behind `done` (left pending when the wait gives up).
+  void poll_until(const std::function<bool()>& done, const Pending& pending, bool finish_on_abort, bool requests);
   [[noreturn]] void fail_waiting(const Pending& pending, const std::string& why);
   // A member of the group that ended its run with fewer calls on the group than `pending.call`.
   int member_that_ended_without(const Pending& pending) const;
