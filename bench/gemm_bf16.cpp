@@ -1,6 +1,7 @@
 // bench_gemm_bf16: nax::dot in bf16 (the CPU's bf16 GEMM through oneDNN where it has one: bf16
-// operands, f32 sums) against nax::dot in f32 (OpenBLAS sgemm) on the same square problems, one
-// thread, in one run: GFLOP/s as the median of repetitions, the two interleaved, and the ratio.
+// operands, f32 sums) against nax::dot in f32 (OpenBLAS's sgemm, or oneDNN's f32 kernel under
+// NAX_F32_GEMM=onednn) on the same square problems, one thread, in one run: GFLOP/s as the
+// median of repetitions, the two interleaved, and the ratio.
 //
 //   build/bin/bench_gemm_bf16 [--sizes 1024,4096] [--json FILE]
 #include <nax/kernels/kernels.h>

@@ -110,6 +110,35 @@ TEST_CASE("bf16 dot rounds each element once from an f32-accumulated sum", "[ops
   }
 }
 
+// f32 dot with products large enough for the CPU's oneDNN GEMM (under NAX_F32_GEMM=onednn, where
+// oneDNN is there: ctest runs this case so too; OpenBLAS otherwise), against f64 on the same values
+// element by element: plain, transposed in memory, batched with strides, a batch axis in between.
+TEST_CASE("f32 dot of a transformer's sizes is the f64 sum to f32 accuracy, in every GEMM view", "[ops][dot]") {
+  struct Case {
+    Shape a, b;
+    Names contract;
+  };
+  const std::vector<Case> cases = {
+      {Shape{{"m", 96}, {"k", 130}}, Shape{{"k", 130}, {"n", 80}}, {"k"}},
+      {Shape{{"k", 128}, {"m", 70}}, Shape{{"n", 72}, {"k", 128}}, {"k"}},  // both operands transposed in memory
+      {Shape{{"b", 3}, {"s", 64}, {"h", 2}, {"d", 64}}, Shape{{"b", 3}, {"t", 64}, {"h", 2}, {"d", 64}}, {"d"}},  // batched, strided
+      {Shape{{"s", 64}, {"b", 4}, {"e", 96}}, Shape{{"e", 96}, {"f", 64}}, {"e"}},
+  };
+  for (const auto& c : cases) {
+    const Tensor a = rand(c.a, "a", DType::f32), b = rand(c.b, "b", DType::f32);
+    const Tensor got = dot(a, b, c.contract);
+    REQUIRE(got.dtype() == DType::f32);
+    const Tensor exact = dot(cast(a, DType::f64), cast(b, DType::f64), c.contract);
+    const Tensor magnitude = dot(abs(cast(a, DType::f64)), abs(cast(b, DType::f64)), c.contract);
+    const auto g = transpose(cast(got, DType::f64), exact.shape().names()).to_vector<double>();
+    const auto e = exact.to_vector<double>(), m = magnitude.to_vector<double>();
+    for (std::size_t i = 0; i < e.size(); ++i) {
+      INFO(a.str() << " . " << b.str() << " element " << i << ": " << g[i] << " vs " << e[i]);
+      REQUIRE(std::abs(g[i] - e[i]) <= 1e-5 * m[i] + 1e-30);  // f32 sums of f32 products; NaN fails
+    }
+  }
+}
+
 TEST_CASE("dot copies no operand when the strides allow a GEMM view", "[ops][dot]") {
   auto& alloc = Device::host()->allocator();
   Tensor q = rand(Shape{{"b", 2}, {"s", 8}, {"h", 4}, {"d", 16}}, "q", DType::f32);

@@ -1,6 +1,8 @@
 // The CPU backend of the kernel interface: each method is the CPU kernel of the same name (host
 // memory, finished on return; bf16 is widened to f32 by the op layer, except by copy and convert).
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/kernels.h"
@@ -12,11 +14,26 @@ namespace nax::kernels {
 
 namespace {
 
+// f32 GEMMs go to OpenBLAS, or with NAX_F32_GEMM=onednn to oneDNN where it has an f32 kernel here
+// (3-15% faster on a transformer's shapes, onednn_gemm.cpp); OpenBLAS keeps accumulations into C
+// and products too small to repay oneDNN's per-call cost either way. Not the default yet:
+// deterministic mode's tree GEMM and the bf16 path are measured against OpenBLAS's f32 speed.
+bool takes_onednn(DType dtype, const GemmShape& g) {
+  static const bool chosen = [] {
+    const char* library = std::getenv("NAX_F32_GEMM");
+    if (library != nullptr && std::string_view(library) != "onednn" && std::string_view(library) != "openblas")
+      fail("gemm", "NAX_F32_GEMM must be onednn or openblas, got '{}'", library);
+    return library != nullptr && std::string_view(library) == "onednn" && cpu::onednn_gemm_available(DType::f32);
+  }();
+  constexpr double kMinProduct = 64.0 * 64 * 64;
+  return dtype == DType::f32 && chosen && g.beta == 0 && static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) >= kMinProduct;
+}
+
 class CpuKernels final : public Kernels {
  public:
   Backend backend() const override { return Backend::cpu; }
   bool computes(DType dtype) const override { return dtype != DType::bf16; }
-  bool gemm_computes(DType dtype) const override { return computes(dtype) || (dtype == DType::bf16 && cpu::bf16_gemm_available()); }
+  bool gemm_computes(DType dtype) const override { return computes(dtype) || (dtype == DType::bf16 && cpu::onednn_gemm_available(dtype)); }
   bool binary_computes(DType dtype) const override { return computes(dtype) || dtype == DType::bf16; }
 
   void copy_from_host(void* dst, const void* src, std::size_t bytes) override { copy_bytes(dst, src, bytes); }
@@ -53,7 +70,7 @@ class CpuKernels final : public Kernels {
 
   void gemm(DType dtype, const GemmShape& g, const void* a, const void* b, void* c) override {
     if (g.tree.on) return cpu::tree_gemm(dtype, g, a, b, c);
-    if (dtype == DType::bf16) return cpu::bf16_gemm(g, a, b, c);
+    if (dtype == DType::bf16 || takes_onednn(dtype, g)) return cpu::onednn_gemm(dtype, g, a, b, c);
     const std::size_t es = dtype_size(dtype);
     for (std::int64_t t = 0; t < g.batch; ++t)
       cpu::gemm(dtype, g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<const char*>(a) + t * g.stride_a * es, g.lda,

@@ -56,10 +56,10 @@ void top_k_rows(DType dtype, std::int64_t rows, std::int64_t n, std::int64_t k, 
 void set_blas_threads(int threads);
 int blas_threads();
 
-// bf16 GEMM with f32 sums (bf16_gemm.cpp): available where oneDNN has bf16 kernels for this
-// processor; beta 0 and no tree.
-bool bf16_gemm_available();
-void bf16_gemm(const GemmShape& shape, const void* a, const void* b, void* c);
+// GEMM through oneDNN's matmul (onednn_gemm.cpp), bf16 (f32 sums) and f32: available where oneDNN
+// has kernels for the dtype on this processor; beta 0 and no tree.
+bool onednn_gemm_available(DType dtype);
+void onednn_gemm(DType dtype, const GemmShape& shape, const void* a, const void* b, void* c);
 
 // One fused AdamW step (kernels/kernels.h says the formula), f32, out of place.
 void adamw(std::int64_t n, const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out, float* v_out,

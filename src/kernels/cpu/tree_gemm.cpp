@@ -275,12 +275,12 @@ void tree_gemm_tiled(const GemmShape& g, const T* a, const T* b, T* c, const Sum
                         a_packed, b_packed, schedule, stack);
 }
 
-// Leaves of 8 or more amortise a trip through memory per node.
+// Leaves of 16 or more amortise a trip through memory per node (shorter ones keep the left half in registers).
 template <typename T>
 void tree_gemm_typed(const GemmShape& g, const T* a, const T* b, T* c) {
   if (g.m <= 0 || g.n <= 0) return;
   const SumSchedule schedule = sum_schedule(g.k, g.tree);
-  const bool long_leaves = !schedule.leaves.empty() && g.k >= 8 * static_cast<std::int64_t>(schedule.leaves.size());
+  const bool long_leaves = !schedule.leaves.empty() && g.k >= 16 * static_cast<std::int64_t>(schedule.leaves.size());
   if (long_leaves)
     tree_gemm_tiled<Tile<T, false>>(g, a, b, c, schedule);
   else
