@@ -119,8 +119,10 @@ std::unique_ptr<SingleCopy> SingleCopy::probe(MPI_Comm comm, int rank, int size,
   auto buffers = std::make_unique<ProbeBuffers>();
   ProbeBuffers& b = *buffers;
   b.probe_word = static_cast<std::int64_t>(getpid());
-  const Arrivals own = make_arrivals();
-  b.own = {b.probe_word, host_hash(), reinterpret_cast<std::uint64_t>(&b.probe_word), wanted() ? 1 : 0, own.fd};
+  // Owns this member's page of counters and the peers' once mapped, whatever happens next.
+  auto made = std::unique_ptr<SingleCopy>(
+      new SingleCopy(rank, {}, make_arrivals(), std::vector<const std::uint64_t*>(static_cast<std::size_t>(size), nullptr)));
+  b.own = {b.probe_word, host_hash(), reinterpret_cast<std::uint64_t>(&b.probe_word), wanted() ? 1 : 0, made->own_arrivals_.fd};
   b.members.resize(static_cast<std::size_t>(size));
   auto waited = [&](MPI_Request& request) {
     try {
@@ -134,21 +136,20 @@ std::unique_ptr<SingleCopy> SingleCopy::probe(MPI_Comm comm, int rank, int size,
   check(MPI_Iallgather(&b.own, sizeof b.own, MPI_BYTE, b.members.data(), sizeof b.own, MPI_BYTE, comm, &request),
         "MPI_Iallgather");
   waited(request);
-  std::vector<const std::uint64_t*> arrivals(static_cast<std::size_t>(size), nullptr);
   for (int q = 0; q < size && b.verdict != 0; ++q) {
     const Identity& member = b.members[static_cast<std::size_t>(q)];
     if (member.host != b.own.host || member.willing == 0 || member.arrivals_fd < 0 || (q != rank && !readable(member))) b.verdict = 0;
-    auto& counter = arrivals[static_cast<std::size_t>(q)];
-    counter = q == rank ? own.at : reinterpret_cast<const std::uint64_t*>(map_peer_file(member.pid, member.arrivals_fd, kArrivalsBytes));
+    auto& counter = made->arrivals_[static_cast<std::size_t>(q)];
+    counter = q == rank ? made->own_arrivals_.at
+                        : reinterpret_cast<const std::uint64_t*>(map_peer_file(member.pid, member.arrivals_fd, kArrivalsBytes));
     if (counter == nullptr) b.verdict = 0;
   }
   // The probe words stay until every member has read them: the verdict needs every member's part.
   check(MPI_Iallreduce(MPI_IN_PLACE, &b.verdict, 1, MPI_INT64_T, MPI_MIN, comm, &request), "MPI_Iallreduce");
   waited(request);
-  std::vector<std::int64_t> pids;
-  for (const Identity& member : b.members) pids.push_back(member.pid);
-  auto single_copy = std::unique_ptr<SingleCopy>(new SingleCopy(rank, std::move(pids), own, std::move(arrivals)));
-  return b.verdict != 0 ? std::move(single_copy) : nullptr;  // else its pages go
+  if (b.verdict == 0) return nullptr;
+  for (const Identity& member : b.members) made->pids_.push_back(member.pid);
+  return made;
 }
 
 SingleCopy::SingleCopy(int rank, std::vector<std::int64_t> pids, Arrivals own, std::vector<const std::uint64_t*> peers)
