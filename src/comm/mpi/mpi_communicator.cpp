@@ -69,7 +69,7 @@ class MpiCommunicator final : public Communicator {
   bool adds_in_rank_tree(CollectiveKind kind, std::size_t count, DType dtype) const override {
     if (size() <= 2) return true;
     const std::size_t bytes = count * dtype_size(dtype) * (kind == CollectiveKind::reduce_scatter ? members_.size() : 1);
-    return (kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter) && single_copy(bytes, nullptr, 0, nullptr, 0);
+    return (kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter) && takes_single_copy(bytes);
   }
 
   // MPI's own non-blocking collectives, posted after the signature check (which waits for the
@@ -227,10 +227,12 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiRequest>(*this, std::move(requests), sig);
   }
 
+  bool takes_single_copy(std::size_t moved) const { return single_copy_ != nullptr && moved >= SingleCopy::kMinBytes; }
+
   // This member's buffers when a call moving `moved` bytes takes the single-copy path.
   std::optional<SingleCopy::Buffers> single_copy(std::size_t moved, const void* send, std::size_t send_bytes, const void* recv,
                                                  std::size_t recv_bytes) const {
-    if (single_copy_ == nullptr || moved < SingleCopy::kMinBytes) return std::nullopt;
+    if (!takes_single_copy(moved)) return std::nullopt;
     return SingleCopy::own(send, send_bytes, recv, recv_bytes);
   }
 

@@ -1,8 +1,5 @@
 #include "comm/mpi/mpi_world.h"
 
-#include "comm/mpi/mpi_single_copy.h"
-#include "core/shared_host_memory.h"
-
 #include <fmt/format.h>
 #include <sched.h>
 
@@ -10,6 +7,9 @@
 #include <chrono>
 #include <memory>
 #include <thread>
+
+#include "comm/mpi/mpi_single_copy.h"
+#include "core/shared_host_memory.h"
 
 namespace nax::mpi {
 
