@@ -188,8 +188,9 @@ TEST_CASE("replay: sequence parallelism's collectives over mp overlap the other 
   const auto two = overlapped_over_mp(2);
   // Per block: the second piece's gather and the first piece's reduce-scatter, forward and backward.
   const int layers = static_cast<int>(gptj::config_by_name("tiny").n_layers);
-  CHECK(two.at(CollectiveKind::all_gather) >= 2 * layers);
-  CHECK(two.at(CollectiveKind::reduce_scatter) >= 2 * layers);
+  auto count = [&](CollectiveKind kind) { return two.count(kind) != 0 ? two.at(kind) : 0; };
+  CHECK(count(CollectiveKind::all_gather) >= 2 * layers);
+  CHECK(count(CollectiveKind::reduce_scatter) >= 2 * layers);
   CHECK(overlapped_over_mp(1).empty());
 }
 

@@ -101,7 +101,8 @@ void check_processes_agree_on_determinism(const RuntimeOptions& options) {
 
 MpiState::MpiState(const Mesh& mesh, const RuntimeOptions& options)
     : mesh_(mesh),
-      world_(std::make_shared<mpi::MpiWorld>(mesh, options.collective_timeout_s, options.check_collectives)) {
+      world_(std::make_shared<mpi::MpiWorld>(mesh, options.collective_timeout_s, options.check_collectives,
+                                             options.backend == Backend::cpu)) {
   check_processes_agree_on_determinism(options);
   const int d = world_->device();
   devices_ = {d};

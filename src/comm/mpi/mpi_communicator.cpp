@@ -81,8 +81,8 @@ class MpiCommunicator final : public Communicator {
     const auto direct = single_copy(bytes, send, bytes, recv, bytes);
     begin(CollectiveKind::all_reduce, count * dtype_size(dtype), sig, direct);
     if (direct)
-      return run_single_copy(sig, [&](auto members, const auto& poll) {
-        single_copy_->all_reduce(members, count, dtype, op, poll);
+      return run_single_copy(sig, [&](auto members, const auto& call) {
+        single_copy_->all_reduce(members, count, dtype, op, call);
       });
     std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
     check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, count_of(count, "all_reduce"), datatype(dtype), reduce_op(op, dtype),
@@ -101,7 +101,7 @@ class MpiCommunicator final : public Communicator {
     const auto direct = single_copy(bytes * members_.size(), send, bytes, recv, bytes * members_.size());
     begin(CollectiveKind::all_gather, count * dtype_size(dtype), sig, direct);
     if (direct)
-      return run_single_copy(sig, [&](auto members, const auto& poll) { single_copy_->all_gather(members, count, dtype, poll); });
+      return run_single_copy(sig, [&](auto members, const auto& call) { single_copy_->all_gather(members, count, dtype, call); });
     const int n = count_of(count, "all_gather");
     count_of(count * members_.size(), "all_gather");
     std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
@@ -120,8 +120,8 @@ class MpiCommunicator final : public Communicator {
     const auto direct = single_copy(bytes * members_.size(), send, bytes * members_.size(), recv, bytes);
     begin(CollectiveKind::reduce_scatter, count * members_.size() * dtype_size(dtype), sig, direct);
     if (direct)
-      return run_single_copy(sig, [&](auto members, const auto& poll) {
-        single_copy_->reduce_scatter(members, count, dtype, op, poll);
+      return run_single_copy(sig, [&](auto members, const auto& call) {
+        single_copy_->reduce_scatter(members, count, dtype, op, call);
       });
     std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
     check(MPI_Ireduce_scatter_block(send, recv, count_of(count, "reduce_scatter"), datatype(dtype), reduce_op(op, dtype), comm_.get(),
@@ -240,14 +240,16 @@ class MpiCommunicator final : public Communicator {
   // check already did): the request it returns is complete. MPI's own non-blocking collectives
   // move data only inside MPI calls too, so no overlap is lost. Its barriers hold no buffers, so
   // an abort releases them at once.
-  using SingleCopyRun = std::function<void(std::span<const SingleCopy::Buffers>, const SingleCopy::Poll&)>;
+  using SingleCopyRun = std::function<void(std::span<const SingleCopy::Buffers>, const SingleCopy::Call&)>;
   std::unique_ptr<Request> run_single_copy(const CollectiveSignature& sig, const SingleCopyRun& run) {
     std::vector<SingleCopy::Buffers> members;
     for (const Agreement& member : agreement_->all) members.push_back(member.buffers);
     const std::function<std::string()> describe = [&] { return describe_call(sig); };
-    run(members, [&](const std::function<bool()>& done) {
-      world_->wait_until(done, Pending{key_, members_, total_calls(stats()), describe});
-    });
+    const std::size_t call = total_calls(stats());  // recorded by begin(): the same on every member
+    const SingleCopy::Poll poll = [&](const std::function<bool()>& done) {
+      world_->wait_until(done, Pending{key_, members_, call, describe});
+    };
+    run(members, SingleCopy::Call{call, poll});
     return posted({}, sig);
   }
 

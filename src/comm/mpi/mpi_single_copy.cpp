@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -115,6 +116,31 @@ bool SingleCopy::wanted() {
   return value == nullptr || std::string_view(value) != "0";
 }
 
+bool SingleCopy::peers_can_map(MPI_Comm local) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(local, &rank);
+  MPI_Comm_size(local, &size);
+  const Arrivals page = make_arrivals();
+  const std::array<std::int64_t, 2> own{static_cast<std::int64_t>(getpid()), page.fd};
+  std::vector<std::array<std::int64_t, 2>> all(static_cast<std::size_t>(size));
+  check(MPI_Allgather(own.data(), sizeof own, MPI_BYTE, all.data(), sizeof own, MPI_BYTE, local), "MPI_Allgather");
+  std::int64_t mappable = page.at != nullptr ? 1 : 0;
+  for (int q = 0; q < size; ++q) {
+    if (q == rank || all[static_cast<std::size_t>(q)][1] < 0) {
+      if (q != rank) mappable = 0;
+      continue;
+    }
+    const char* at = map_peer_file(all[static_cast<std::size_t>(q)][0], all[static_cast<std::size_t>(q)][1], kArrivalsBytes);
+    if (at == nullptr) mappable = 0;
+    unmap(at, kArrivalsBytes);
+  }
+  // Every page stays until every process has tried it.
+  check(MPI_Allreduce(MPI_IN_PLACE, &mappable, 1, MPI_INT64_T, MPI_MIN, local), "MPI_Allreduce");
+  unmap(page.at, kArrivalsBytes);
+  if (page.fd >= 0) close(page.fd);
+  return mappable != 0;
+}
+
 std::unique_ptr<SingleCopy> SingleCopy::probe(MPI_Comm comm, int rank, int size, const Wait& wait) {
   auto buffers = std::make_unique<ProbeBuffers>();
   ProbeBuffers& b = *buffers;
@@ -204,10 +230,10 @@ std::vector<const char*> SingleCopy::in_place(std::span<const Buffers> members, 
   return at;
 }
 
-void SingleCopy::barrier(const Poll& poll) {
-  const std::uint64_t reached = ++barriers_;
+void SingleCopy::barrier(const Call& call, int phase) {
+  const std::uint64_t reached = 2 * call.number + static_cast<std::uint64_t>(phase);
   __atomic_store_n(own_arrivals_.at, reached, __ATOMIC_RELEASE);  // after this member's reads and writes
-  poll([&] {
+  call.poll([&] {
     return std::all_of(arrivals_.begin(), arrivals_.end(),
                        [&](const std::uint64_t* counter) { return __atomic_load_n(counter, __ATOMIC_ACQUIRE) >= reached; });
   });
@@ -242,12 +268,12 @@ void SingleCopy::reduce(std::span<const Buffers> members, std::size_t offset, st
 
 // Only member r reads or writes block r of anyone's buffers before the first barrier, and every
 // member's block r is final after it: results may alias send buffers (an in-place all-reduce).
-void SingleCopy::all_reduce(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Poll& poll) {
+void SingleCopy::all_reduce(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
   const std::size_t n = members.size(), r = static_cast<std::size_t>(rank_), es = dtype_size(dtype);
   auto begin_of = [&](std::size_t q) { return count * q / n; };
   void* recv = reinterpret_cast<void*>(members[r].recv.address);
   reduce(members, begin_of(r), begin_of(r + 1) - begin_of(r), dtype, op, comm::element_at(recv, begin_of(r), dtype));
-  barrier(poll);
+  barrier(call, 1);
   const std::vector<const char*> results = in_place(members, &Buffers::recv);
   for (std::size_t q = 0; q < n; ++q) {
     if (q == r) continue;
@@ -255,22 +281,22 @@ void SingleCopy::all_reduce(std::span<const Buffers> members, std::size_t count,
     read(static_cast<int>(q), members[q].recv.address + at, results[q] != nullptr ? results[q] + at : nullptr,
          comm::element_at(recv, begin_of(q), dtype), (begin_of(q + 1) - begin_of(q)) * es);
   }
-  barrier(poll);
+  barrier(call, 2);
 }
 
-void SingleCopy::reduce_scatter(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Poll& poll) {
+void SingleCopy::reduce_scatter(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
   const std::size_t r = static_cast<std::size_t>(rank_);
   reduce(members, count * r, count, dtype, op, reinterpret_cast<void*>(members[r].recv.address));
-  barrier(poll);
+  barrier(call, 1);
 }
 
-void SingleCopy::all_gather(std::span<const Buffers> members, std::size_t count, DType dtype, const Poll& poll) {
+void SingleCopy::all_gather(std::span<const Buffers> members, std::size_t count, DType dtype, const Call& call) {
   const std::size_t bytes = count * dtype_size(dtype);
   void* recv = reinterpret_cast<void*>(members[static_cast<std::size_t>(rank_)].recv.address);
   const std::vector<const char*> sends = in_place(members, &Buffers::send);
   for (std::size_t q = 0; q < members.size(); ++q)
     read(static_cast<int>(q), members[q].send.address, sends[q], comm::element_at(recv, count * q, dtype), bytes);
-  barrier(poll);
+  barrier(call, 1);
 }
 
 }  // namespace nax::mpi

@@ -61,6 +61,8 @@ class SingleCopy {
 
   // False under NAX_MPI_SINGLE_COPY=0.
   static bool wanted();
+  // Whether every process of `local` (one host's) can map every other one's files: collective.
+  static bool peers_can_map(MPI_Comm local);
 
   // Collective over `comm`: null unless every member runs on this host, can read the others'
   // memory, and none has NAX_MPI_SINGLE_COPY=0.
@@ -70,10 +72,17 @@ class SingleCopy {
   // reduce-scatter's input) take the single-copy path; below it MPI's latency wins.
   static constexpr std::size_t kMinBytes = std::size_t{256} << 10;
 
-  // `members`: every member's buffers for this call, in rank order.
-  void all_reduce(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Poll& poll);
-  void reduce_scatter(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Poll& poll);
-  void all_gather(std::span<const Buffers> members, std::size_t count, DType dtype, const Poll& poll);
+  // `members`: every member's buffers for this call, in rank order; `call`: the call's number on
+  // the group, the same on every member (the communicator's count of its calls), from which the
+  // barriers' counts are made, so that a call abandoned half-way (an abort) leaves no member's
+  // count ahead of the next call's.
+  struct Call {
+    std::uint64_t number;
+    const Poll& poll;
+  };
+  void all_reduce(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Call& call);
+  void reduce_scatter(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Call& call);
+  void all_gather(std::span<const Buffers> members, std::size_t count, DType dtype, const Call& call);
 
  private:
   SingleCopy(int rank, std::vector<std::int64_t> pids, Arrivals own, std::vector<const std::uint64_t*> peers);
@@ -85,8 +94,9 @@ class SingleCopy {
   // Member q's shared block, mapped read-only here (nullptr when it cannot be).
   const char* mapped(int q, const shared_host_memory::Segment& block);
 
-  // Every member has reached the same barrier (all of this call's reads and writes before it are done).
-  void barrier(const Poll& poll);
+  // Every member has reached barrier `phase` (1, 2) of the call: all of its reads and writes before
+  // it are done.
+  void barrier(const Call& call, int phase);
   // Copies `bytes` at `address` in member q's memory to `local`, from `at` (its place here) when
   // not null.
   void read(int q, std::uint64_t address, const char* at, void* local, std::size_t bytes) const;
@@ -108,7 +118,6 @@ class SingleCopy {
   std::vector<std::int64_t> pids_;
   Arrivals own_arrivals_;
   std::vector<const std::uint64_t*> arrivals_;  // every member's counter, mapped here (this member's too)
-  std::uint64_t barriers_ = 0;
   std::map<std::pair<int, std::uint64_t>, Mapping> mappings_;
   std::uint64_t calls_ = 0;
   comm::RankTreeScratch tree_;  // the reduction's partial results (the ranks added in the halving tree)

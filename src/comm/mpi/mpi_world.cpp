@@ -64,24 +64,27 @@ class Backoff {
 // How often (in polls of the requests) the control channel and the clock are looked at.
 constexpr std::uint64_t kControlEvery = 32;
 
-// Whether another process of the job runs on this host (collective over `comm`).
-bool shares_host(MPI_Comm comm) {
+// Whether other processes of the job run on this host and every one of them can map this one's
+// files (collective over `comm`; Yama's ptrace scope, for one, can forbid it).
+bool host_shares_files(MPI_Comm comm) {
   MPI_Comm local = MPI_COMM_NULL;
   check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local), "MPI_Comm_split_type");
   int size = 1;
   MPI_Comm_size(local, &size);
+  const bool shares = size > 1 && SingleCopy::peers_can_map(local);
   MPI_Comm_free(&local);
-  return size > 1;
+  return shares;
 }
 
 }  // namespace
 
-MpiWorld::MpiWorld(Mesh mesh, double timeout_s, bool check_collectives)
+MpiWorld::MpiWorld(Mesh mesh, double timeout_s, bool check_collectives, bool host_tensors)
     : mesh_(std::move(mesh)), device_(world_rank()), timeout_s_(timeout_s), check_collectives_(check_collectives),
       parent_(duplicate(MPI_COMM_WORLD, timeout_s)), control_(parent_.get(), device_, mesh_.size()) {
-  // Every process is here (the duplicate waited for them): the split cannot hang. Large tensors
-  // made from now on are ones the single-copy collectives can read in place.
-  if (shares_host(parent_.get()) && SingleCopy::wanted()) shared_host_memory::enable();
+  // Every process is here (the duplicate waited for them): the collectives below cannot hang.
+  // Large host tensors made from now on are ones the single-copy collectives can read in place
+  // (on the cuda backend the tensors are on the GPUs: nothing to share).
+  if (host_tensors && SingleCopy::wanted() && host_shares_files(parent_.get())) shared_host_memory::enable();
 }
 
 MPI_Comm MpiWorld::create_group_comm(const std::vector<int>& members, const std::string& key, const std::string& label) {

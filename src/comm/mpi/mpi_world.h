@@ -32,7 +32,8 @@ struct Pending {
 
 class MpiWorld {
  public:
-  MpiWorld(Mesh mesh, double timeout_s, bool check_collectives);
+  // `host_tensors`: the devices keep their tensors in host memory (the cpu backend).
+  MpiWorld(Mesh mesh, double timeout_s, bool check_collectives, bool host_tensors);
   MpiWorld(const MpiWorld&) = delete;
   MpiWorld& operator=(const MpiWorld&) = delete;
 
@@ -53,8 +54,9 @@ class MpiWorld {
   // its part, as after the signature check), an abort waits for the requests to complete first,
   // so that nothing is left pending.
   void wait(std::span<MPI_Request> requests, const Pending& pending, bool finish_on_abort = false);
-  // Polls `done` until it is true, with the same checks (nothing of MPI's is left pending: an
-  // abort releases the wait at once).
+  // Polls `done` until it is true, with the same checks. An abort releases it at once and leaves
+  // nothing of MPI's pending (the runtime goes on); a timeout or a member that ended without the
+  // call leave the run unusable, as for requests.
   void wait_until(const std::function<bool()>& done, const Pending& pending);
   // Throws Aborted (before anything is started) when another device has failed.
   void check_not_aborting(const Pending& pending);

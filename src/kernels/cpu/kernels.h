@@ -57,9 +57,10 @@ void set_blas_threads(int threads);
 int blas_threads();
 
 // GEMM through oneDNN's matmul (onednn_gemm.cpp), bf16 (f32 sums) and f32: available where oneDNN
-// has kernels for the dtype on this processor; beta 0 and no tree.
+// has kernels for the dtype on this processor; beta 0 and no tree. False (nothing computed) for an
+// f32 shape oneDNN has only its reference loops for or refuses.
 bool onednn_gemm_available(DType dtype);
-void onednn_gemm(DType dtype, const GemmShape& shape, const void* a, const void* b, void* c);
+bool onednn_gemm(DType dtype, const GemmShape& shape, const void* a, const void* b, void* c);
 
 // One fused AdamW step (kernels/kernels.h says the formula), f32, out of place.
 void adamw(std::int64_t n, const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out, float* v_out,
