@@ -9,22 +9,51 @@ using nax::testing::for_each_index;
 
 namespace {
 
-// sum over `contract` of a * b, element by element.
-void require_dot_matches(const Tensor& a, const Tensor& b, const std::vector<std::string>& contract, double tol) {
-  Tensor c = dot(a, b, contract);
-  auto va = a.to_vector<double>(), vb = b.to_vector<double>(), vc = c.to_vector<double>();
+// Each element of dot(a, b, contract) summed directly in f64 on the host: fn(index, sum of the
+// products, sum of their magnitudes), over the elements of `out` (dot's result shape).
+template <typename F>
+void for_each_host_sum(const Tensor& a, const Tensor& b, const Names& contract, const Shape& out, F&& fn) {
+  const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
   std::vector<Axis> k_axes;
-  for (const auto& k : contract) k_axes.push_back({k, a.shape().size(k)});
-  for_each_index(c.shape(), [&](const auto& out_index) {
-    double want = 0;
+  for (const auto& k : contract.list()) k_axes.push_back({k, a.shape().size(k)});
+  for_each_index(out, [&](const auto& out_index) {
+    double sum = 0, magnitude = 0;
     for_each_index(Shape(k_axes), [&](const auto& k_index) {
       auto index = out_index;
       index.insert(k_index.begin(), k_index.end());
-      want += at(a, va, index) * at(b, vb, index);
+      const double product = at(a, va, index) * at(b, vb, index);
+      sum += product, magnitude += std::abs(product);
     });
-    REQUIRE(at(c, vc, out_index) == Approx(want).epsilon(tol).margin(tol));
+    fn(out_index, sum, magnitude);
   });
 }
+
+// sum over `contract` of a * b, element by element.
+void require_dot_matches(const Tensor& a, const Tensor& b, const std::vector<std::string>& contract, double tol) {
+  Tensor c = dot(a, b, contract);
+  const auto vc = c.to_vector<double>();
+  for_each_host_sum(a, b, contract, c.shape(), [&](const auto& index, double want, double) {
+    REQUIRE(at(c, vc, index) == Approx(want).epsilon(tol).margin(tol));
+  });
+}
+
+// dot(a, b, contract) within `bound(sum, magnitude)` of the host's f64 sum at every element (NaN fails).
+template <typename Bound>
+void require_dot_within(const Tensor& a, const Tensor& b, const Names& contract, DType dtype, Bound&& bound) {
+  const Tensor got = dot(a, b, contract);
+  REQUIRE(got.dtype() == dtype);
+  const auto g = got.to_vector<double>();
+  for_each_host_sum(a, b, contract, got.shape(), [&](const auto& index, double want, double magnitude) {
+    const double value = at(got, g, index);
+    INFO(a.str() << " . " << b.str() << ": " << value << " vs " << want);
+    REQUIRE(std::abs(value - want) <= bound(want, magnitude));
+  });
+}
+
+struct DotCase {
+  Shape a, b;
+  Names contract;
+};
 
 Tensor rand(const Shape& s, const char* name, DType dtype = DType::f64) { return random_normal(s, 5, name, 1.0, dtype); }
 
@@ -86,57 +115,32 @@ TEST_CASE("dot in f32 and bf16", "[ops][dot]") {
 // against f64 on the same bf16 values, for plain, transposed and strided batched GEMM views.
 TEST_CASE("bf16 dot rounds each element once from an f32-accumulated sum", "[ops][dot]") {
   INFO("this CPU's GEMM takes bf16 itself: " << Device::host()->kernels().gemm_computes(DType::bf16));
-  struct Case {
-    Shape a, b;
-    Names contract;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<DotCase> cases = {
       {Shape{{"m", 33}, {"k", 70}}, Shape{{"k", 70}, {"n", 17}}, {"k"}},
       {Shape{{"k", 64}, {"m", 20}}, Shape{{"n", 12}, {"k", 64}}, {"k"}},  // both operands transposed in memory
       {Shape{{"b", 3}, {"s", 16}, {"h", 2}, {"d", 32}}, Shape{{"b", 3}, {"t", 16}, {"h", 2}, {"d", 32}}, {"d"}},  // batched, strided
   };
   for (const auto& c : cases) {
     const Tensor a = cast(rand(c.a, "a", DType::f32), DType::bf16), b = cast(rand(c.b, "b", DType::f32), DType::bf16);
-    const Tensor got = dot(a, b, c.contract);
-    REQUIRE(got.dtype() == DType::bf16);
-    const Tensor exact = dot(cast(a, DType::f64), cast(b, DType::f64), c.contract);
-    const Tensor magnitude = dot(abs(cast(a, DType::f64)), abs(cast(b, DType::f64)), c.contract);
-    const auto g = transpose(cast(got, DType::f64), exact.shape().names()).to_vector<double>();
-    const auto e = exact.to_vector<double>(), m = magnitude.to_vector<double>();
-    for (std::size_t i = 0; i < e.size(); ++i) {
-      INFO(a.str() << " . " << b.str() << " element " << i << ": " << g[i] << " vs " << e[i]);
-      REQUIRE(std::abs(g[i] - e[i]) <= std::ldexp(std::abs(e[i]), -8) + 1e-5 * m[i]);  // half a bf16 ulp, plus f32 sums
-    }
+    // half a bf16 ulp, plus f32 sums
+    require_dot_within(a, b, c.contract, DType::bf16, [](double sum, double magnitude) { return std::ldexp(std::abs(sum), -8) + 1e-5 * magnitude; });
   }
 }
 
-// f32 dot with products large enough for the CPU's oneDNN GEMM (under NAX_F32_GEMM=onednn, where
-// oneDNN is there: ctest runs this case so too; OpenBLAS otherwise), against f64 on the same values
-// element by element: plain, transposed in memory, batched with strides, a batch axis in between.
-TEST_CASE("f32 dot of a transformer's sizes is the f64 sum to f32 accuracy, in every GEMM view", "[ops][dot]") {
-  struct Case {
-    Shape a, b;
-    Names contract;
+// f32 dot with products large enough for the CPU's oneDNN GEMM (64^3 multiply-adds per matrix;
+// under NAX_F32_GEMM=onednn, where oneDNN is there: ctest runs this case so too; OpenBLAS
+// otherwise), against the host's f64 sums element by element: plain, transposed in memory, batched
+// with strides, a batch axis in between.
+TEST_CASE("f32 dot of oneDNN's sizes is the f64 sum to f32 accuracy, in every GEMM view", "[ops][dot]") {
+  const std::vector<DotCase> cases = {
+      {Shape{{"m", 72}, {"k", 66}}, Shape{{"k", 66}, {"n", 64}}, {"k"}},
+      {Shape{{"k", 64}, {"m", 66}}, Shape{{"n", 70}, {"k", 64}}, {"k"}},  // both operands transposed in memory
+      {Shape{{"b", 2}, {"s", 64}, {"h", 1}, {"d", 64}}, Shape{{"b", 2}, {"t", 64}, {"h", 1}, {"d", 64}}, {"d"}},  // batched, strided
+      {Shape{{"s", 32}, {"b", 2}, {"e", 64}}, Shape{{"e", 64}, {"f", 66}}, {"e"}},
   };
-  const std::vector<Case> cases = {
-      {Shape{{"m", 96}, {"k", 130}}, Shape{{"k", 130}, {"n", 80}}, {"k"}},
-      {Shape{{"k", 128}, {"m", 70}}, Shape{{"n", 72}, {"k", 128}}, {"k"}},  // both operands transposed in memory
-      {Shape{{"b", 3}, {"s", 64}, {"h", 2}, {"d", 64}}, Shape{{"b", 3}, {"t", 64}, {"h", 2}, {"d", 64}}, {"d"}},  // batched, strided
-      {Shape{{"s", 64}, {"b", 4}, {"e", 96}}, Shape{{"e", 96}, {"f", 64}}, {"e"}},
-  };
-  for (const auto& c : cases) {
-    const Tensor a = rand(c.a, "a", DType::f32), b = rand(c.b, "b", DType::f32);
-    const Tensor got = dot(a, b, c.contract);
-    REQUIRE(got.dtype() == DType::f32);
-    const Tensor exact = dot(cast(a, DType::f64), cast(b, DType::f64), c.contract);
-    const Tensor magnitude = dot(abs(cast(a, DType::f64)), abs(cast(b, DType::f64)), c.contract);
-    const auto g = transpose(cast(got, DType::f64), exact.shape().names()).to_vector<double>();
-    const auto e = exact.to_vector<double>(), m = magnitude.to_vector<double>();
-    for (std::size_t i = 0; i < e.size(); ++i) {
-      INFO(a.str() << " . " << b.str() << " element " << i << ": " << g[i] << " vs " << e[i]);
-      REQUIRE(std::abs(g[i] - e[i]) <= 1e-5 * m[i] + 1e-30);  // f32 sums of f32 products; NaN fails
-    }
-  }
+  for (const auto& c : cases)
+    require_dot_within(rand(c.a, "a", DType::f32), rand(c.b, "b", DType::f32), c.contract, DType::f32,
+                       [](double, double magnitude) { return 1e-5 * magnitude + 1e-30; });  // f32 sums of f32 products
 }
 
 TEST_CASE("dot copies no operand when the strides allow a GEMM view", "[ops][dot]") {
