@@ -1,13 +1,16 @@
 #include "core/shared_host_memory.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <string>
 
 namespace nax::shared_host_memory {
 
@@ -53,6 +56,41 @@ void enable() {
 }
 bool enabled() { return sharing.load(std::memory_order_acquire); }
 
+File make_file(std::size_t bytes) {
+  const int fd = memfd_create("nax-host-memory", MFD_CLOEXEC);
+  if (fd < 0) return {};
+  void* at = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (at == MAP_FAILED) {
+    close(fd);
+    return {};
+  }
+  return {fd, at};
+}
+
+void release_file(const File& file, std::size_t bytes) {
+  if (file.at != nullptr) munmap(file.at, bytes);
+  if (file.fd >= 0) close(file.fd);
+}
+
+const void* map_peer_file(std::int64_t pid, std::int64_t fd, std::size_t bytes) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+  const int here = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (here < 0) return nullptr;
+  const void* mapped = nullptr;
+  struct stat st {};
+  if (fstat(here, &st) == 0 && static_cast<std::uint64_t>(st.st_size) >= bytes) {
+    void* at = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, here, 0);
+    if (at != MAP_FAILED) mapped = at;
+  }
+  close(here);
+  return mapped;
+}
+
+void unmap_peer_file(const void* at, std::size_t bytes) {
+  if (at != nullptr) munmap(const_cast<void*>(at), bytes);
+}
+
 void* allocate(std::size_t bytes) {
   if (!enabled() || bytes < kMinBytes) return nullptr;
   Registry& r = registry();
@@ -60,18 +98,12 @@ void* allocate(std::size_t bytes) {
     std::lock_guard lock(r.mutex);
     if (r.blocks.size() >= r.max_blocks) return nullptr;
   }
-  const int fd = memfd_create("nax-host-block", MFD_CLOEXEC);
-  if (fd < 0) return nullptr;
-  void* at = MAP_FAILED;
-  if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (at == MAP_FAILED) {
-    close(fd);
-    return nullptr;
-  }
-  static_cast<void>(madvise(at, bytes, MADV_HUGEPAGE));  // granted only where shmem_enabled allows it
+  const File file = make_file(bytes);
+  if (file.at == nullptr) return nullptr;
+  static_cast<void>(madvise(file.at, bytes, MADV_HUGEPAGE));  // granted only where shmem_enabled allows it
   std::lock_guard lock(r.mutex);
-  r.blocks.emplace(reinterpret_cast<std::uintptr_t>(at), Block{fd, r.next_serial++, bytes});
-  return at;
+  r.blocks.emplace(reinterpret_cast<std::uintptr_t>(file.at), Block{file.fd, r.next_serial++, bytes});
+  return file.at;
 }
 
 bool free(void* ptr) {
@@ -85,8 +117,7 @@ bool free(void* ptr) {
     block = it->second;
     r.blocks.erase(it);
   }
-  munmap(ptr, block.bytes);
-  close(block.fd);
+  release_file({block.fd, ptr}, block.bytes);
   return true;
 }
 

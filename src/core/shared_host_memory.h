@@ -30,6 +30,20 @@ struct Segment {
 // The shared block holding [ptr, ptr + bytes), if there is one.
 std::optional<Segment> segment_of(const void* ptr, std::size_t bytes);
 
+// A memfd of `bytes`, mapped read-write in this process ({-1, nullptr} when the system refuses
+// one), and its release.
+struct File {
+  int fd = -1;
+  void* at = nullptr;
+};
+File make_file(std::size_t bytes);
+void release_file(const File& file, std::size_t bytes);
+
+// Process `pid`'s file `fd` (from make_file there), mapped read-only here; nullptr when it cannot
+// be (gone, too short, or the system forbids it). Unmap it with unmap_peer_file.
+const void* map_peer_file(std::int64_t pid, std::int64_t fd, std::size_t bytes);
+void unmap_peer_file(const void* at, std::size_t bytes);
+
 // A new shared block (nullptr when sharing is off, the block is small, or the system refuses one:
 // the caller then allocates as usual); free returns false for a pointer it did not make.
 void* allocate(std::size_t bytes);

@@ -79,7 +79,7 @@ class MpiCommunicator final : public Communicator {
     const auto sig = signature_of(call, CollectiveKind::all_reduce, dtype, count, static_cast<int>(op));
     const std::size_t bytes = count * dtype_size(dtype);
     const auto direct = single_copy(bytes, send, bytes, recv, bytes);
-    begin(CollectiveKind::all_reduce, count * dtype_size(dtype), sig, direct);
+    begin(CollectiveKind::all_reduce, bytes, sig, direct);
     if (direct)
       return run_single_copy(sig, [&](auto members, const auto& call) {
         single_copy_->all_reduce(members, count, dtype, op, call);
@@ -99,7 +99,7 @@ class MpiCommunicator final : public Communicator {
     const auto sig = signature_of(call, CollectiveKind::all_gather, dtype, count);
     const std::size_t bytes = count * dtype_size(dtype);
     const auto direct = single_copy(bytes * members_.size(), send, bytes, recv, bytes * members_.size());
-    begin(CollectiveKind::all_gather, count * dtype_size(dtype), sig, direct);
+    begin(CollectiveKind::all_gather, bytes, sig, direct);
     if (direct)
       return run_single_copy(sig, [&](auto members, const auto& call) { single_copy_->all_gather(members, count, dtype, call); });
     const int n = count_of(count, "all_gather");
@@ -118,7 +118,7 @@ class MpiCommunicator final : public Communicator {
     const auto sig = signature_of(call, CollectiveKind::reduce_scatter, dtype, count, static_cast<int>(op));
     const std::size_t bytes = count * dtype_size(dtype);
     const auto direct = single_copy(bytes * members_.size(), send, bytes * members_.size(), recv, bytes);
-    begin(CollectiveKind::reduce_scatter, count * members_.size() * dtype_size(dtype), sig, direct);
+    begin(CollectiveKind::reduce_scatter, bytes * members_.size(), sig, direct);
     if (direct)
       return run_single_copy(sig, [&](auto members, const auto& call) {
         single_copy_->reduce_scatter(members, count, dtype, op, call);

@@ -1,8 +1,5 @@
 #include "comm/mpi/mpi_single_copy.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -72,36 +69,8 @@ bool read_process(std::int64_t pid, std::uint64_t address, void* local, std::siz
   return true;
 }
 
-// A page for this member's barrier counter, in a memfd the others map.
-SingleCopy::Arrivals make_arrivals() {
-  const int fd = memfd_create("nax-barrier", MFD_CLOEXEC);
-  if (fd < 0) return {};
-  void* at = MAP_FAILED;
-  if (ftruncate(fd, kArrivalsBytes) == 0) at = mmap(nullptr, kArrivalsBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (at == MAP_FAILED) {
-    close(fd);
-    return {};
-  }
-  return {fd, static_cast<std::uint64_t*>(at)};
-}
-
-// Process `pid`'s file `fd` (a block or a page of counters), mapped read-only; nullptr when it cannot be.
-const char* map_peer_file(std::int64_t pid, std::int64_t fd, std::size_t bytes) {
-  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-  const int here = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (here < 0) return nullptr;
-  const char* mapped = nullptr;
-  struct stat st {};
-  if (fstat(here, &st) == 0 && static_cast<std::uint64_t>(st.st_size) >= bytes) {
-    void* at = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, here, 0);
-    if (at != MAP_FAILED) mapped = static_cast<const char*>(at);
-  }
-  close(here);
-  return mapped;
-}
-
-void unmap(const void* at, std::size_t bytes) {
-  if (at != nullptr) munmap(const_cast<void*>(at), bytes);
+const std::uint64_t* map_counter(std::int64_t pid, std::int64_t fd) {
+  return static_cast<const std::uint64_t*>(shared_host_memory::map_peer_file(pid, fd, kArrivalsBytes));
 }
 
 bool readable(const Identity& member) {
@@ -120,7 +89,7 @@ bool SingleCopy::peers_can_map(MPI_Comm local) {
   int rank = 0, size = 1;
   MPI_Comm_rank(local, &rank);
   MPI_Comm_size(local, &size);
-  const Arrivals page = make_arrivals();
+  const shared_host_memory::File page = shared_host_memory::make_file(kArrivalsBytes);
   const std::array<std::int64_t, 2> own{static_cast<std::int64_t>(getpid()), page.fd};
   std::vector<std::array<std::int64_t, 2>> all(static_cast<std::size_t>(size));
   check(MPI_Allgather(own.data(), sizeof own, MPI_BYTE, all.data(), sizeof own, MPI_BYTE, local), "MPI_Allgather");
@@ -130,14 +99,13 @@ bool SingleCopy::peers_can_map(MPI_Comm local) {
       if (q != rank) mappable = 0;
       continue;
     }
-    const char* at = map_peer_file(all[static_cast<std::size_t>(q)][0], all[static_cast<std::size_t>(q)][1], kArrivalsBytes);
-    if (at == nullptr) mappable = 0;
-    unmap(at, kArrivalsBytes);
+    const std::uint64_t* counter = map_counter(all[static_cast<std::size_t>(q)][0], all[static_cast<std::size_t>(q)][1]);
+    if (counter == nullptr) mappable = 0;
+    shared_host_memory::unmap_peer_file(counter, kArrivalsBytes);
   }
   // Every page stays until every process has tried it.
   check(MPI_Allreduce(MPI_IN_PLACE, &mappable, 1, MPI_INT64_T, MPI_MIN, local), "MPI_Allreduce");
-  unmap(page.at, kArrivalsBytes);
-  if (page.fd >= 0) close(page.fd);
+  shared_host_memory::release_file(page, kArrivalsBytes);
   return mappable != 0;
 }
 
@@ -147,7 +115,7 @@ std::unique_ptr<SingleCopy> SingleCopy::probe(MPI_Comm comm, int rank, int size,
   b.probe_word = static_cast<std::int64_t>(getpid());
   // Owns this member's page of counters and the peers' once mapped, whatever happens next.
   auto made = std::unique_ptr<SingleCopy>(
-      new SingleCopy(rank, {}, make_arrivals(), std::vector<const std::uint64_t*>(static_cast<std::size_t>(size), nullptr)));
+      new SingleCopy(rank, {}, shared_host_memory::make_file(kArrivalsBytes), std::vector<const std::uint64_t*>(static_cast<std::size_t>(size), nullptr)));
   b.own = {b.probe_word, host_hash(), reinterpret_cast<std::uint64_t>(&b.probe_word), wanted() ? 1 : 0, made->own_arrivals_.fd};
   b.members.resize(static_cast<std::size_t>(size));
   auto waited = [&](MPI_Request& request) {
@@ -166,8 +134,7 @@ std::unique_ptr<SingleCopy> SingleCopy::probe(MPI_Comm comm, int rank, int size,
     const Identity& member = b.members[static_cast<std::size_t>(q)];
     if (member.host != b.own.host || member.willing == 0 || member.arrivals_fd < 0 || (q != rank && !readable(member))) b.verdict = 0;
     auto& counter = made->arrivals_[static_cast<std::size_t>(q)];
-    counter = q == rank ? made->own_arrivals_.at
-                        : reinterpret_cast<const std::uint64_t*>(map_peer_file(member.pid, member.arrivals_fd, kArrivalsBytes));
+    counter = q == rank ? static_cast<const std::uint64_t*>(made->own_arrivals_.at) : map_counter(member.pid, member.arrivals_fd);
     if (counter == nullptr) b.verdict = 0;
   }
   // The probe words stay until every member has read them: the verdict needs every member's part.
@@ -178,15 +145,14 @@ std::unique_ptr<SingleCopy> SingleCopy::probe(MPI_Comm comm, int rank, int size,
   return made;
 }
 
-SingleCopy::SingleCopy(int rank, std::vector<std::int64_t> pids, Arrivals own, std::vector<const std::uint64_t*> peers)
+SingleCopy::SingleCopy(int rank, std::vector<std::int64_t> pids, shared_host_memory::File own, std::vector<const std::uint64_t*> peers)
     : rank_(rank), pids_(std::move(pids)), own_arrivals_(own), arrivals_(std::move(peers)), incoming_(kChunkBytes) {}
 
 SingleCopy::~SingleCopy() {
-  for (const auto& [key, mapping] : mappings_) unmap(mapping.at, mapping.bytes);
+  for (const auto& [key, mapping] : mappings_) shared_host_memory::unmap_peer_file(mapping.at, mapping.bytes);
   for (std::size_t q = 0; q < arrivals_.size(); ++q)
-    if (static_cast<int>(q) != rank_) unmap(arrivals_[q], kArrivalsBytes);
-  unmap(own_arrivals_.at, kArrivalsBytes);
-  if (own_arrivals_.fd >= 0) close(own_arrivals_.fd);
+    if (static_cast<int>(q) != rank_) shared_host_memory::unmap_peer_file(arrivals_[q], kArrivalsBytes);
+  shared_host_memory::release_file(own_arrivals_, kArrivalsBytes);
 }
 
 SingleCopy::Buffers SingleCopy::own(const void* send, std::size_t send_bytes, const void* recv, std::size_t recv_bytes) {
@@ -196,35 +162,34 @@ SingleCopy::Buffers SingleCopy::own(const void* send, std::size_t send_bytes, co
   return {buffer(send, send_bytes), buffer(recv, recv_bytes)};
 }
 
-const char* SingleCopy::mapped(int q, const shared_host_memory::Segment& block) {
+const char* SingleCopy::mapped(int q, const shared_host_memory::Segment& block, std::uint64_t call) {
   const auto key = std::make_pair(q, block.serial);
   auto it = mappings_.find(key);
   if (it == mappings_.end()) {
     if (mappings_.size() >= kMappings) forget_least_used();
     // The owner holds the block (and its fd) until the call's last barrier: the fd is this block's.
-    const char* at = map_peer_file(pids_[static_cast<std::size_t>(q)], block.fd, block.bytes);
+    const auto* at = static_cast<const char*>(shared_host_memory::map_peer_file(pids_[static_cast<std::size_t>(q)], block.fd, block.bytes));
     it = mappings_.emplace(key, Mapping{at, block.bytes, 0}).first;
   }
-  it->second.used = calls_;
+  it->second.used = call;
   return it->second.at;
 }
 
 void SingleCopy::forget_least_used() {
   auto oldest = std::min_element(mappings_.begin(), mappings_.end(),
                                  [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
-  unmap(oldest->second.at, oldest->second.bytes);
+  shared_host_memory::unmap_peer_file(oldest->second.at, oldest->second.bytes);
   mappings_.erase(oldest);
 }
 
-std::vector<const char*> SingleCopy::in_place(std::span<const Buffers> members, Side which) {
-  ++calls_;
+std::vector<const char*> SingleCopy::in_place(std::span<const Buffers> members, Side which, std::uint64_t call) {
   std::vector<const char*> at(members.size(), nullptr);
   for (std::size_t q = 0; q < members.size(); ++q) {
     const Buffer& buffer = members[q].*which;
     if (static_cast<int>(q) == rank_) {
       at[q] = reinterpret_cast<const char*>(buffer.address);
     } else if (buffer.block.fd >= 0) {
-      if (const char* base = mapped(static_cast<int>(q), buffer.block)) at[q] = base + (buffer.address - buffer.block.base);
+      if (const char* base = mapped(static_cast<int>(q), buffer.block, call)) at[q] = base + (buffer.address - buffer.block.base);
     }
   }
   return at;
@@ -232,7 +197,7 @@ std::vector<const char*> SingleCopy::in_place(std::span<const Buffers> members, 
 
 void SingleCopy::barrier(const Call& call, int phase) {
   const std::uint64_t reached = 2 * call.number + static_cast<std::uint64_t>(phase);
-  __atomic_store_n(own_arrivals_.at, reached, __ATOMIC_RELEASE);  // after this member's reads and writes
+  __atomic_store_n(static_cast<std::uint64_t*>(own_arrivals_.at), reached, __ATOMIC_RELEASE);  // after this member's reads and writes
   call.poll([&] {
     return std::all_of(arrivals_.begin(), arrivals_.end(),
                        [&](const std::uint64_t* counter) { return __atomic_load_n(counter, __ATOMIC_ACQUIRE) >= reached; });
@@ -250,8 +215,8 @@ void SingleCopy::read(int q, std::uint64_t address, const char* at, void* local,
 }
 
 void SingleCopy::reduce(std::span<const Buffers> members, std::size_t offset, std::size_t count, DType dtype, ReduceOp op,
-                        void* dst) {
-  const std::vector<const char*> sends = in_place(members, &Buffers::send);
+                        void* dst, std::uint64_t call) {
+  const std::vector<const char*> sends = in_place(members, &Buffers::send, call);
   const std::size_t es = dtype_size(dtype), per_chunk = kChunkBytes / es;
   for (std::size_t begin = 0; begin < count; begin += per_chunk) {
     const std::size_t n = std::min(per_chunk, count - begin), bytes = n * es, at = (offset + begin) * es;
@@ -272,9 +237,9 @@ void SingleCopy::all_reduce(std::span<const Buffers> members, std::size_t count,
   const std::size_t n = members.size(), r = static_cast<std::size_t>(rank_), es = dtype_size(dtype);
   auto begin_of = [&](std::size_t q) { return count * q / n; };
   void* recv = reinterpret_cast<void*>(members[r].recv.address);
-  reduce(members, begin_of(r), begin_of(r + 1) - begin_of(r), dtype, op, comm::element_at(recv, begin_of(r), dtype));
+  reduce(members, begin_of(r), begin_of(r + 1) - begin_of(r), dtype, op, comm::element_at(recv, begin_of(r), dtype), call.number);
   barrier(call, 1);
-  const std::vector<const char*> results = in_place(members, &Buffers::recv);
+  const std::vector<const char*> results = in_place(members, &Buffers::recv, call.number);
   for (std::size_t q = 0; q < n; ++q) {
     if (q == r) continue;
     const std::size_t at = begin_of(q) * es;
@@ -286,14 +251,14 @@ void SingleCopy::all_reduce(std::span<const Buffers> members, std::size_t count,
 
 void SingleCopy::reduce_scatter(std::span<const Buffers> members, std::size_t count, DType dtype, ReduceOp op, const Call& call) {
   const std::size_t r = static_cast<std::size_t>(rank_);
-  reduce(members, count * r, count, dtype, op, reinterpret_cast<void*>(members[r].recv.address));
+  reduce(members, count * r, count, dtype, op, reinterpret_cast<void*>(members[r].recv.address), call.number);
   barrier(call, 1);
 }
 
 void SingleCopy::all_gather(std::span<const Buffers> members, std::size_t count, DType dtype, const Call& call) {
   const std::size_t bytes = count * dtype_size(dtype);
   void* recv = reinterpret_cast<void*>(members[static_cast<std::size_t>(rank_)].recv.address);
-  const std::vector<const char*> sends = in_place(members, &Buffers::send);
+  const std::vector<const char*> sends = in_place(members, &Buffers::send, call.number);
   for (std::size_t q = 0; q < members.size(); ++q)
     read(static_cast<int>(q), members[q].send.address, sends[q], comm::element_at(recv, count * q, dtype), bytes);
   barrier(call, 1);

@@ -51,11 +51,6 @@ class SingleCopy {
   static Buffers own(const void* send, std::size_t send_bytes, const void* recv, std::size_t recv_bytes);
   // Waits for MPI requests of the group as the communicator does (aborts, timeouts, peers gone).
   using Wait = std::function<void(std::span<MPI_Request>)>;
-  // This member's page of barrier counters (a memfd the others map read-only).
-  struct Arrivals {
-    int fd = -1;
-    std::uint64_t* at = nullptr;
-  };
   // Polls a condition until it holds, with the same checks.
   using Poll = std::function<void(const std::function<bool()>&)>;
 
@@ -85,14 +80,15 @@ class SingleCopy {
   void all_gather(std::span<const Buffers> members, std::size_t count, DType dtype, const Call& call);
 
  private:
-  SingleCopy(int rank, std::vector<std::int64_t> pids, Arrivals own, std::vector<const std::uint64_t*> peers);
+  SingleCopy(int rank, std::vector<std::int64_t> pids, shared_host_memory::File own, std::vector<const std::uint64_t*> peers);
 
   // Where each member's buffer (`which` of its Buffers) can be read in place in this process, or
-  // nullptr where it must be copied through the kernel.
+  // nullptr where it must be copied through the kernel; `call` (the call's number) marks the
+  // mappings it uses as the most recent.
   using Side = Buffer Buffers::*;
-  std::vector<const char*> in_place(std::span<const Buffers> members, Side which);
+  std::vector<const char*> in_place(std::span<const Buffers> members, Side which, std::uint64_t call);
   // Member q's shared block, mapped read-only here (nullptr when it cannot be).
-  const char* mapped(int q, const shared_host_memory::Segment& block);
+  const char* mapped(int q, const shared_host_memory::Segment& block, std::uint64_t call);
 
   // Every member has reached barrier `phase` (1, 2) of the call: all of its reads and writes before
   // it are done.
@@ -102,12 +98,13 @@ class SingleCopy {
   void read(int q, std::uint64_t address, const char* at, void* local, std::size_t bytes) const;
   // Reduces elements [offset, offset + count) of the members' send buffers into `dst`, a
   // cache-sized chunk at a time, the members in the halving tree (comm/rank_tree.h).
-  void reduce(std::span<const Buffers> members, std::size_t offset, std::size_t count, DType dtype, ReduceOp op, void* dst);
+  void reduce(std::span<const Buffers> members, std::size_t offset, std::size_t count, DType dtype, ReduceOp op, void* dst,
+              std::uint64_t call);
 
   struct Mapping {
     const char* at = nullptr;  // nullptr: the block could not be mapped (it is copied instead)
     std::size_t bytes = 0;
-    std::uint64_t used = 0;  // the call that last read it
+    std::uint64_t used = 0;  // the number of the call that last read it
   };
   // The peers' shared blocks mapped so far, by (member, block serial); the least recently used
   // go beyond kMappings (a block its owner has freed stays alive while it is mapped here).
@@ -116,10 +113,9 @@ class SingleCopy {
 
   int rank_;
   std::vector<std::int64_t> pids_;
-  Arrivals own_arrivals_;
+  shared_host_memory::File own_arrivals_;  // this member's page of barrier counters, which the others map
   std::vector<const std::uint64_t*> arrivals_;  // every member's counter, mapped here (this member's too)
   std::map<std::pair<int, std::uint64_t>, Mapping> mappings_;
-  std::uint64_t calls_ = 0;
   comm::RankTreeScratch tree_;  // the reduction's partial results (the ranks added in the halving tree)
   std::vector<char> incoming_;  // a peer's chunk, read to be added
 };
