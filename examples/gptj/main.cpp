@@ -336,6 +336,7 @@ void compare_help() {
       "  --deterministic    both models in deterministic mode, as for gptj train\n"
       "  --sequence-parallel  the hand-coded model with sequence parallelism over mp, as for gptj\n"
       "                     train (the automatic one without); with --meshes, on both meshes\n"
+      "  --overlap-pieces N with --sequence-parallel, as for gptj train             (default 2)\n"
       "  --quiet            no progress line\n\n"
       "gptj compare --meshes A,B [--deterministic] [flags]: the locator instead. Runs --steps (default 1)\n"
       "training steps of the hand-coded model on meshes A and B (DPxMP, e.g. 1x1,2x2, or named meshes apart by ';'), every op's values\n"
